@@ -1,0 +1,97 @@
+"""Records every stage shares: dead letters, rejections and lineage."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Record(BaseModel):
+    """Base for topic values: strict about unknown fields so drift is caught."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeadLetterKind(StrEnum):
+    parse_error = "parse_error"
+    """The value is not valid UTF-8 JSON."""
+    schema_violation = "schema_violation"
+    """The JSON does not match the topic's value schema."""
+    crash = "crash"
+    """The stage raised while processing a valid record."""
+
+
+class DeadLetter(Record):
+    """A record a stage could not process; value of ``<topic>.dlq``."""
+
+    stage: Annotated[str, Field(description="Stage that gave up on the record.")]
+    topic: Annotated[str, Field(description="Topic the record was read from.")]
+    partition: Annotated[int | None, Field(description="Source partition, if read from Kafka.")] = None
+    offset: Annotated[int | None, Field(description="Source offset, if read from Kafka.")] = None
+    source_key: Annotated[str | None, Field(description="Key of the source record (UTF-8, replaced if not).")] = None
+    kind: Annotated[DeadLetterKind, Field(description="Machine-readable class of failure.")]
+    reason: Annotated[str, Field(description="Human-readable explanation, e.g. the parse error.")]
+    payload_text: Annotated[str, Field(description="The raw value decoded as UTF-8 with replacement characters.")]
+    payload_b64: Annotated[str, Field(description="The exact raw value, base64, so nothing is lost.")]
+    at: Annotated[datetime, Field(default_factory=utcnow, description="When the stage gave up (UTC).")]
+
+
+class Rejection(Record):
+    """A record a quality gate dropped; value of ``<topic>.rejected``."""
+
+    stage: Annotated[str, Field(description="Stage whose gate said no.")]
+    topic: Annotated[str, Field(description="Topic the rejected record was read from.")]
+    source_key: Annotated[str, Field(description="Key of the source record.")]
+    gate: Annotated[str, Field(description="Machine-readable gate name, e.g. 'min_tools'.")]
+    reason: Annotated[str, Field(description="Human-readable explanation with the measured value.")]
+    subject: Annotated[str, Field(description="What was dropped, e.g. 'server' or 'server/tool'.")]
+    details: Annotated[dict[str, Any], Field(default_factory=dict, description="Measured values behind the decision.")]
+    record: Annotated[dict[str, Any] | None, Field(description="The dropped item as JSON, for inspection.")] = None
+    at: Annotated[datetime, Field(default_factory=utcnow, description="When the gate decided (UTC).")]
+
+
+class Lineage(BaseModel):
+    """Provenance carried in Kafka headers (``arena-*``) on every record."""
+
+    source_ids: list[str] = Field(default_factory=list, description="Keys of the input records.")
+    stage: str = Field(description="Producing stage (or 'publish').")
+    stage_version: str = Field(description="Version of the producing stage's code.")
+    prompt_version: str | None = Field(default=None, description="Prompt version id, for LLM stages.")
+    backend: str | None = Field(default=None, description="LLM backend, e.g. 'rules'.")
+    model: str | None = Field(default=None, description="Model name, for LLM backends.")
+    at: datetime = Field(default_factory=utcnow, description="Production time (UTC).")
+
+    def to_headers(self) -> list[tuple[str, bytes]]:
+        pairs: list[tuple[str, str | None]] = [
+            ("arena-source-ids", ",".join(self.source_ids)),
+            ("arena-stage", self.stage),
+            ("arena-stage-version", self.stage_version),
+            ("arena-prompt-version", self.prompt_version),
+            ("arena-backend", self.backend),
+            ("arena-model", self.model),
+            ("arena-time", self.at.isoformat()),
+        ]
+        return [(k, v.encode()) for k, v in pairs if v]
+
+    @classmethod
+    def from_headers(cls, headers: dict[str, bytes] | list[tuple[str, bytes]] | None) -> Lineage | None:
+        items = dict(headers or {})
+        if "arena-stage" not in items:
+            return None
+        text = {k: v.decode("utf-8", "replace") for k, v in items.items() if v is not None}
+        return cls(
+            source_ids=[s for s in text.get("arena-source-ids", "").split(",") if s],
+            stage=text["arena-stage"],
+            stage_version=text.get("arena-stage-version", "?"),
+            prompt_version=text.get("arena-prompt-version"),
+            backend=text.get("arena-backend"),
+            model=text.get("arena-model"),
+            at=datetime.fromisoformat(text["arena-time"]) if "arena-time" in text else utcnow(),
+        )

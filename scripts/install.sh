@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs Arena with its dev extras, torch pinned by constraints.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.arena-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch first: its CPU wheel is local; the constraint keeps every later resolve on it.
+  .venv/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+  touch "$stamp"
+fi
