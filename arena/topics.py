@@ -82,10 +82,16 @@ _STAGE_TOPICS: tuple[TopicSpec, ...] = (
 )
 
 
+SIDE_PARTITIONS = 1
+"""Side topics are low-volume; one partition keeps the broker's partition count small."""
+
+
 def _side_topics(spec: TopicSpec) -> tuple[TopicSpec, TopicSpec]:
     return (
-        TopicSpec(spec.dlq, spec.partitions, "hash of the raw input + reason", DeadLetter, FOREVER, spec.name),
-        TopicSpec(spec.rejected, spec.partitions, "hash of source key + gate + subject", Rejection, FOREVER, spec.name),
+        TopicSpec(spec.dlq, SIDE_PARTITIONS, "hash of the raw input + reason", DeadLetter, FOREVER, spec.name),
+        TopicSpec(
+            spec.rejected, SIDE_PARTITIONS, "hash of source key + gate + subject", Rejection, FOREVER, spec.name
+        ),
     )
 
 

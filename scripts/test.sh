@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs Arena (scripts/install.sh), makes sure the test servers' binaries exist, runs the tests.
+# Tests start their own servers (Kafka-protocol broker, S3, PostgreSQL) on free loopback ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  echo "installing Debian's PostgreSQL server for the catalog tests"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+exec .venv/bin/python -m pytest -q "$@"
