@@ -1,0 +1,326 @@
+"""The `arena` command line.
+
+User mistakes (a missing file, a bad setting, bad SQL) print one clear
+message naming what and how to fix it, and exit 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from arena.config import ArenaSettings
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Arena: streaming tool-use data synthesis.")
+topics_app = typer.Typer(no_args_is_help=True, help="Create and list Arena's Kafka topics.")
+publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's topics.")
+lake_app = typer.Typer(no_args_is_help=True, help="Query and list the artifact lake.")
+app.add_typer(topics_app, name="topics")
+app.add_typer(publish_app, name="publish")
+app.add_typer(lake_app, name="lake")
+
+console = Console()
+err = Console(stderr=True)
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed without a traceback."""
+
+
+def settings() -> ArenaSettings:
+    try:
+        return ArenaSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"ARENA_{'_'.join(str(p) for p in e['loc']).upper() or 'CONFIG'}: {e['msg']}" for e in exc.errors()
+        )
+        raise UserError(f"invalid configuration (environment or arena.toml): {problems}") from None
+
+
+def broker(cfg: ArenaSettings) -> str:
+    """The bootstrap address; starts the embedded stack if needed and says so."""
+    from arena.stack import StackNotRunning, resolve_broker
+
+    try:
+        address, started = resolve_broker(cfg, start=True)
+    except StackNotRunning as exc:
+        raise UserError(str(exc)) from None
+    if started:
+        err.print(f"[cyan]started the embedded stack[/cyan] (broker {address}); `arena down` stops it")
+    return address
+
+
+def ready_broker(cfg: ArenaSettings) -> str:
+    """A broker with every topic created with its declared partition count."""
+    from arena.admin import ensure_topics
+
+    address = broker(cfg)
+    ensure_topics(address)
+    return address
+
+
+# --- stack --------------------------------------------------------------
+
+
+@app.command()
+def up() -> None:
+    """Start the embedded stack (broker, lake, LanceDB, catalog) under $ARENA_HOME."""
+    from arena.admin import ensure_topics
+    from arena.stack import up as stack_up
+
+    cfg = settings()
+    if cfg.broker:
+        raise UserError(f"ARENA_BROKER is set ({cfg.broker}): Arena uses that cluster; nothing to start")
+    state = stack_up(cfg)
+    created = ensure_topics(state.broker)
+    console.print(f"broker   {state.broker} (pid {state.pid})")
+    console.print(f"topics   {len(created)} created")
+    _print_locations(cfg)
+
+
+@app.command()
+def status() -> None:
+    """Show what runs where."""
+    from arena.stack import status as stack_status
+
+    cfg = settings()
+    st = stack_status(cfg)
+    table = Table(show_header=False)
+    if cfg.broker:
+        table.add_row("broker", f"{cfg.broker} (external)")
+    else:
+        state = f"running, pid {st.pid}" if st.running else "not running (`arena up` starts it)"
+        table.add_row("broker", f"{st.broker or '-'} ({state})")
+    for key, value in cfg.public_view().items():
+        if key != "broker":
+            table.add_row(key, str(value))
+    console.print(table)
+
+
+@app.command()
+def down() -> None:
+    """Stop the embedded stack (data is kept under $ARENA_HOME)."""
+    from arena.stack import down as stack_down
+
+    stopped = stack_down(settings())
+    console.print("stopped" if stopped else "not running")
+
+
+def _print_locations(cfg: ArenaSettings) -> None:
+    view = cfg.public_view()
+    for key in ("lake", "lancedb", "catalog"):
+        console.print(f"{key:<8} {view[key]}")
+
+
+# --- topics -------------------------------------------------------------
+
+
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create every declared topic with its exact partition count (idempotent)."""
+    from arena.admin import ensure_topics
+
+    created = ensure_topics(broker(settings()))
+    console.print(f"{len(created)} topics created" + (f": {', '.join(created)}" if created else ""))
+
+
+@topics_app.command("list")
+def topics_list() -> None:
+    """The topic registry: name, partitions, key, value schema, retention."""
+    from arena.topics import TOPICS
+
+    table = Table("topic", "partitions", "key", "value", "retention", "lake view")
+    for spec in TOPICS.values():
+        retention = "forever" if spec.retention_ms < 0 else f"{spec.retention_ms // 86_400_000}d"
+        table.add_row(spec.name, str(spec.partitions), spec.key, spec.value.__name__, retention, spec.table)
+    console.print(table)
+
+
+# --- publish ------------------------------------------------------------
+
+
+@publish_app.command("tools")
+def publish_tools(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders of tool docs (JSON, JSONL, YAML).")],
+) -> None:
+    """Publish tool docs (OpenAI, MCP tools/list, BFCL, OpenAPI 3) to `tools.raw`."""
+    from producers.publish_tools import publish_tool_docs
+
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        raise UserError(f"no such file or folder: {missing[0]} (fix: check the path)")
+    cfg = settings()
+    report = asyncio.run(publish_tool_docs(ready_broker(cfg), paths))
+    if report.servers:
+        table = Table("server", "format", "tools", "source", title="published to tools.raw")
+        for s in report.servers:
+            table.add_row(s.server, s.format.value, str(len(s.entries)), s.source)
+        console.print(table)
+    for e in report.errors:
+        where = e.file + (f" [{e.entry}]" if e.entry else "")
+        err.print(f"[red]error[/red] {where}: {e.problem} (fix: {e.fix})")
+    console.print(
+        f"{len(report.servers)} servers published, {len(report.errors)} rejected "
+        f"(sent to tools.raw.dlq with reasons)"
+    )
+    if report.errors:
+        raise typer.Exit(1)
+
+
+# --- workers ------------------------------------------------------------
+
+
+@app.command("worker")
+def worker_cmd(
+    stage: Annotated[
+        list[str] | None, typer.Option("--stage", help="Stage to run (repeatable). Default: all.")
+    ] = None,
+    until_drained: Annotated[
+        bool, typer.Option("--until-drained", help="Exit 0 once every stage group has zero lag.")
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option(help="With --until-drained: give up (exit 1) after this many seconds.")
+    ] = None,
+) -> None:
+    """Run stage workers (Faust, exactly-once) until stopped or drained."""
+    from arena.worker import run_workers
+    from streams.registry import WORKERS
+
+    names = stage or list(WORKERS)
+    unknown = [n for n in names if n not in WORKERS]
+    if unknown:
+        raise UserError(f"unknown stage {unknown[0]!r} (fix: use one of {', '.join(WORKERS)})")
+    cfg = settings()
+    code = run_workers(
+        cfg, ready_broker(cfg), names, until_drained=until_drained, timeout_s=timeout, console=err
+    )
+    raise typer.Exit(code)
+
+
+# --- lag ----------------------------------------------------------------
+
+
+@app.command()
+def lag(
+    group: Annotated[list[str] | None, typer.Option("--group", help="Consumer group (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh every --interval seconds.")] = False,
+    interval: Annotated[float, typer.Option(help="Refresh period for --watch.")] = 2.0,
+) -> None:
+    """Consumer lag per group, topic and partition (like kafka-consumer-groups --describe)."""
+    from consumers.lag import compute_lag, render_lag_table
+
+    address = broker(settings())
+    if not watch:
+        rows = compute_lag(address, groups=group)
+        if as_json:
+            print(json.dumps([r.model_dump() for r in rows], indent=2))
+        else:
+            console.print(render_lag_table(rows))
+        return
+    from rich.live import Live
+
+    with Live(render_lag_table(compute_lag(address, groups=group)), console=console) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(render_lag_table(compute_lag(address, groups=group)))
+        except KeyboardInterrupt:
+            pass
+
+
+# --- lake ---------------------------------------------------------------
+
+
+@lake_app.command("query")
+def lake_query(
+    sql: Annotated[str, typer.Argument(help="DuckDB SQL; one view per topic, dots as underscores.")],
+    as_json: Annotated[bool, typer.Option("--json", help="A JSON array of row objects.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header row.")] = False,
+) -> None:
+    """Query the lake with SQL, e.g. `select domain, count(*) from tools_servers group by 1`."""
+    from lake.query import LakeQuery, LakeQueryError
+    from lake.store import open_store
+
+    if as_json and as_csv:
+        raise UserError("choose one of --json and --csv")
+    try:
+        table = LakeQuery(open_store(settings())).query(sql)
+    except LakeQueryError as exc:
+        raise UserError(f"query failed: {exc}") from None
+    rows = table.to_pylist()
+    if as_json:
+        print(json.dumps(rows, default=str, ensure_ascii=False))
+    elif as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(table.column_names)
+        writer.writerows([[_cell(r[c]) for c in table.column_names] for r in rows])
+    else:
+        out = Table(*table.column_names)
+        for r in rows:
+            out.add_row(*[_cell(r[c], limit=80) for c in table.column_names])
+        console.print(out)
+        console.print(f"{len(rows)} rows")
+
+
+def _cell(value: Any, limit: int | None = None) -> str:
+    text = "" if value is None else str(value)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+@lake_app.command("ls")
+def lake_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False) -> None:
+    """Files, rows and bytes per topic in the lake."""
+    from lake.parquet import lake_listing
+    from lake.store import open_store
+
+    cfg = settings()
+    listing = lake_listing(open_store(cfg))
+    if as_json:
+        print(json.dumps([item.model_dump() for item in listing]))
+        return
+    table = Table("topic", "files", "rows", "bytes", title=cfg.public_view()["lake"])
+    for item in listing:
+        table.add_row(item.topic, str(item.files), str(item.rows), str(item.bytes))
+    console.print(table)
+
+
+# --- demo ---------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    timeout: Annotated[float, typer.Option(help="Give up if the stages have not drained by then.")] = 600.0,
+) -> None:
+    """Publish the bundled sample tool docs, run every stage until drained, summarise."""
+    from arena.demo import run_demo
+
+    raise typer.Exit(run_demo(settings(), console=console, timeout_s=timeout))
+
+
+@app.command("config")
+def config_cmd() -> None:
+    """Show the effective configuration (secrets masked)."""
+    console.print_json(json.dumps(settings().public_view()))
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

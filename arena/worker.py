@@ -1,0 +1,184 @@
+"""`arena worker`: a supervisor of one Faust worker process per stage.
+
+Each stage runs as ``python -m streams.run NAME`` in its own process group
+(its own consumer group), logging to ``$ARENA_HOME/logs/worker-NAME.log``. A
+worker that dies is restarted with backoff. ``--until-drained`` stops all of
+them and returns 0 once every stage group has nothing pending, measured
+against the read_committed position, on two checks in a row.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from arena.config import ArenaSettings
+from consumers.lag import compute_lag, drained
+from streams.registry import topics_by_group, worker
+
+STOP_GRACE_S = 15.0
+MAX_RESTARTS = 5
+
+
+@dataclass
+class Child:
+    name: str
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    log_offset: int = field(default=0)
+
+
+class Supervisor:
+    """Starts, watches, restarts and stops the worker processes."""
+
+    def __init__(self, settings: ArenaSettings, bootstrap: str, names: list[str], console: Console) -> None:
+        for name in names:
+            worker(name)  # unknown names fail before anything starts
+        self.settings = settings
+        self.bootstrap = bootstrap
+        self.console = console
+        log_dir = settings.home / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.children = [Child(n, log_dir / f"worker-{n}.log") for n in names]
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["ARENA_BROKER"] = self.bootstrap
+        env["ARENA_HOME"] = str(self.settings.home)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return env
+
+    def _spawn(self, child: Child) -> None:
+        with open(child.log_path, "ab") as log:
+            child.proc = subprocess.Popen(
+                [sys.executable, "-m", "streams.run", child.name],
+                env=self._env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def start(self) -> None:
+        for child in self.children:
+            self._spawn(child)
+
+    def check(self) -> None:
+        """Restart dead workers with exponential backoff; give up after MAX_RESTARTS."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            if child.next_start == 0.0:
+                child.restarts += 1
+                if child.restarts > MAX_RESTARTS:
+                    raise WorkerFailed(
+                        f"worker {child.name} exited {child.proc.returncode} {child.restarts} times; "
+                        f"see {child.log_path}"
+                    )
+                child.next_start = now + min(2.0**child.restarts, 30.0)
+                self.console.print(
+                    f"[yellow]worker {child.name} exited with {child.proc.returncode}; "
+                    f"restarting (log: {child.log_path})[/yellow]"
+                )
+            elif now >= child.next_start:
+                child.next_start = 0.0
+                self._spawn(child)
+
+    def stop(self) -> None:
+        """SIGTERM every worker's process group, then SIGKILL what is left."""
+        live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for proc in live:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+
+
+class WorkerFailed(RuntimeError):
+    """A worker kept crashing."""
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def pending_by_group(bootstrap: str, groups: dict[str, list[str]]) -> dict[str, int]:
+    rows = compute_lag(bootstrap, topics_by_group=groups)
+    totals = dict.fromkeys(groups, 0)
+    for row in rows:
+        if row.group in totals:
+            totals[row.group] += row.pending
+    return totals
+
+
+def run_workers(
+    settings: ArenaSettings,
+    bootstrap: str,
+    names: list[str],
+    *,
+    until_drained: bool,
+    timeout_s: float | None,
+    console: Console,
+) -> int:
+    """Run the workers; returns the process exit code."""
+    supervisor = Supervisor(settings, bootstrap, names, console)
+    groups = topics_by_group(names)
+    interrupted = False
+
+    def _interrupt(signum: int, _frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    supervisor.start()
+    started = time.monotonic()
+    clean_checks = 0
+    try:
+        with console.status("starting workers...") as status:
+            while not interrupted:
+                supervisor.check()
+                if not until_drained:
+                    time.sleep(0.5)
+                    continue
+                pending = pending_by_group(bootstrap, groups)
+                total = sum(pending.values())
+                status.update(
+                    "draining: "
+                    + ", ".join(f"{g.removeprefix('arena-')} {n}" for g, n in pending.items())
+                    + f" pending ({time.monotonic() - started:.0f}s)"
+                )
+                clean_checks = clean_checks + 1 if total == 0 and drained(bootstrap, groups) else 0
+                if clean_checks >= 2:
+                    console.print(f"[green]drained[/green] in {time.monotonic() - started:.1f}s")
+                    return 0
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    console.print(f"[red]not drained after {timeout_s:.0f}s[/red]: {pending}")
+                    return 1
+                time.sleep(0.5)
+        return 130
+    except WorkerFailed as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 1
+    finally:
+        with console.status("stopping workers..."):
+            supervisor.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,101 @@
+"""The Faust side: one app (= one consumer group) per worker, and the event loop of a stage.
+
+Exactly-once detail: Faust picks a transaction by the *output* partition,
+which only matches the input partition when topics are co-partitioned. Our
+stages re-key records (content hashes) and write side topics with other
+partition counts, so we send through the transactional producer of the
+*input* partition: each input partition's outputs and its offset commit then
+land in one Kafka transaction, and a crash can neither lose nor duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from arena.config import ArenaSettings
+from arena.hashing import content_hash
+from arena.topics import topic
+from streams.runtime import Context, Emit, StageDef, dead_letter_key, decode, encode, run_handler
+
+log = logging.getLogger("arena.stage")
+
+
+def make_app(group: str, settings: ArenaSettings, bootstrap: str, *, exactly_once: bool) -> faust.App:
+    """A Faust app with no web server, no topic auto-creation and fast commits."""
+    return faust.App(
+        group,
+        broker=[f"kafka://{host}" for host in bootstrap.split(",")],
+        processing_guarantee="exactly_once" if exactly_once else "at_least_once",
+        web_enabled=False,
+        store="memory://",
+        autodiscover=False,
+        datadir=str(Path(settings.home) / "faust" / group),
+        # Every topic is pre-created by `arena topics create` with its exact
+        # partition count; Faust must not declare or alter them.
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=settings.commit_interval_s,
+        broker_commit_every=200,
+        producer_acks=-1,
+        stream_wait_empty=False,
+    )
+
+
+def raw_topic(app: faust.App, *names: str) -> Any:
+    """A Faust topic whose keys and values arrive as bytes (we validate ourselves)."""
+    return app.topic(*names, key_serializer="raw", value_serializer="raw")
+
+
+def source_key(key: bytes | None, value: bytes | None) -> str:
+    if key:
+        return key.decode("utf-8", "replace")
+    return content_hash(value or b"")
+
+
+async def send(app: faust.App, emit: Emit, *, stage: str, version: str, event: Any) -> None:
+    """Send one output, inside the input partition's transaction when exactly-once."""
+    key, value, headers = encode(emit, stage=stage, stage_version=version)
+    if app.in_transaction:
+        message = event.message
+        group = app.assignor.group_for_topic(message.topic)
+        tid = f"{app.conf.id}-{group}-{message.partition}"
+        # Not awaited: commit_transaction flushes, and a failed send aborts it.
+        await app.producer.send(emit.topic, key, value, None, None, headers, transactional_id=tid)
+    else:
+        fut = await app.producer.send(emit.topic, key, value, None, None, headers)
+        await fut
+
+
+async def process_event(app: faust.App, stage: StageDef, settings: ArenaSettings, event: Any) -> None:
+    """Decode, handle, and send the outputs of one input event."""
+    spec = topic(stage.input)
+    message = event.message
+    key = source_key(message.key, message.value)
+    decoded = decode(
+        spec, message.value, stage=stage.name, source_key=key,
+        partition=message.partition, offset=message.offset,
+    )
+    if decoded.dead_letter is not None:
+        letter = decoded.dead_letter
+        emits = [Emit(spec.dlq, dead_letter_key(letter), letter, (key,))]
+    else:
+        assert decoded.record is not None
+        ctx = Context(stage.name, stage.version, spec, key, settings)
+        emits = await run_handler(stage, decoded.record, ctx, message.value or b"")
+    for emit in emits:
+        await send(app, emit, stage=stage.name, version=stage.version, event=event)
+
+
+def attach_stage(app: faust.App, stage: StageDef, settings: ArenaSettings) -> None:
+    """Register the Faust agent that runs ``stage`` on its input topic."""
+
+    async def agent(stream: Any) -> None:
+        async for event in stream.events():
+            await process_event(app, stage, settings, event)
+
+    app.agent(raw_topic(app, stage.input), name=stage.name)(agent)

@@ -1,0 +1,65 @@
+"""Every worker Arena can run: the stages plus the sinks that consume topics.
+
+``arena worker --stage NAME`` looks names up here; each worker is its own
+Faust app, so its own consumer group (``arena-<name>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import faust
+
+from arena.config import ArenaSettings
+from arena.topics import TOPICS
+from consumers import lake_sink, tool_indexer
+from streams.app import attach_stage
+from streams.runtime import Guarantee, StageDef
+from streams.sft import tools_servers
+
+
+@dataclass(frozen=True)
+class WorkerDef:
+    name: str
+    inputs: tuple[str, ...]
+    guarantee: Guarantee
+    attach: Callable[[faust.App, ArenaSettings], None]
+    description: str
+
+    @property
+    def group(self) -> str:
+        return f"arena-{self.name}"
+
+
+def _stage_worker(stage: StageDef) -> WorkerDef:
+    def attach(app: faust.App, settings: ArenaSettings) -> None:
+        attach_stage(app, stage, settings)
+
+    return WorkerDef(stage.name, (stage.input,), stage.guarantee, attach, stage.description)
+
+
+STAGES: tuple[StageDef, ...] = (tools_servers.STAGE, tool_indexer.STAGE)
+
+WORKERS: dict[str, WorkerDef] = {
+    **{stage.name: _stage_worker(stage) for stage in STAGES},
+    "lake-sink": WorkerDef(
+        "lake-sink",
+        tuple(TOPICS),
+        "at_least_once",
+        lake_sink.attach_lake_sink,
+        "persist every topic to Parquet in the lake (idempotent by key)",
+    ),
+}
+
+
+def worker(name: str) -> WorkerDef:
+    try:
+        return WORKERS[name]
+    except KeyError:
+        raise KeyError(f"unknown stage {name!r}; known: {', '.join(WORKERS)}") from None
+
+
+def topics_by_group(names: list[str]) -> dict[str, list[str]]:
+    """Input topics per consumer group, for lag and drain checks."""
+    return {worker(n).group: list(worker(n).inputs) for n in names}

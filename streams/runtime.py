@@ -1,0 +1,206 @@
+"""What every stage shares: decoding, dead letters, rejections, lineage, sending.
+
+A stage is a ``StageDef``: its input topic, a version, a processing guarantee
+and a ``handler`` that turns one validated input record into ``Emit``s. The
+runtime owns everything around the handler, so stage modules stay small:
+
+* bytes that are not JSON, or JSON that does not match the input topic's value
+  schema, go to ``<input>.dlq`` (``parse_error`` / ``schema_violation``);
+* a handler that raises sends the record to ``<input>.dlq`` (``crash``);
+* gate drops are ``Emit``s to ``<input>.rejected`` built with ``Context.reject``;
+* every emitted record is keyed by a content hash and carries lineage headers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from arena.config import ArenaSettings
+from arena.hashing import content_hash
+from arena.records.common import DeadLetter, DeadLetterKind, Lineage, Rejection
+from arena.topics import TopicSpec, topic
+
+log = logging.getLogger("arena.stage")
+
+Guarantee = Literal["exactly_once", "at_least_once"]
+
+
+@dataclass(frozen=True)
+class Emit:
+    """One output record of a stage."""
+
+    topic: str
+    key: str
+    value: BaseModel
+    source_ids: tuple[str, ...] = ()
+    prompt_version: str | None = None
+    backend: str | None = None
+    model: str | None = None
+
+
+@dataclass
+class Context:
+    """Per-record context handed to a handler."""
+
+    stage: str
+    stage_version: str
+    input: TopicSpec
+    source_key: str
+    settings: ArenaSettings
+
+    def reject(
+        self,
+        gate: str,
+        subject: str,
+        reason: str,
+        *,
+        details: dict[str, Any] | None = None,
+        record: dict[str, Any] | None = None,
+    ) -> Emit:
+        """An ``Emit`` to ``<input>.rejected`` for a quality-gate drop."""
+        value = Rejection(
+            stage=self.stage,
+            topic=self.input.name,
+            source_key=self.source_key,
+            gate=gate,
+            reason=reason,
+            subject=subject,
+            details=details or {},
+            record=record,
+        )
+        key = content_hash([self.source_key, gate, subject])
+        return Emit(self.input.rejected, key, value, (self.source_key,))
+
+
+Handler = Callable[[BaseModel, Context], Awaitable[Sequence[Emit]]]
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """A stream processor between topics."""
+
+    name: str
+    """CLI name and consumer group suffix (group id ``arena-<name>``)."""
+    input: str
+    """Input topic name (from the registry)."""
+    version: str
+    """Bumped when the stage's output for the same input changes."""
+    handler: Handler
+    guarantee: Guarantee = "exactly_once"
+    outputs: tuple[str, ...] = field(default=())
+    """Topics the handler may emit to (besides the input's .dlq/.rejected)."""
+    description: str = ""
+
+    @property
+    def group(self) -> str:
+        return f"arena-{self.name}"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Result of decoding one raw input value."""
+
+    record: BaseModel | None
+    dead_letter: DeadLetter | None
+
+
+def decode(
+    spec: TopicSpec,
+    raw: bytes | None,
+    *,
+    stage: str,
+    source_key: str | None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> Decoded:
+    """Validate ``raw`` against the topic's value schema, or explain why not."""
+    data = raw or b""
+    kind: DeadLetterKind
+    try:
+        text = data.decode("utf-8")
+        json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        kind, reason = DeadLetterKind.parse_error, f"not UTF-8 JSON: {exc}"
+    else:
+        try:
+            return Decoded(spec.value.model_validate_json(text), None)
+        except ValidationError as exc:
+            kind = DeadLetterKind.schema_violation
+            reason = _short_validation_error(spec, exc)
+    return Decoded(
+        None,
+        dead_letter(spec, data, kind, reason, stage=stage, source_key=source_key,
+                    partition=partition, offset=offset),
+    )
+
+
+def dead_letter(
+    spec: TopicSpec,
+    raw: bytes,
+    kind: DeadLetterKind,
+    reason: str,
+    *,
+    stage: str,
+    source_key: str | None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> DeadLetter:
+    return DeadLetter(
+        stage=stage,
+        topic=spec.name,
+        partition=partition,
+        offset=offset,
+        source_key=source_key,
+        kind=kind,
+        reason=reason[:4000],
+        payload_text=raw.decode("utf-8", "replace"),
+        payload_b64=base64.b64encode(raw).decode("ascii"),
+    )
+
+
+def dead_letter_key(letter: DeadLetter) -> str:
+    return content_hash([letter.topic, letter.payload_b64, letter.kind, letter.reason])
+
+
+def _short_validation_error(spec: TopicSpec, exc: ValidationError) -> str:
+    problems = [
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+        for err in exc.errors()[:5]
+    ]
+    more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    return f"does not match {spec.value.__name__}: " + "; ".join(problems) + more
+
+
+def encode(emit: Emit, *, stage: str, stage_version: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Key bytes, value bytes and lineage headers of an ``Emit``."""
+    topic(emit.topic)  # fail loudly on an undeclared topic
+    lineage = Lineage(
+        source_ids=list(emit.source_ids),
+        stage=stage,
+        stage_version=stage_version,
+        prompt_version=emit.prompt_version,
+        backend=emit.backend,
+        model=emit.model,
+    )
+    value = emit.value.model_dump_json().encode("utf-8")
+    return emit.key.encode("utf-8"), value, lineage.to_headers()
+
+
+async def run_handler(stage: StageDef, record: BaseModel, ctx: Context, raw: bytes) -> list[Emit]:
+    """Call the handler; a crash becomes a dead letter instead of killing the worker."""
+    try:
+        return list(await stage.handler(record, ctx))
+    except Exception as exc:  # a stage never dies on one record
+        log.exception("stage %s crashed on %s", stage.name, ctx.source_key)
+        letter = dead_letter(
+            ctx.input, raw, DeadLetterKind.crash, f"{type(exc).__name__}: {exc}",
+            stage=stage.name, source_key=ctx.source_key,
+        )
+        return [Emit(ctx.input.dlq, dead_letter_key(letter), letter, (ctx.source_key,))]
