@@ -26,6 +26,8 @@ log = logging.getLogger("arena.stage")
 
 def make_app(group: str, settings: ArenaSettings, bootstrap: str, *, exactly_once: bool) -> faust.App:
     """A Faust app with no web server, no topic auto-creation and fast commits."""
+    datadir = Path(settings.home) / "faust" / group
+    datadir.mkdir(parents=True, exist_ok=True)
     return faust.App(
         group,
         broker=[f"kafka://{host}" for host in bootstrap.split(",")],
@@ -33,7 +35,7 @@ def make_app(group: str, settings: ArenaSettings, bootstrap: str, *, exactly_onc
         web_enabled=False,
         store="memory://",
         autodiscover=False,
-        datadir=str(Path(settings.home) / "faust" / group),
+        datadir=str(datadir),
         # Every topic is pre-created by `arena topics create` with its exact
         # partition count; Faust must not declare or alter them.
         topic_allow_declare=False,

@@ -40,7 +40,7 @@ class DeadLetter(Record):
     reason: Annotated[str, Field(description="Human-readable explanation, e.g. the parse error.")]
     payload_text: Annotated[str, Field(description="The raw value decoded as UTF-8 with replacement characters.")]
     payload_b64: Annotated[str, Field(description="The exact raw value, base64, so nothing is lost.")]
-    at: Annotated[datetime, Field(default_factory=utcnow, description="When the stage gave up (UTC).")]
+    at: datetime = Field(default_factory=utcnow, description="When the stage gave up (UTC).")
 
 
 class Rejection(Record):
@@ -52,9 +52,9 @@ class Rejection(Record):
     gate: Annotated[str, Field(description="Machine-readable gate name, e.g. 'min_tools'.")]
     reason: Annotated[str, Field(description="Human-readable explanation with the measured value.")]
     subject: Annotated[str, Field(description="What was dropped, e.g. 'server' or 'server/tool'.")]
-    details: Annotated[dict[str, Any], Field(default_factory=dict, description="Measured values behind the decision.")]
+    details: dict[str, Any] = Field(default_factory=dict, description="Measured values behind the decision.")
     record: Annotated[dict[str, Any] | None, Field(description="The dropped item as JSON, for inspection.")] = None
-    at: Annotated[datetime, Field(default_factory=utcnow, description="When the gate decided (UTC).")]
+    at: datetime = Field(default_factory=utcnow, description="When the gate decided (UTC).")
 
 
 class Lineage(BaseModel):

@@ -18,7 +18,7 @@ class SubQA(Record):
     index: Annotated[int, Field(ge=1, description="Position in the trace (1-based).")]
     question: Annotated[str, Field(description="Sub-question q_i.")]
     answer: Annotated[str, Field(description="Sub-answer a_i.")]
-    depends_on: Annotated[list[int], Field(default_factory=list, description="Indices of sub-questions d_i it needs.")]
+    depends_on: list[int] = Field(default_factory=list, description="Indices of sub-questions d_i it needs.")
     needs_tool: Annotated[bool, Field(description="Whether answering needs a tool call.")] = True
 
 
@@ -29,7 +29,7 @@ class QaSeed(Record):
     domain: Annotated[str, Field(description="Domain of the knowledge source.")]
     mode: Annotated[Literal["question", "unconditional"], Field(description="Question-conditional or knowledge-source mode.")]
     question: Annotated[str | None, Field(description="Main question (question mode).")] = None
-    knowledge: Annotated[dict[str, Any], Field(default_factory=dict, description="Knowledge source or a reference to it.")]
+    knowledge: dict[str, Any] = Field(default_factory=dict, description="Knowledge source or a reference to it.")
     hop_budget: Annotated[int, Field(ge=1, le=16, description="Hop budget H.")] = 2
 
 
@@ -43,7 +43,7 @@ class QaTrace(Record):
     question: Annotated[str, Field(description="Main question q0.")]
     answer: Annotated[str, Field(description="Main answer a0.")]
     sub_qas: Annotated[list[SubQA], Field(min_length=1, description="Sub-QAs forming a DAG.")]
-    scores: Annotated[dict[str, float], Field(default_factory=dict, description="DC, SA, SR, TC, QS once validated.")]
+    scores: dict[str, float] = Field(default_factory=dict, description="DC, SA, SR, TC, QS once validated.")
 
 
 class EnvPackage(Record):

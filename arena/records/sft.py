@@ -20,7 +20,7 @@ class ToolChain(Record):
     tools: Annotated[list[str], Field(min_length=1, description="Tool names in call order.")]
     origin: Annotated[Literal["synthesised", "random_walk"], Field(description="Joint (task, chain) synthesis or a graph walk.")]
     seed_task: Annotated[str | None, Field(description="Task text synthesised jointly with the chain, if any.")] = None
-    dependencies: Annotated[list[dict[str, Any]], Field(default_factory=list, description="Per argument: which task text or earlier output field supports it.")]
+    dependencies: list[dict[str, Any]] = Field(default_factory=list, description="Per argument: which task text or earlier output field supports it.")
 
 
 class Task(Record):
@@ -32,7 +32,7 @@ class Task(Record):
     text: Annotated[str, Field(min_length=1, description="The task as a user would ask it.")]
     mode: Annotated[Literal["chain", "server"], Field(description="Chain-conditioned or server-only construction.")]
     augmentation: Annotated[Literal["none", "diversity", "complexity", "persona"], Field(description="Augmentation axis applied.")] = "none"
-    scores: Annotated[dict[str, float], Field(default_factory=dict, description="question_quality, scenario_realism, tool_necessity.")]
+    scores: dict[str, float] = Field(default_factory=dict, description="question_quality, scenario_realism, tool_necessity.")
 
 
 class Trajectory(Record):
@@ -43,7 +43,7 @@ class Trajectory(Record):
     server_id: Annotated[str, Field(description="Server whose tools were offered.")]
     messages: Annotated[list[dict[str, Any]], Field(description="OpenAI chat messages, tool calls included.")]
     tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tools offered to the agent.")]
-    call_status: Annotated[list[dict[str, Any]], Field(default_factory=list, description="Per tool call: ok / error, and whether real MCP or emulated.")]
+    call_status: list[dict[str, Any]] = Field(default_factory=list, description="Per tool call: ok / error, and whether real MCP or emulated.")
 
 
 class ScoredTrajectory(Record):

@@ -29,8 +29,8 @@ class RawToolServer(Record):
     source: Annotated[str, Field(description="Origin file path or URI the entries came from.")]
     format: Annotated[ToolDocFormat, Field(description="Detected doc format of the entries.")]
     entries: Annotated[list[Any], Field(description="Tool entries exactly as found in the source (for OpenAPI: one per operation, with its path and method).")]
-    context: Annotated[dict[str, Any], Field(default_factory=dict, description="Format context needed to convert entries, e.g. OpenAPI components.")]
-    published_at: Annotated[datetime, Field(default_factory=utcnow, description="When `arena publish` read the source.")]
+    context: dict[str, Any] = Field(default_factory=dict, description="Format context needed to convert entries, e.g. OpenAPI components.")
+    published_at: datetime = Field(default_factory=utcnow, description="When `arena publish` read the source.")
 
 
 class ToolFunction(BaseModel):
@@ -64,4 +64,4 @@ class ToolServer(Record):
     domain: Annotated[str, Field(description="Domain from the fixed taxonomy (arena.domains).")]
     domain_score: Annotated[float, Field(description="Cosine similarity of the server text to the domain label.")]
     tools: Annotated[list[NormalizedTool], Field(min_length=3, description="The tools that passed every gate (at least 3).")]
-    dropped_tools: Annotated[list[str], Field(default_factory=list, description="Names of tools this server lost to a gate.")]
+    dropped_tools: list[str] = Field(default_factory=list, description="Names of tools this server lost to a gate.")
