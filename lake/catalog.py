@@ -1,0 +1,323 @@
+"""The SQL catalog: runs, lake artifacts, record lineage and prompt versions.
+
+SQLite by default (one file under ``$ARENA_HOME``), PostgreSQL when scaled out. Every write is
+idempotent (insert-or-ignore on natural keys), so a sink that replays after a crash records
+nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import DateTime, Text, UniqueConstraint, event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Field, Session, SQLModel, col, create_engine, func, select
+
+from arena.config import redact_url
+from arena.hashing import content_hash
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """SQLite drops time zones: read naive datetimes back as UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+class Run(SQLModel, table=True):
+    """One execution of something worth tracking: a stage worker, a sink, a training run."""
+
+    __tablename__ = "runs"
+
+    id: str = Field(primary_key=True, description="Random hex id.")
+    kind: str = Field(index=True, description="What ran, e.g. 'stage', 'sink', 'train'.")
+    name: str = Field(description="Which one, e.g. the stage name.")
+    status: str = Field(default="running", description="running | succeeded | failed | ...")
+    started_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+    ended_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True))
+    params: str = Field(default="{}", sa_type=Text, description="Parameters as JSON text.")
+
+    def params_dict(self) -> dict[str, Any]:
+        value = json.loads(self.params or "{}")
+        return value if isinstance(value, dict) else {"value": value}
+
+
+class Artifact(SQLModel, table=True):
+    """One file in the lake."""
+
+    __tablename__ = "artifacts"
+
+    id: int | None = Field(default=None, primary_key=True)
+    topic: str = Field(index=True)
+    path: str = Field(unique=True, description="Path relative to the lake root.")
+    rows: int
+    bytes: int
+    partition: int
+    min_offset: int
+    max_offset: int
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+    run_id: str | None = Field(default=None, foreign_key="runs.id", index=True)
+
+
+class LineageEdge(SQLModel, table=True):
+    """``child_key`` (in ``child_topic``) was produced from ``parent_key`` by ``stage``."""
+
+    __tablename__ = "lineage_edges"
+    __table_args__ = (UniqueConstraint("child_topic", "child_key", "parent_key", name="uq_lineage_edge"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    child_key: str = Field(index=True)
+    child_topic: str
+    parent_key: str = Field(index=True)
+    stage: str
+    stage_version: str
+    prompt_version: str | None = None
+    backend: str | None = None
+    model: str | None = None
+    at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+
+class PromptVersion(SQLModel, table=True):
+    """A versioned prompt of an LLM role; ``id`` is a content hash of role + text."""
+
+    __tablename__ = "prompt_versions"
+    __table_args__ = (UniqueConstraint("role", "version", name="uq_prompt_role_version"),)
+
+    id: str = Field(primary_key=True)
+    role: str = Field(index=True)
+    version: int
+    text: str = Field(sa_type=Text)
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+
+_TABLES = [Run.__table__, Artifact.__table__, LineageEdge.__table__, PromptVersion.__table__]  # type: ignore[attr-defined]
+
+
+def _make_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:"):
+            # One shared connection, or every session would see its own empty database.
+            return create_engine(url, connect_args={"check_same_thread": False}, poolclass=StaticPool)
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            # WAL lets readers run beside one writer across processes; busy_timeout makes
+            # concurrent writers wait instead of failing with "database is locked".
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    if parsed.drivername == "postgresql":
+        # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; Arena ships psycopg2-binary.
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    # Small per-process pools: many workers share one Postgres; pre-ping survives restarts.
+    return create_engine(parsed, pool_size=4, max_overflow=4, pool_pre_ping=True, pool_recycle=1800)
+
+
+class Catalog:
+    """Runs, artifacts, lineage and prompt versions in one SQL database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = redact_url(url)  # what may be shown; the engine keeps the real one
+        self.engine = _make_engine(url)
+        self._dialect = self.engine.dialect.name
+        self._create_tables()
+
+    def __repr__(self) -> str:
+        return f"Catalog({self.url!r})"
+
+    def _create_tables(self) -> None:
+        try:
+            SQLModel.metadata.create_all(self.engine, tables=_TABLES)
+        except (IntegrityError, ProgrammingError, OperationalError):
+            # Two processes creating the same tables at once: the loser retries and sees them.
+            SQLModel.metadata.create_all(self.engine, tables=_TABLES)
+
+    def dispose(self) -> None:
+        """Close pooled connections (call in a forked child before using the catalog)."""
+        self.engine.dispose()
+
+    def _session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    def _insert_ignore(self, table: Any, rows: list[dict[str, Any]], conflict: list[str]) -> int:
+        """Insert rows, skipping those whose ``conflict`` columns already exist; returns rows added."""
+        if not rows:
+            return 0
+        added = 0
+        if self._dialect in ("sqlite", "postgresql"):
+            mod = sqlite if self._dialect == "sqlite" else postgresql
+            with self.engine.begin() as conn:  # one transaction for the whole batch
+                for row in rows:
+                    stmt = mod.insert(table).values(**row).on_conflict_do_nothing(index_elements=conflict)
+                    added += conn.execute(stmt).rowcount or 0
+            return added
+        for row in rows:  # other dialects: one transaction per row, duplicates rejected
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(table.insert().values(**row))
+                added += 1
+            except IntegrityError:
+                pass
+        return added
+
+    # Runs ---------------------------------------------------------------
+    def start_run(self, kind: str, name: str, params: dict[str, Any] | None = None) -> str:
+        """Record a new running run; returns its id."""
+        run = Run(
+            id=uuid.uuid4().hex,
+            kind=kind,
+            name=name,
+            params=json.dumps(params or {}, sort_keys=True, default=str),
+        )
+        with self._session() as session:
+            session.add(run)
+            session.commit()
+        return run.id
+
+    def finish_run(self, run_id: str, status: str = "succeeded") -> None:
+        """Mark a run ended with ``status``; ``KeyError`` for an unknown run."""
+        with self._session() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise KeyError(f"unknown run {run_id!r}")
+            run.status = status
+            run.ended_at = _now()
+            session.add(run)
+            session.commit()
+
+    def get_run(self, run_id: str) -> Run | None:
+        with self._session() as session:
+            run = session.get(Run, run_id)
+        if run is not None:
+            run.started_at = _utc(run.started_at) or run.started_at
+            run.ended_at = _utc(run.ended_at)
+        return run
+
+    def runs(self, kind: str | None = None) -> list[Run]:
+        stmt = select(Run).order_by(col(Run.started_at))
+        if kind is not None:
+            stmt = stmt.where(Run.kind == kind)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    # Artifacts ----------------------------------------------------------
+    def record_artifact(
+        self,
+        *,
+        topic: str,
+        path: str,
+        rows: int,
+        nbytes: int,
+        partition: int,
+        min_offset: int,
+        max_offset: int,
+        run_id: str | None = None,
+    ) -> bool:
+        """Register a lake file; returns False when ``path`` was already registered."""
+        row = {
+            "topic": topic,
+            "path": path,
+            "rows": rows,
+            "bytes": nbytes,
+            "partition": partition,
+            "min_offset": min_offset,
+            "max_offset": max_offset,
+            "created_at": _now(),
+            "run_id": run_id,
+        }
+        return self._insert_ignore(Artifact.__table__, [row], ["path"]) == 1  # type: ignore[attr-defined]
+
+    def artifacts(self, topic: str | None = None) -> list[Artifact]:
+        """Registered lake files, optionally of one topic, by topic then path."""
+        stmt = select(Artifact).order_by(col(Artifact.topic), col(Artifact.path))
+        if topic is not None:
+            stmt = stmt.where(Artifact.topic == topic)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    # Lineage ------------------------------------------------------------
+    def record_lineage(self, edges: Iterable[LineageEdge]) -> int:
+        """Store edges (duplicates of child/parent/topic are ignored); returns edges added."""
+        rows = [e.model_dump(exclude={"id"}) for e in edges]
+        return self._insert_ignore(
+            LineageEdge.__table__,  # type: ignore[attr-defined]
+            rows,
+            ["child_topic", "child_key", "parent_key"],
+        )
+
+    def parents_of(self, keys: Sequence[str]) -> list[LineageEdge]:
+        """Edges whose child is one of ``keys``."""
+        if not keys:
+            return []
+        stmt = select(LineageEdge).where(col(LineageEdge.child_key).in_(list(keys)))
+        with self._session() as session:
+            edges = list(session.exec(stmt).all())
+        for e in edges:
+            e.at = _utc(e.at) or e.at
+        return sorted(edges, key=lambda e: (e.child_key, e.parent_key))
+
+    def lineage_of(self, key: str, max_depth: int = 64) -> list[LineageEdge]:
+        """Every edge on the way from ``key`` up to its roots, nearest first (breadth-first)."""
+        found: list[LineageEdge] = []
+        seen = {key}
+        frontier = [key]
+        for _ in range(max_depth):  # bounded: a corrupt cycle cannot loop forever
+            edges = self.parents_of(frontier)
+            if not edges:
+                break
+            found.extend(edges)
+            frontier = sorted({e.parent_key for e in edges} - seen)
+            seen.update(frontier)
+            if not frontier:
+                break
+        return found
+
+    # Prompt versions ----------------------------------------------------
+    def register_prompt(self, role: str, text: str) -> PromptVersion:
+        """The version of ``role``'s prompt with this exact text, created if new (next number)."""
+        pid = content_hash({"role": role, "text": text}, prefix="pv-", length=24)
+        for _ in range(5):  # a concurrent registration may take our version number: retry
+            with self._session() as session:
+                existing = session.get(PromptVersion, pid)
+                if existing is not None:
+                    return existing
+                latest = session.exec(
+                    select(func.max(PromptVersion.version)).where(PromptVersion.role == role)
+                ).one()
+                pv = PromptVersion(id=pid, role=role, version=(latest or 0) + 1, text=text)
+                session.add(pv)
+                try:
+                    session.commit()
+                    return pv
+                except IntegrityError:
+                    session.rollback()
+        raise RuntimeError(f"could not register a prompt version for role {role!r}")
+
+    def prompt_versions(self, role: str) -> list[PromptVersion]:
+        stmt = select(PromptVersion).where(PromptVersion.role == role).order_by(col(PromptVersion.version))
+        with self._session() as session:
+            return list(session.exec(stmt).all())

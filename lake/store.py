@@ -1,0 +1,264 @@
+"""Object stores for the artifact lake: a local folder or any S3 endpoint (MinIO, SeaweedFS, AWS).
+
+Paths are relative, ``/``-separated keys (``topic=chains/date=2026-11-21/part-...parquet``).
+Every ``put`` is atomic: a reader sees either the old object or the whole new one, never a
+partial file, so the lake never holds half-written Parquet.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from urllib.parse import urlparse
+
+from minio import Minio
+from minio.error import S3Error
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
+
+log = logging.getLogger(__name__)
+
+# ``list`` is a method name on the stores, so annotate its result through an alias.
+PathList = list[str]
+
+_TMP_PREFIX = ".tmp-"
+"""Local temp files start with this; listings skip them so readers never see partial writes."""
+
+_MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NotFound", "ResourceNotFound"})
+
+
+def clean_path(path: str) -> str:
+    """Normalise a relative object path and refuse anything that could escape the store root."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts) or path.startswith("/"):
+        raise ValueError(f"invalid object path {path!r}: must be relative, without '..'")
+    return "/".join(parts)
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """What the lake needs from storage; keys are relative ``/``-separated paths."""
+
+    url: str
+    """Where the store points, without credentials (``file:///...`` or ``s3://bucket/prefix``)."""
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write ``data`` atomically (replacing any previous object)."""
+        ...
+
+    def get(self, path: str) -> bytes:
+        """Read a whole object; ``FileNotFoundError`` when missing."""
+        ...
+
+    def list(self, prefix: str = "") -> PathList:
+        """All object paths starting with ``prefix`` (recursive, relative, sorted)."""
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether an object is at ``path``."""
+        ...
+
+    def delete(self, path: str) -> None:
+        """Remove an object; deleting a missing object is not an error."""
+        ...
+
+    def size(self, path: str) -> int:
+        """Object size in bytes; ``FileNotFoundError`` when missing."""
+        ...
+
+
+class LocalStore:
+    """A folder on the local file system."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    def local_path(self, path: str) -> Path:
+        """Absolute file path of an object (lets Arrow/DuckDB read files in place)."""
+        return self.root / clean_path(path)
+
+    def put(self, path: str, data: bytes) -> None:
+        target = self.local_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Temp file in the same directory so os.replace is a same-filesystem atomic rename.
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_TMP_PREFIX)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get(self, path: str) -> bytes:
+        return self.local_path(path).read_bytes()
+
+    def list(self, prefix: str = "") -> PathList:
+        # Prefix semantics match S3 (plain string prefix), so walk from the deepest folder
+        # the prefix names and filter.
+        head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self.root / head if head else self.root
+        if not start.is_dir():
+            return []
+        found: PathList = []
+        for dirpath, _dirs, files in os.walk(start):
+            for name in files:
+                if name.startswith(_TMP_PREFIX):
+                    continue
+                rel = Path(dirpath, name).relative_to(self.root).as_posix()
+                if rel.startswith(prefix):
+                    found.append(rel)
+        return sorted(found)
+
+    def exists(self, path: str) -> bool:
+        return self.local_path(path).is_file()
+
+    def delete(self, path: str) -> None:
+        self.local_path(path).unlink(missing_ok=True)
+
+    def size(self, path: str) -> int:
+        return self.local_path(path).stat().st_size
+
+
+class S3Store:
+    """A bucket (and optional key prefix) on an S3-compatible server, through the MinIO client."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        region: str = "us-east-1",
+    ) -> None:
+        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        if not parsed.netloc:
+            raise ValueError(f"S3 endpoint needs a host: {endpoint!r}")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint = f"{parsed.scheme}://{parsed.netloc}"
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        # The client holds the secrets; this object's repr never shows them.
+        self._client = Minio(
+            parsed.netloc,
+            access_key=access_key or None,
+            secret_key=secret_key or None,
+            secure=parsed.scheme == "https",
+            region=region,
+        )
+        self._ensure_bucket()
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
+
+    def _ensure_bucket(self) -> None:
+        if self._client.bucket_exists(self.bucket):
+            return
+        try:
+            self._client.make_bucket(self.bucket)
+            log.info("created bucket %s at %s", self.bucket, self.endpoint)
+        except S3Error as exc:
+            # Another worker may have created it between our check and our call.
+            if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+
+    def _key(self, path: str) -> str:
+        key = clean_path(path)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, path: str, data: bytes) -> None:
+        # A single PUT is atomic on S3: the object appears whole or not at all.
+        self._client.put_object(self.bucket, self._key(path), io.BytesIO(data), len(data))
+
+    def get(self, path: str) -> bytes:
+        try:
+            resp = self._client.get_object(self.bucket, self._key(path))
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                raise FileNotFoundError(f"{self.url}/{path}") from None
+            raise
+        try:
+            return resp.read()
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def list(self, prefix: str = "") -> PathList:
+        base = f"{self.prefix}/" if self.prefix else ""
+        objects = self._client.list_objects(self.bucket, prefix=base + prefix, recursive=True)
+        return sorted(
+            o.object_name[len(base) :] for o in objects if o.object_name is not None and not o.is_dir
+        )
+
+    def exists(self, path: str) -> bool:
+        try:
+            self._client.stat_object(self.bucket, self._key(path))
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                return False
+            raise
+        return True
+
+    def delete(self, path: str) -> None:
+        self._client.remove_object(self.bucket, self._key(path))
+
+    def size(self, path: str) -> int:
+        try:
+            stat = self._client.stat_object(self.bucket, self._key(path))
+        except S3Error as exc:
+            if exc.code in _MISSING_CODES:
+                raise FileNotFoundError(f"{self.url}/{path}") from None
+            raise
+        return int(stat.size or 0)
+
+
+def store_from_url(
+    url: str,
+    *,
+    endpoint: str = "",
+    access_key: str = "",
+    secret_key: str = "",
+    region: str = "us-east-1",
+) -> ObjectStore:
+    """A store for ``file:///path`` or ``s3://bucket/prefix`` (S3 needs ``endpoint``)."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return LocalStore(Path(parsed.netloc + parsed.path))
+    if parsed.scheme == "s3":
+        if not endpoint:
+            raise ValueError("an s3:// lake needs an S3 endpoint (ARENA_S3_ENDPOINT)")
+        return S3Store(
+            parsed.netloc,
+            parsed.path,
+            endpoint=endpoint,
+            access_key=access_key,
+            secret_key=secret_key,
+            region=region,
+        )
+    raise ValueError(f"lake URL must start with file:// or s3://, got {url!r}")
+
+
+def open_store(settings: ArenaSettings) -> ObjectStore:
+    """The lake store ``settings.lake`` points at."""
+    creds = settings.s3_credentials()
+    return store_from_url(
+        settings.lake,
+        endpoint=creds["endpoint"],
+        access_key=creds["access_key"],
+        secret_key=creds["secret_key"],
+        region=creds["region"],
+    )
