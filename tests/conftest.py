@@ -10,6 +10,7 @@ import pytest
 os.environ["OMP_NUM_THREADS"] = "1"
 
 pytest_plugins = [
+    "tests.fixtures.broker",
     "tests.fixtures.s3",
     "tests.fixtures.postgres",
 ]

@@ -20,7 +20,6 @@ from consumers.lag import (
     lag_report,
     render_lag_table,
 )
-from tests.fixtures.broker import *  # noqa: F403  (until the root conftest registers the plugin)
 
 pytestmark = pytest.mark.integration
 

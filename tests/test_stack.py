@@ -28,7 +28,6 @@ from arena.stack import (
     up,
 )
 from arena.topics import TOPICS, TopicSpec
-from tests.fixtures.broker import *  # noqa: F403  (until the root conftest registers the plugin)
 
 pytestmark = pytest.mark.integration
 
