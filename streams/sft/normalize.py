@@ -1,0 +1,922 @@
+"""Schema normalisation and quality gates for tool docs (ASTRA §2.1.1).
+
+Pure, deterministic functions; the ``tools.raw -> tools.servers`` stage wraps them.
+
+``normalize_server`` converts every raw entry of a candidate server (OpenAI,
+MCP ``tools/list``, BFCL-style or OpenAPI 3 operation) into the OpenAI tool
+schema, with parameters as a valid JSON Schema object, and applies the
+per-tool gates from the paper:
+
+- *convertible to the unified format* -> gate ``schema``;
+- *clear and actionable descriptions* -> gates ``description_missing``,
+  ``description_too_short`` (fewer than 3 words), ``description_is_name``;
+- one tool per name -> gate ``duplicate_name`` (the first one is kept).
+
+``server_gate`` then applies *sufficient number of tools* (at least 3) ->
+gate ``min_tools``. Over-long descriptions are capped at a UTF-8 boundary and
+flagged, not rejected.
+
+No ``jsonschema`` package is installed, so ``schema_problems`` is a structural
+validator for exactly the JSON Schema subset the converter emits.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field
+
+from arena.hashing import content_hash
+from arena.records.common import Rejection
+from arena.records.tools import NormalizedTool, RawToolServer, ToolDocFormat, ToolFunction
+
+MIN_TOOLS = 3
+MIN_DESCRIPTION_WORDS = 3
+MAX_SCHEMA_DEPTH = 64
+"""Deeper schemas are refused: no tool needs them and they cost stack."""
+MAX_SCHEMA_NODES = 20_000
+"""Budget of schema nodes after ``$ref`` inlining (a DAG of refs can expand exponentially)."""
+
+GATES: tuple[str, ...] = (
+    "schema",
+    "description_missing",
+    "description_too_short",
+    "description_is_name",
+    "duplicate_name",
+    "min_tools",
+)
+"""Every gate name this module can emit."""
+
+
+class GateDrop(BaseModel):
+    """One thing a gate dropped: a tool (``<server>/<tool>``) or a whole server (``<server>``)."""
+
+    gate: Annotated[str, Field(description="Machine-readable gate name, one of GATES.")]
+    subject: Annotated[str, Field(description="'<server>' or '<server>/<tool>' ('<server>/#i' if unnamed).")]
+    reason: Annotated[str, Field(description="Human-readable explanation with the measured value.")]
+    details: Annotated[dict[str, Any], Field(default_factory=dict, description="Measured values.")]
+    record: Annotated[dict[str, Any] | None, Field(description="The dropped item as JSON.")] = None
+
+    def to_rejection(self, *, stage: str, topic: str, source_key: str) -> Rejection:
+        """The ``<topic>.rejected`` record for this drop."""
+        return Rejection.model_validate(
+            {
+                "stage": stage,
+                "topic": topic,
+                "source_key": source_key,
+                "gate": self.gate,
+                "reason": self.reason,
+                "subject": self.subject,
+                "details": self.details,
+                "record": self.record,
+            }
+        )
+
+
+class NormalizeOutcome(BaseModel):
+    """The tools of one server that passed every per-tool gate, and what was dropped."""
+
+    server: str
+    tools: list[NormalizedTool] = Field(default_factory=list)
+    rejections: list[GateDrop] = Field(default_factory=list)
+
+    @property
+    def dropped_tools(self) -> list[str]:
+        """Names (or ``#i`` for unnamed entries) of the tools lost to a gate."""
+        return [str(d.details.get("tool", d.subject)) for d in self.rejections]
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def normalize_server(raw: RawToolServer, *, max_description_bytes: int = 8192) -> NormalizeOutcome:
+    """Convert and gate every entry of ``raw``; never raises.
+
+    Every entry ends up either in ``tools`` or as one ``GateDrop`` in ``rejections``,
+    in entry order. Server-level gating is ``server_gate``'s job.
+    """
+    out = NormalizeOutcome(server=raw.server)
+    first_index: dict[str, int] = {}
+    for index, entry in enumerate(raw.entries):
+        label = f"#{index}"
+        try:
+            safe = _json_safe(entry)
+            label = _entry_label(safe, raw.format, index)
+            tool = _convert_entry(safe, raw.format, raw.context, max_description_bytes)
+        except _Drop as gate:
+            out.rejections.append(_drop(raw.server, label, index, gate, _record_of(entry)))
+            continue
+        except Exception as exc:  # a stage must not crash on a doc; keep the evidence instead
+            problem = f"conversion failed unexpectedly: {type(exc).__name__}: {exc}"
+            crash = _Drop("schema", problem, {"problems": [problem], "internal_error": True})
+            out.rejections.append(_drop(raw.server, label, index, crash, _record_of(entry)))
+            continue
+        name = tool.function.name
+        if name in first_index:
+            dup = _Drop(
+                "duplicate_name",
+                f"tool name {name!r} already used by entry #{first_index[name]}; the first one is kept",
+                {"name": name, "first_index": first_index[name]},
+            )
+            out.rejections.append(_drop(raw.server, name, index, dup, _record_of(entry)))
+            continue
+        first_index[name] = index
+        out.tools.append(tool)
+    return out
+
+
+def server_gate(name: str, tools: list[NormalizedTool], *, min_tools: int = MIN_TOOLS) -> GateDrop | None:
+    """Reject a server left with fewer than ``min_tools`` tools (ASTRA: multi-turn needs >= 3)."""
+    if len(tools) >= min_tools:
+        return None
+    names = [t.function.name for t in tools]
+    return GateDrop(
+        gate="min_tools",
+        subject=name,
+        reason=f"server has {len(tools)} usable tool(s) after filtering; at least {min_tools} are needed",
+        details={"tools": len(tools), "min_tools": min_tools, "tool_names": names},
+        record={"name": name, "tools": [t.model_dump(mode="json") for t in tools]},
+    )
+
+
+def server_id(name: str, tools: list[NormalizedTool]) -> str:
+    """Content hash of the server name and its normalised tools (order-insensitive)."""
+    dumped = sorted((t.model_dump(mode="json") for t in tools), key=lambda d: (d["function"]["name"], str(d)))
+    return content_hash({"name": name, "tools": dumped})
+
+
+def cap_utf8(text: str, max_bytes: int) -> tuple[str, bool]:
+    """``text`` cut to at most ``max_bytes`` UTF-8 bytes without splitting a character."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return text, False
+    # Decoding the prefix with "ignore" drops only the trailing partial character.
+    return data[: max(0, max_bytes)].decode("utf-8", "ignore"), True
+
+
+def sanitize_tool_name(name: str) -> str:
+    """An OpenAI-valid tool name (``^[a-zA-Z0-9_.-]{1,64}$``); empty if nothing usable is left."""
+    cleaned = re.sub(r"[^a-zA-Z0-9_.-]+", "_", name.strip())
+    cleaned = re.sub(r"_{2,}", "_", cleaned).strip("_")
+    return cleaned[:64].rstrip("_") or cleaned[:64]
+
+
+def count_words(text: str) -> int:
+    """Words in ``text``; each CJK character counts as one (those scripts use no spaces)."""
+    return len(_WORD.findall(text))
+
+
+def schema_problems(schema: Any, *, top_level: bool = True) -> list[str]:
+    """Structural JSON Schema check of the subset ``normalize_server`` emits ([] = valid).
+
+    With ``top_level`` the schema must be an object schema, as OpenAI function
+    parameters must be.
+    """
+    problems: list[str] = []
+    _check(schema, "$", problems, 0)
+    if top_level and isinstance(schema, dict) and schema.get("type") != "object":
+        problems.append(f"$: parameters must have type 'object', got {schema.get('type')!r}")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Entries
+
+
+class _Drop(Exception):
+    """Raised inside conversion: this entry fails ``gate``."""
+
+    def __init__(self, gate: str, reason: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.gate = gate
+        self.reason = reason
+        self.details = details or {}
+
+
+class _SchemaError(Exception):
+    """A schema cannot be mapped to the unified format."""
+
+
+def _drop(server: str, label: str, index: int, drop: _Drop, record: dict[str, Any]) -> GateDrop:
+    details = {"tool": label, "index": index, **drop.details}
+    return GateDrop(
+        gate=drop.gate, subject=f"{server}/{label}", reason=drop.reason, details=details, record=record
+    )
+
+
+def _record_of(entry: Any) -> dict[str, Any]:
+    try:
+        safe = _json_safe(entry)
+    except Exception:
+        safe = repr(entry)[:10_000]
+    return safe if isinstance(safe, dict) else {"entry": safe}
+
+
+def _entry_label(entry: Any, fmt: ToolDocFormat, index: int) -> str:
+    """A readable name for an entry even before it converts (for the rejection subject)."""
+    try:
+        if (
+            fmt == ToolDocFormat.openapi
+            and isinstance(entry, dict)
+            and ("operation" in entry or "path" in entry)
+        ):
+            op = entry.get("operation")
+            op_id = op.get("operationId") if isinstance(op, dict) else None
+            if isinstance(op_id, str) and sanitize_tool_name(op_id):
+                return sanitize_tool_name(op_id)
+            return sanitize_tool_name(f"{entry.get('method')}_{entry.get('path')}") or f"#{index}"
+        fn = _function_part(entry)
+        if isinstance(fn.get("name"), str) and sanitize_tool_name(fn["name"]):
+            return sanitize_tool_name(fn["name"])
+    except Exception:
+        pass
+    return f"#{index}"
+
+
+def _function_part(entry: Any) -> dict[str, Any]:
+    """The dict holding name/description/parameters: unwraps ``{"type": "function", "function"}``."""
+    if not isinstance(entry, dict):
+        return {}
+    fn = entry.get("function")
+    if isinstance(fn, dict) and (entry.get("type") == "function" or "name" not in entry):
+        return fn
+    return entry
+
+
+def _convert_entry(entry: Any, fmt: ToolDocFormat, context: Any, max_bytes: int) -> NormalizedTool:
+    if not isinstance(entry, dict):
+        raise _Drop(
+            "schema", f"entry is a {_type_name(entry)}, not a tool object", {"problems": ["not an object"]}
+        )
+    # Dispatch on the entry's shape too: a function doc inside an OpenAPI-labelled server still converts.
+    is_operation = fmt == ToolDocFormat.openapi and ("operation" in entry or "path" in entry)
+    source = _OpenApiEntry(entry, context) if is_operation else _FunctionEntry(entry)
+    # Gate order follows the paper's list: a vague description disqualifies before the schema is tried.
+    description, truncated = _gate_description(source.name, source.description, max_bytes)
+    try:
+        params = source.parameters()
+    except (_SchemaError, RecursionError) as exc:
+        raise _Drop(
+            "schema", f"{source.where} cannot be converted to JSON Schema: {exc}", {"problems": [str(exc)]}
+        ) from None
+    problems = schema_problems(params)
+    if problems:  # a converter bug must not leak an invalid schema downstream
+        raise _Drop(
+            "schema",
+            f"produced parameters are not a valid JSON Schema: {problems[0]}",
+            {"problems": problems},
+        )
+    try:
+        response = source.response()
+    except (_SchemaError, RecursionError):
+        response = None
+    if response is not None and schema_problems(response, top_level=False):
+        response = None  # metadata only: an unusable output schema is dropped, not the tool
+    return NormalizedTool(
+        function=ToolFunction(name=source.name, description=description, parameters=params),
+        response_schema=response,
+        description_truncated=truncated,
+    )
+
+
+def _tool_name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Drop(
+            "schema", "tool has no name (a non-empty string is required)", {"problems": ["name missing"]}
+        )
+    name = sanitize_tool_name(value)
+    if not name:
+        raise _Drop(
+            "schema",
+            f"tool name {value[:80]!r} has no characters usable in an OpenAI tool name (a-z, 0-9, _ . -)",
+            {"problems": ["name unusable"], "name": value[:200]},
+        )
+    return name
+
+
+class _FunctionEntry:
+    """OpenAI (wrapped or bare), BFCL and MCP entries: they differ only in key names."""
+
+    where = "parameters"
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        self.entry = entry
+        self.fn = _function_part(entry)
+        self.name = _tool_name(self.fn.get("name"))
+        self.description: Any = self.fn.get("description")
+
+    def parameters(self) -> dict[str, Any]:
+        fn = self.fn
+        if "inputSchema" in fn or "input_schema" in fn:  # MCP (and Anthropic-style) tools
+            raw = fn.get("inputSchema", fn.get("input_schema"))
+        else:
+            raw = fn.get("parameters")
+        if isinstance(raw, list):
+            raw = _list_parameters(raw)
+        return _Converter(raw).parameters(raw)
+
+    def response(self) -> dict[str, Any] | None:
+        for holder in (self.fn, self.entry):  # `response` may sit next to `function` when wrapped
+            for key in ("response", "outputSchema", "output_schema", "returns"):
+                if isinstance(holder.get(key), dict):
+                    return _Converter(holder[key]).schema(holder[key], key, 0)
+        return None
+
+
+def _list_parameters(items: list[Any]) -> dict[str, Any]:
+    """Parameters given as a list of ``{"name", "type", "required", ...}`` (RapidAPI/ToolBench dumps)."""
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise _SchemaError(f"parameters[{i}] must be an object with a string 'name'")
+        props[item["name"]] = {k: v for k, v in item.items() if k not in ("name", "required", "in")}
+        if item.get("required") is True:
+            required.append(item["name"])
+    return {"type": "object", "properties": props, "required": required}
+
+
+# ---------------------------------------------------------------------------------------------
+# Descriptions
+
+_WORD = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+"
+)
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[\W_]+", "", text.casefold())
+
+
+def _gate_description(name: str, value: Any, max_bytes: int) -> tuple[str, bool]:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise _Drop("description_missing", "tool has no description", {"description": value})
+    if not isinstance(value, str):
+        raise _Drop(
+            "description_missing",
+            f"tool description is a {_type_name(value)}, not text",
+            {"description_type": _type_name(value)},
+        )
+    text = value.replace("\r\n", "\n").strip()
+    if _squash(text) == _squash(name):
+        raise _Drop(
+            "description_is_name",
+            f"description {text[:80]!r} only repeats the tool name {name!r}",
+            {"description": text[:200], "name": name},
+        )
+    words = count_words(text)
+    if words < MIN_DESCRIPTION_WORDS:
+        raise _Drop(
+            "description_too_short",
+            f"description has {words} word(s) ({text[:80]!r}); at least {MIN_DESCRIPTION_WORDS} are needed",
+            {"words": words, "min_words": MIN_DESCRIPTION_WORDS, "description": text[:200]},
+        )
+    return cap_utf8(text, max_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAPI operations
+
+_IGNORED_HEADERS = frozenset({"accept", "content-type", "authorization"})
+"""OpenAPI 3: header parameters with these names "SHALL be ignored"."""
+
+
+class _OpenApiEntry:
+    """One OpenAPI operation as the loader stored it: path, method, operation, path-level parameters."""
+
+    def __init__(self, entry: dict[str, Any], context: Any) -> None:
+        self.entry = entry
+        path, method, op = entry.get("path"), entry.get("method"), entry.get("operation")
+        location = entry.get("location")
+        self.where = f"operation {str(method).upper()} {path}" + (
+            f" ({location})" if isinstance(location, str) else ""
+        )
+        if not isinstance(op, dict) or not isinstance(method, str) or not isinstance(path, str):
+            raise _Drop(
+                "schema",
+                f"{self.where} is not an operation object (got a {_type_name(op)})",
+                {"problems": ["operation is not an object"], "path": str(path)[:200]},
+            )
+        self.op = op
+        op_id = op.get("operationId")
+        use_id = isinstance(op_id, str) and bool(sanitize_tool_name(op_id))
+        self.name = _tool_name(op_id if use_id else f"{method}_{path}")
+        summary, desc = op.get("summary"), op.get("description")
+        self.description: Any = desc
+        if isinstance(summary, str) and summary.strip():
+            if not isinstance(desc, str) or not desc.strip():
+                self.description = summary
+            elif not desc.strip().startswith(summary.strip().rstrip(".")):
+                # Summary is the short form and description the details: keep both.
+                self.description = f"{summary.strip().rstrip('.')}. {desc.strip()}"
+        components = context.get("components") if isinstance(context, dict) else None
+        self.conv = _Converter({"components": components if isinstance(components, dict) else {}})
+
+    def parameters(self) -> dict[str, Any]:
+        return _openapi_parameters(self.conv, self.entry.get("path_parameters"), self.op)
+
+    def response(self) -> dict[str, Any] | None:
+        return _openapi_response(self.conv, self.op)
+
+
+def _openapi_parameters(conv: _Converter, shared: Any, op: dict[str, Any]) -> dict[str, Any]:
+    """Path/query/header parameters and the JSON request body, merged into one object schema."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for source in (shared, op.get("parameters")):
+        if source is None:
+            continue
+        if not isinstance(source, list):
+            raise _SchemaError(f"'parameters' must be a list, got a {_type_name(source)}")
+        for i, p in enumerate(source):
+            param = conv.deref(p, f"parameters[{i}]")
+            pname, loc = param.get("name"), param.get("in")
+            if not isinstance(pname, str) or not pname or loc not in ("path", "query", "header", "cookie"):
+                raise _SchemaError(
+                    f"parameters[{i}] needs a string 'name' and 'in' of path/query/header/cookie"
+                )
+            merged[(pname, str(loc))] = param  # operation-level overrides path-level (same name + in)
+
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for (pname, loc), param in merged.items():
+        if loc == "cookie" or (loc == "header" and pname.lower() in _IGNORED_HEADERS):
+            continue  # session plumbing, not arguments a model should choose
+        schema = _parameter_schema(conv, param, pname)
+        if isinstance(param.get("description"), str) and "description" not in schema:
+            schema["description"] = param["description"]
+        if pname in properties:
+            raise _SchemaError(f"parameter {pname!r} is defined in both {loc} and another location")
+        properties[pname] = schema
+        if loc == "path" or param.get("required") is True:
+            required.append(pname)
+
+    body = op.get("requestBody")
+    if body is not None:
+        _merge_body(conv, body, properties, required)
+    out: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        out["required"] = required
+    return out
+
+
+def _parameter_schema(conv: _Converter, param: dict[str, Any], pname: str) -> dict[str, Any]:
+    if "schema" in param:
+        return conv.schema(param["schema"], f"parameter {pname}", 0)
+    content = param.get("content")
+    if isinstance(content, dict) and content:
+        media = next(iter(content.values()))
+        if isinstance(media, dict) and "schema" in media:
+            return conv.schema(media["schema"], f"parameter {pname}", 0)
+    return {"type": "string"}  # OpenAPI: a parameter without a schema is sent as a string
+
+
+def _json_media(content: Any) -> Any:
+    """The schema of the best request/response media type (JSON first, then forms)."""
+    if not isinstance(content, dict):
+        return None
+    keys = [k for k in content if isinstance(k, str)]
+    ranked = (
+        [k for k in keys if k.split(";")[0].strip() == "application/json"]
+        + [k for k in keys if "json" in k]
+        + [k for k in keys if k.startswith(("application/x-www-form-urlencoded", "multipart/form-data"))]
+        + [k for k in keys if k == "*/*"]
+    )
+    for key in ranked:
+        media = content[key]
+        if isinstance(media, dict) and "schema" in media:
+            return media["schema"]
+    return None
+
+
+def _merge_body(conv: _Converter, body: Any, properties: dict[str, Any], required: list[str]) -> None:
+    body = conv.deref(body, "requestBody")
+    raw_schema = _json_media(body.get("content"))
+    if raw_schema is None:
+        return  # e.g. an octet-stream upload: nothing a model can fill in as JSON
+    schema = conv.schema(raw_schema, "requestBody", 0)
+    body_required = body.get("required") is True
+    props = schema.get("properties")
+    is_object = schema.get("type") == "object" and isinstance(props, dict)
+    if is_object and props and not set(props) & set(properties):
+        inner_required = schema.get("required", [])
+        for key, sub in props.items():
+            if isinstance(sub, dict) and sub.get("readOnly") is True:
+                continue  # server-assigned fields (ids, timestamps) are not request arguments
+            properties[key] = sub
+            if body_required and key in inner_required:
+                required.append(key)
+        return
+    # A non-object body, or one whose fields clash with parameters: pass it as one argument.
+    name = "body" if "body" not in properties else "request_body"
+    properties[name] = schema
+    if body_required:
+        required.append(name)
+
+
+def _openapi_response(conv: _Converter, op: dict[str, Any]) -> dict[str, Any] | None:
+    responses = op.get("responses")
+    if not isinstance(responses, dict):
+        return None
+    for code in sorted(c for c in responses if isinstance(c, str) and c.startswith("2")):
+        resp = conv.deref(responses[code], f"responses.{code}")
+        raw_schema = _json_media(resp.get("content"))
+        if raw_schema is not None:
+            return conv.schema(raw_schema, f"responses.{code}", 0)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema conversion
+
+_TYPE_MAP: dict[str, str | None] = {
+    # JSON Schema names map to themselves; BFCL / Python / Java-ish names to theirs; None = any.
+    "object": "object",
+    "dict": "object",
+    "map": "object",
+    "hashmap": "object",
+    "array": "array",
+    "list": "array",
+    "tuple": "array",
+    "arraylist": "array",
+    "set": "array",
+    "string": "string",
+    "str": "string",
+    "char": "string",
+    "text": "string",
+    "file": "string",
+    "number": "number",
+    "float": "number",
+    "double": "number",
+    "decimal": "number",
+    "integer": "integer",
+    "int": "integer",
+    "long": "integer",
+    "short": "integer",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "null": "null",
+    "none": "null",
+    "any": None,
+    "mixed": None,
+}
+_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+
+_TEXT_KEYS = ("description", "title", "format")
+_NUMBER_KEYS = ("minimum", "maximum", "multipleOf")
+_COUNT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_BOOL_KEYS = ("uniqueItems", "readOnly", "writeOnly", "deprecated")
+_VALUE_KEYS = ("default", "const")
+_COMBINERS = ("anyOf", "oneOf", "allOf")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+class _Converter:
+    """Raw schema -> JSON Schema, resolving local ``$ref``s against ``root`` (inlined)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.budget = MAX_SCHEMA_NODES
+        self.stack: list[str] = []
+
+    # -- references ------------------------------------------------------------------------
+    def resolve(self, ref: Any) -> Any:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise _SchemaError(f"$ref {str(ref)[:100]!r} is not a local reference ('#/...')")
+        node = self.root
+        for raw_part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = raw_part.replace("%25", "%").replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise _SchemaError(f"$ref {ref[:100]!r} does not resolve")
+        return node
+
+    def deref(self, node: Any, where: str) -> dict[str, Any]:
+        """Follow ``$ref`` chains of a non-schema object (parameter, request body, response)."""
+        seen: set[str] = set()
+        while isinstance(node, dict) and "$ref" in node:
+            ref = node["$ref"]
+            if not isinstance(ref, str) or ref in seen:
+                raise _SchemaError(f"{where}: $ref {str(ref)[:100]!r} loops or is not a string")
+            seen.add(ref)
+            node = self.resolve(ref)
+        if not isinstance(node, dict):
+            raise _SchemaError(f"{where} must be an object, got a {_type_name(node)}")
+        return node
+
+    # -- schemas ---------------------------------------------------------------------------
+    def parameters(self, node: Any) -> dict[str, Any]:
+        """The top-level parameters schema: always ``type: object`` with ``properties``."""
+        if node is None or node == {}:
+            return {"type": "object", "properties": {}}  # a tool without arguments
+        if isinstance(node, dict) and "type" not in node and "$ref" not in node and "properties" in node:
+            node = {**node, "type": "object"}  # common omission; the properties say it all
+        out = self.schema(node, "parameters", 0)
+        if out.get("type") != "object":
+            raise _SchemaError(f"parameters must be an object schema, got type {out.get('type', 'any')!r}")
+        out.setdefault("properties", {})
+        return out
+
+    def schema(self, node: Any, where: str, depth: int) -> dict[str, Any]:
+        self.budget -= 1
+        if self.budget < 0:
+            raise _SchemaError(f"schema has more than {MAX_SCHEMA_NODES} nodes after $ref expansion")
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _SchemaError(f"{where}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
+        if node is True:
+            return {}
+        if not isinstance(node, dict):
+            raise _SchemaError(f"{where}: a schema must be an object, got a {_type_name(node)}")
+        if "$ref" in node:
+            return self._ref(node, where, depth)
+
+        out: dict[str, Any] = {}
+        if "type" in node:
+            mapped = self._type(node["type"], where)
+            if mapped is not None:
+                out["type"] = mapped
+        if node.get("nullable") is True and isinstance(out.get("type"), str):
+            out["type"] = [out["type"], "null"]  # OpenAPI 3.0 `nullable` -> JSON Schema type list
+
+        for key in _TEXT_KEYS:
+            if isinstance(node.get(key), str):
+                out[key] = node[key]
+        if isinstance(node.get("pattern"), str) and _compiles(node["pattern"]):
+            out["pattern"] = node["pattern"]
+        for key in _NUMBER_KEYS:
+            if _is_number(node.get(key)):
+                out[key] = node[key]
+        if "multipleOf" in out and out["multipleOf"] <= 0:
+            del out["multipleOf"]
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            value, bound = node.get(key), "minimum" if key == "exclusiveMinimum" else "maximum"
+            if _is_number(value):
+                out[key] = value
+            elif value is True and bound in out:  # draft-4 / OpenAPI 3.0 boolean form
+                out[key] = out.pop(bound)
+        for key in _COUNT_KEYS:
+            if _is_count(node.get(key)):
+                out[key] = node[key]
+        for key in _BOOL_KEYS:
+            if isinstance(node.get(key), bool):
+                out[key] = node[key]
+        for key in _VALUE_KEYS:
+            if key in node:
+                out[key] = node[key]
+        if isinstance(node.get("examples"), list):
+            out["examples"] = node["examples"]
+        if "enum" in node:
+            enum = node["enum"]
+            if not isinstance(enum, list) or not enum:
+                raise _SchemaError(f"{where}: 'enum' must be a non-empty list, got {str(enum)[:60]!r}")
+            out["enum"] = enum
+
+        if "properties" in node:
+            out.update(self._properties(node, where, depth))
+        elif "required" in node and isinstance(node["required"], list) and node["required"]:
+            raise _SchemaError(
+                f"{where}: 'required' lists {node['required'][:5]} but there are no properties"
+            )
+        if "items" in node:
+            items = node["items"]
+            if isinstance(items, list):  # draft-4 tuple form
+                out["prefixItems"] = [
+                    self.schema(s, f"{where}.items[{i}]", depth + 1) for i, s in enumerate(items)
+                ]
+            elif isinstance(items, dict | bool):
+                out["items"] = {} if items is True else self.schema(items, f"{where}.items", depth + 1)
+            else:
+                raise _SchemaError(f"{where}: 'items' must be a schema, got a {_type_name(items)}")
+        if isinstance(node.get("prefixItems"), list):
+            out["prefixItems"] = [
+                self.schema(s, f"{where}.prefixItems[{i}]", depth + 1)
+                for i, s in enumerate(node["prefixItems"])
+            ]
+        extra = node.get("additionalProperties")
+        if isinstance(extra, bool):
+            out["additionalProperties"] = extra
+        elif isinstance(extra, dict):
+            out["additionalProperties"] = self.schema(extra, f"{where}.additionalProperties", depth + 1)
+        for key in _COMBINERS:
+            if key in node:
+                subs = node[key]
+                if not isinstance(subs, list) or not subs:
+                    raise _SchemaError(f"{where}: '{key}' must be a non-empty list of schemas")
+                out[key] = [self.schema(s, f"{where}.{key}[{i}]", depth + 1) for i, s in enumerate(subs)]
+        if isinstance(node.get("not"), dict):
+            out["not"] = self.schema(node["not"], f"{where}.not", depth + 1)
+
+        if "allOf" in out:
+            _flatten_all_of(out)
+        if "type" not in out and "properties" in out:
+            out["type"] = "object"
+        # Everything else ($defs after inlining, x-* extensions, xml, discriminator, example,
+        # $schema, $id) is dropped: annotations without meaning for a tool-calling model.
+        return out
+
+    def _ref(self, node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
+        ref = node["$ref"]
+        if isinstance(ref, str) and ref in self.stack:
+            # A recursive type (e.g. a tree): stop inlining and accept anything below here.
+            return {"description": f"recursive reference to {ref}"}
+        target = self.resolve(ref)
+        self.stack.append(str(ref))
+        try:
+            out = dict(self.schema(target, str(ref), depth + 1))
+        finally:
+            self.stack.pop()
+        if isinstance(node.get("description"), str):
+            out["description"] = node["description"]  # a sibling description is more specific
+        return out
+
+    def _type(self, value: Any, where: str) -> str | list[str] | None:
+        names = value if isinstance(value, list) else [value]
+        if not names:
+            raise _SchemaError(f"{where}: 'type' is an empty list")
+        mapped: list[str] = []
+        for name in names:
+            if not isinstance(name, str) or name.strip().lower() not in _TYPE_MAP:
+                raise _SchemaError(f"{where}: unknown type {str(name)[:40]!r}")
+            m = _TYPE_MAP[name.strip().lower()]
+            if m is None:
+                return None  # `any` anywhere in the union: no type constraint at all
+            if m not in mapped:
+                mapped.append(m)
+        return mapped[0] if len(mapped) == 1 else mapped
+
+    def _properties(self, node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
+        props = node["properties"]
+        if not isinstance(props, dict):
+            raise _SchemaError(f"{where}: 'properties' must be an object, got a {_type_name(props)}")
+        out_props: dict[str, Any] = {}
+        lifted: list[str] = []
+        for key, sub in props.items():
+            if isinstance(sub, dict) and isinstance(sub.get("required"), bool):
+                # Draft-3 style `required: true` on the property itself: lift it to the parent.
+                if sub["required"]:
+                    lifted.append(key)
+                sub = {k: v for k, v in sub.items() if k != "required"}
+            out_props[key] = self.schema(sub, f"{where}.{key}", depth + 1)
+        required = node.get("required", [])
+        if isinstance(required, bool) or required is None:
+            required = []
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise _SchemaError(f"{where}: 'required' must be a list of property names")
+        names = list(dict.fromkeys([*required, *lifted]))
+        missing = [r for r in names if r not in out_props]
+        if missing:
+            raise _SchemaError(f"{where}: required {missing[:5]} not defined in properties")
+        result: dict[str, Any] = {"properties": out_props}
+        if names:
+            result["required"] = names
+        return result
+
+
+def _flatten_all_of(out: dict[str, Any]) -> None:
+    """Merge ``allOf`` of plain object schemas into one object (what OpenAPI models mean)."""
+    parts = out["allOf"]
+    plain = all(
+        isinstance(p, dict)
+        and (p.get("type") == "object" or "properties" in p)
+        and not any(k in p for k in (*_COMBINERS, "not", "additionalProperties"))
+        for p in parts
+    )
+    if not plain or out.get("type") not in (None, "object"):
+        return
+    props: dict[str, Any] = dict(out.get("properties", {}))
+    required: list[str] = list(out.get("required", []))
+    for part in parts:
+        for key, sub in part.get("properties", {}).items():
+            props.setdefault(key, sub)
+        required.extend(r for r in part.get("required", []) if r not in required)
+        if "description" in part and "description" not in out:
+            out["description"] = part["description"]
+    del out["allOf"]
+    out["type"] = "object"
+    out["properties"] = props
+    if required:
+        out["required"] = required
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Structural validation of the emitted subset
+
+
+def _check(s: Any, at: str, problems: list[str], depth: int) -> None:
+    if depth > MAX_SCHEMA_DEPTH + 8:
+        problems.append(f"{at}: nested too deeply")
+        return
+    if isinstance(s, bool):
+        return
+    if not isinstance(s, dict):
+        problems.append(f"{at}: a schema must be an object or boolean, got a {_type_name(s)}")
+        return
+    for key in s:
+        if not isinstance(key, str):
+            problems.append(f"{at}: key {key!r} is not a string")
+    t = s.get("type")
+    if t is not None:
+        types = t if isinstance(t, list) else [t]
+        if not types or any(x not in _JSON_TYPES for x in types) or len(set(map(str, types))) != len(types):
+            problems.append(f"{at}: invalid type {t!r}")
+    props = s.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            problems.append(f"{at}.properties: must be an object")
+        else:
+            for k, sub in props.items():
+                _check(sub, f"{at}.properties.{k}", problems, depth + 1)
+    if "required" in s:
+        req = s["required"]
+        if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+            problems.append(f"{at}.required: must be a list of strings")
+        else:
+            if len(set(req)) != len(req):
+                problems.append(f"{at}.required: duplicate names")
+            missing = [r for r in req if not isinstance(props, dict) or r not in props]
+            if missing:
+                problems.append(f"{at}.required: {missing[:5]} not in properties")
+    if "enum" in s and (not isinstance(s["enum"], list) or not s["enum"]):
+        problems.append(f"{at}.enum: must be a non-empty list")
+    for key in ("items", "additionalProperties", "not"):
+        if key in s:
+            _check(s[key], f"{at}.{key}", problems, depth + 1)
+    for key in (*_COMBINERS, "prefixItems"):
+        if key in s:
+            subs = s[key]
+            if not isinstance(subs, list) or not subs:
+                problems.append(f"{at}.{key}: must be a non-empty list")
+            else:
+                for i, sub in enumerate(subs):
+                    _check(sub, f"{at}.{key}[{i}]", problems, depth + 1)
+    for key in (*_TEXT_KEYS, "pattern"):
+        if key in s and not isinstance(s[key], str):
+            problems.append(f"{at}.{key}: must be a string")
+    for key in (*_NUMBER_KEYS, "exclusiveMinimum", "exclusiveMaximum"):
+        if key in s and not _is_number(s[key]):
+            problems.append(f"{at}.{key}: must be a number")
+    for key in _COUNT_KEYS:
+        if key in s and not _is_count(s[key]):
+            problems.append(f"{at}.{key}: must be a non-negative integer")
+    if "pattern" in s and isinstance(s["pattern"], str) and not _compiles(s["pattern"]):
+        problems.append(f"{at}.pattern: not a valid regular expression")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), type(v).__name__
+    )
+
+
+def _json_safe(value: Any) -> Any:
+    """A JSON-safe deep copy (str keys, finite floats, no lone surrogates); raises ``_Drop``."""
+    budget = [200_000]
+
+    def walk(v: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if depth > 100 or budget[0] < 0:
+            raise _Drop(
+                "schema", "entry is nested too deeply or is too large to convert", {"problems": ["too deep"]}
+            )
+        if v is None or isinstance(v, bool | int):
+            return v
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, str):
+            return _SURROGATES.sub("\ufffd", v)
+        if isinstance(v, dict):
+            return {walk_key(k): walk(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [walk(x, depth + 1) for x in v]
+        return _SURROGATES.sub("\ufffd", str(v))
+
+    def walk_key(k: Any) -> str:
+        return _SURROGATES.sub("\ufffd", k if isinstance(k, str) else str(k))
+
+    return walk(value, 0)
