@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,15 +55,20 @@ class Supervisor:
         env = dict(os.environ)
         env["ARENA_BROKER"] = self.bootstrap
         env["ARENA_HOME"] = str(self.settings.home)
+        env["ARENA_SUPERVISED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         return env
 
     def _spawn(self, child: Child) -> None:
+        env = self._env()
+        # A stable static-membership id per (host, worker slot, stage): a
+        # restarted worker reclaims its partitions immediately.
+        env["ARENA_WORKER_INSTANCE"] = f"{socket.gethostname()}-{env.get('ARENA_WORKER_SLOT', '0')}-{child.name}"
         with open(child.log_path, "ab") as log:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", "streams.run", child.name],
-                env=self._env(),
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -173,7 +179,7 @@ def run_workers(
                     console.print(f"[red]not drained after {timeout_s:.0f}s[/red]: {pending}")
                     return 1
                 time.sleep(0.5)
-        return 130
+        return 0  # stopped by SIGINT/SIGTERM: a clean shutdown
     except WorkerFailed as exc:
         console.print(f"[red]{exc}[/red]")
         return 1

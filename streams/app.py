@@ -24,8 +24,21 @@ from streams.runtime import Context, Emit, StageDef, dead_letter_key, decode, en
 log = logging.getLogger("arena.stage")
 
 
-def make_app(group: str, settings: ArenaSettings, bootstrap: str, *, exactly_once: bool) -> faust.App:
-    """A Faust app with no web server, no topic auto-creation and fast commits."""
+def make_app(
+    group: str,
+    settings: ArenaSettings,
+    bootstrap: str,
+    *,
+    exactly_once: bool,
+    instance_id: str | None = None,
+) -> faust.App:
+    """A Faust app with no web server, no topic auto-creation and fast commits.
+
+    ``instance_id`` makes the worker a static group member (KIP-345): a
+    restarted worker takes over its predecessor's partitions at once instead
+    of waiting for the dead member's session to expire. The embedded broker
+    needs this: it never evicts a member killed with SIGKILL.
+    """
     datadir = Path(settings.home) / "faust" / group
     datadir.mkdir(parents=True, exist_ok=True)
     return faust.App(
@@ -45,6 +58,8 @@ def make_app(group: str, settings: ArenaSettings, bootstrap: str, *, exactly_onc
         broker_commit_every=200,
         producer_acks=-1,
         stream_wait_empty=False,
+        consumer_group_instance_id=instance_id,
+        broker_session_timeout=30.0,
     )
 
 

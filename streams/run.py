@@ -7,13 +7,28 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 
 import faust
 
 from arena.config import ArenaSettings
 from streams.app import make_app
 from streams.registry import worker
+
+
+def exit_with_parent() -> None:
+    """Stop this worker when its supervisor dies, even by SIGKILL (no orphans)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def main(argv: list[str]) -> None:
@@ -24,7 +39,15 @@ def main(argv: list[str]) -> None:
     if not settings.broker:
         raise SystemExit("ARENA_BROKER is not set; start workers with `arena worker`")
     spec = worker(argv[0])
-    app = make_app(spec.group, settings, settings.broker, exactly_once=spec.guarantee == "exactly_once")
+    if os.environ.get("ARENA_SUPERVISED") == "1":
+        exit_with_parent()
+    app = make_app(
+        spec.group,
+        settings,
+        settings.broker,
+        exactly_once=spec.guarantee == "exactly_once",
+        instance_id=os.environ.get("ARENA_WORKER_INSTANCE") or None,
+    )
     spec.attach(app, settings)
     level = os.environ.get("ARENA_LOG_LEVEL", "INFO")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -44,7 +44,7 @@ def build_server(raw: RawToolServer, ctx: Context) -> list[Emit]:
         domain=match.domain,
         domain_score=round(float(match.score), 6),
         tools=outcome.tools,
-        dropped_tools=[d.subject.split("/", 1)[-1] for d in outcome.rejections],
+        dropped_tools=outcome.dropped_tools,
     )
     emits.append(Emit("tools.servers", server.server_id, server, (ctx.source_key,)))
     return emits

@@ -1,0 +1,96 @@
+"""Helpers to run the real `arena` CLI as a subprocess against a private stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import KafkaAdminClient
+
+ARENA = shutil.which("arena", path=str(Path(sys.executable).parent)) or "arena"
+
+
+def arena_env(home: Path, **extra: str) -> dict[str, str]:
+    """Environment for a CLI run: a private ARENA_HOME, no inherited ARENA_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARENA_")}
+    env.update(ARENA_HOME=str(home), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", COLUMNS="200")
+    env.update(extra)
+    return env
+
+
+def run_arena(
+    args: list[str], env: dict[str, str], *, timeout: float = 300, check: int | None = 0
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [ARENA, *args], env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if check is not None and proc.returncode != check:
+        raise AssertionError(
+            f"arena {' '.join(args)} exited {proc.returncode} (wanted {check})\n"
+            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def lake_json(sql: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    out = run_arena(["lake", "query", "--json", sql], env).stdout
+    rows: list[dict[str, Any]] = json.loads(out)
+    return rows
+
+
+def broker_of(home: Path) -> str:
+    state = json.loads((home / "stack.json").read_text())
+    return str(state["broker"])
+
+
+@contextmanager
+def stack_stopped_after(env: dict[str, str]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        run_arena(["down"], env, check=None)
+
+
+def committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """Committed offsets of a group, read with kafka-python."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets(group).get(group, {})
+    finally:
+        admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+    finally:
+        consumer.close()
+    return {(tp.topic, tp.partition): off for tp, off in ends.items()}
+
+
+def read_all(bootstrap: str, topic: str) -> list[Any]:
+    """Every committed record of a topic (read_committed), from the beginning."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=2000,
+    )
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        consumer.assign([TopicPartition(topic, p) for p in parts])
+        return list(consumer)
+    finally:
+        consumer.close()
