@@ -21,7 +21,12 @@ from rich.table import Table
 
 from arena.config import ArenaSettings
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Arena: streaming tool-use data synthesis.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Arena: streaming tool-use data synthesis.",
+)
 topics_app = typer.Typer(no_args_is_help=True, help="Create and list Arena's Kafka topics.")
 publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's topics.")
 lake_app = typer.Typer(no_args_is_help=True, help="Query and list the artifact lake.")
@@ -42,7 +47,8 @@ def settings() -> ArenaSettings:
         return ArenaSettings()
     except ValidationError as exc:
         problems = "; ".join(
-            f"ARENA_{'_'.join(str(p) for p in e['loc']).upper() or 'CONFIG'}: {e['msg']}" for e in exc.errors()
+            f"ARENA_{'_'.join(str(p) for p in e['loc']).upper() or 'CONFIG'}: {e['msg']}"
+            for e in exc.errors()
         )
         raise UserError(f"invalid configuration (environment or arena.toml): {problems}") from None
 
@@ -315,11 +321,19 @@ def config_cmd() -> None:
 
 
 def main() -> None:
+    from kafka.errors import KafkaError
+
+    from arena.admin import TopicAdminError
+    from arena.stack import StackError
+
     try:
         app()
-    except UserError as exc:
+    except (UserError, StackError, TopicAdminError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
+    except KafkaError as exc:
+        err.print(f"[red]error:[/red] Kafka: {exc} (fix: check that the broker is up: `arena status`)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,7 @@ def _toml_path() -> Path:
 class ArenaSettings(BaseSettings):
     """Everything a worker, the CLI or a test needs to find the stack."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="ARENA_", extra="ignore", validate_default=True
-    )
+    model_config = SettingsConfigDict(env_prefix="ARENA_", extra="ignore", validate_default=True)
 
     home: Annotated[
         Path,
@@ -65,15 +63,9 @@ class ArenaSettings(BaseSettings):
             description="S3/MinIO endpoint URL, e.g. http://127.0.0.1:9000 (used by s3:// lake and LanceDB URIs).",
         ),
     ]
-    s3_access_key: Annotated[
-        SecretStr | None, Field(default=None, description="S3 access key id.")
-    ]
-    s3_secret_key: Annotated[
-        SecretStr | None, Field(default=None, description="S3 secret access key.")
-    ]
-    s3_region: Annotated[
-        str, Field(default="us-east-1", description="S3 region name.")
-    ]
+    s3_access_key: Annotated[SecretStr | None, Field(default=None, description="S3 access key id.")]
+    s3_secret_key: Annotated[SecretStr | None, Field(default=None, description="S3 secret access key.")]
+    s3_region: Annotated[str, Field(default="us-east-1", description="S3 region name.")]
     lancedb_uri: Annotated[
         str | None,
         Field(
@@ -96,9 +88,7 @@ class ArenaSettings(BaseSettings):
             description="LLM backend: rules | openai://host:port/v1?model=M | hf:///path | vllm:///path.",
         ),
     ]
-    seed: Annotated[
-        int, Field(default=0, ge=0, description="Global seed for every random choice.")
-    ]
+    seed: Annotated[int, Field(default=0, ge=0, description="Global seed for every random choice.")]
     commit_interval_s: Annotated[
         float,
         Field(
@@ -147,18 +137,14 @@ class ArenaSettings(BaseSettings):
             return v
         scheme = urlparse(v).scheme
         if scheme not in ("file", "s3"):
-            raise ValueError(
-                f"ARENA_LAKE_URL must start with file:// or s3://, got {v!r}"
-            )
+            raise ValueError(f"ARENA_LAKE_URL must start with file:// or s3://, got {v!r}")
         if scheme == "s3" and not urlparse(v).netloc:
             raise ValueError("ARENA_LAKE_URL s3:// needs a bucket: s3://bucket/prefix")
         return v
 
     @model_validator(mode="after")
     def _s3_needs_endpoint(self) -> ArenaSettings:
-        uses_s3 = any(
-            (u or "").startswith("s3://") for u in (self.lake_url, self.lancedb_uri)
-        )
+        uses_s3 = any((u or "").startswith("s3://") for u in (self.lake_url, self.lancedb_uri))
         if uses_s3 and not self.s3_endpoint:
             raise ValueError(
                 "an s3:// lake or LanceDB URI needs ARENA_S3_ENDPOINT (e.g. http://127.0.0.1:9000)"
@@ -196,12 +182,8 @@ class ArenaSettings(BaseSettings):
         """Plain-text S3 credentials for clients; never log the result."""
         return {
             "endpoint": self.s3_endpoint or "",
-            "access_key": self.s3_access_key.get_secret_value()
-            if self.s3_access_key
-            else "",
-            "secret_key": self.s3_secret_key.get_secret_value()
-            if self.s3_secret_key
-            else "",
+            "access_key": self.s3_access_key.get_secret_value() if self.s3_access_key else "",
+            "secret_key": self.s3_secret_key.get_secret_value() if self.s3_secret_key else "",
             "region": self.s3_region,
         }
 

@@ -40,7 +40,5 @@ def embed_texts(texts: list[str]) -> np.ndarray:
     if not texts:
         return np.zeros((0, DIM), dtype=np.float32)
     with _lock:  # the tokenizer is not thread-safe; embeddings are CPU-bound anyway
-        vectors = _model().encode(
-            texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False
-        )
+        vectors = _model().encode(texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
     return np.asarray(vectors, dtype=np.float32)

@@ -13,9 +13,9 @@ def canonical_json(obj: Any) -> bytes:
     """JSON with sorted keys and no whitespace, so equal content hashes equally."""
     if isinstance(obj, BaseModel):
         obj = obj.model_dump(mode="json")
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
-    ).encode("utf-8")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode(
+        "utf-8"
+    )
 
 
 def content_hash(obj: Any, *, prefix: str = "", length: int = 32) -> str:

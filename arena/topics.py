@@ -88,9 +88,16 @@ SIDE_PARTITIONS = 1
 
 def _side_topics(spec: TopicSpec) -> tuple[TopicSpec, TopicSpec]:
     return (
-        TopicSpec(spec.dlq, SIDE_PARTITIONS, "hash of the raw input + reason", DeadLetter, FOREVER, spec.name),
         TopicSpec(
-            spec.rejected, SIDE_PARTITIONS, "hash of source key + gate + subject", Rejection, FOREVER, spec.name
+            spec.dlq, SIDE_PARTITIONS, "hash of the raw input + reason", DeadLetter, FOREVER, spec.name
+        ),
+        TopicSpec(
+            spec.rejected,
+            SIDE_PARTITIONS,
+            "hash of source key + gate + subject",
+            Rejection,
+            FOREVER,
+            spec.name,
         ),
     )
 

@@ -64,7 +64,9 @@ class Supervisor:
         env = self._env()
         # A stable static-membership id per (host, worker slot, stage): a
         # restarted worker reclaims its partitions immediately.
-        env["ARENA_WORKER_INSTANCE"] = f"{socket.gethostname()}-{env.get('ARENA_WORKER_SLOT', '0')}-{child.name}"
+        env["ARENA_WORKER_INSTANCE"] = (
+            f"{socket.gethostname()}-{env.get('ARENA_WORKER_SLOT', '0')}-{child.name}"
+        )
         with open(child.log_path, "ab") as log:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", "streams.run", child.name],

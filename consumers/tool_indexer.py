@@ -15,7 +15,6 @@ from arena.records.tools import ToolServer
 from lake.tool_index import ToolIndex
 from streams.runtime import Context, Emit, StageDef
 
-
 _indexes: dict[int, ToolIndex] = {}
 
 

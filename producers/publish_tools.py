@@ -38,8 +38,12 @@ def outgoing(servers: list[RawToolServer], errors: list[LoadError]) -> list[Outg
     for err in errors:
         where = f"{err.file}" + (f" [{err.entry}]" if err.entry else "")
         letter = dead_letter(
-            spec, err.raw, DeadLetterKind.parse_error, f"{where}: {err.problem}. Fix: {err.fix}",
-            stage="publish", source_key=None,
+            spec,
+            err.raw,
+            DeadLetterKind.parse_error,
+            f"{where}: {err.problem}. Fix: {err.fix}",
+            stage="publish",
+            source_key=None,
         )
         records.append(Outgoing(spec.dlq, dead_letter_key(letter), letter))
     return records

@@ -94,8 +94,12 @@ async def process_event(app: faust.App, stage: StageDef, settings: ArenaSettings
     message = event.message
     key = source_key(message.key, message.value)
     decoded = decode(
-        spec, message.value, stage=stage.name, source_key=key,
-        partition=message.partition, offset=message.offset,
+        spec,
+        message.value,
+        stage=stage.name,
+        source_key=key,
+        partition=message.partition,
+        offset=message.offset,
     )
     if decoded.dead_letter is not None:
         letter = decoded.dead_letter

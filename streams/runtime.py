@@ -136,8 +136,9 @@ def decode(
             reason = _short_validation_error(spec, exc)
     return Decoded(
         None,
-        dead_letter(spec, data, kind, reason, stage=stage, source_key=source_key,
-                    partition=partition, offset=offset),
+        dead_letter(
+            spec, data, kind, reason, stage=stage, source_key=source_key, partition=partition, offset=offset
+        ),
     )
 
 
@@ -171,8 +172,7 @@ def dead_letter_key(letter: DeadLetter) -> str:
 
 def _short_validation_error(spec: TopicSpec, exc: ValidationError) -> str:
     problems = [
-        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-        for err in exc.errors()[:5]
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()[:5]
     ]
     more = f" (+{exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
     return f"does not match {spec.value.__name__}: " + "; ".join(problems) + more
@@ -200,7 +200,11 @@ async def run_handler(stage: StageDef, record: BaseModel, ctx: Context, raw: byt
     except Exception as exc:  # a stage never dies on one record
         log.exception("stage %s crashed on %s", stage.name, ctx.source_key)
         letter = dead_letter(
-            ctx.input, raw, DeadLetterKind.crash, f"{type(exc).__name__}: {exc}",
-            stage=stage.name, source_key=ctx.source_key,
+            ctx.input,
+            raw,
+            DeadLetterKind.crash,
+            f"{type(exc).__name__}: {exc}",
+            stage=stage.name,
+            source_key=ctx.source_key,
         )
         return [Emit(ctx.input.dlq, dead_letter_key(letter), letter, (ctx.source_key,))]

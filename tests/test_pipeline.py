@@ -70,8 +70,12 @@ def test_publish_normalise_lake_then_only_new_records(tmp_path: Path) -> None:
             " (select count(*) from tools_raw_dlq) as dlq",
             env,
         )[0]
-        assert counts == {"servers": GOOD_SERVERS, "raw": GOOD_SERVERS + REJECTED_SERVERS,
-                          "small": REJECTED_SERVERS, "dlq": UNREADABLE}
+        assert counts == {
+            "servers": GOOD_SERVERS,
+            "raw": GOOD_SERVERS + REJECTED_SERVERS,
+            "small": REJECTED_SERVERS,
+            "dlq": UNREADABLE,
+        }
         domains = lake_json("select name, domain from tools_servers order by name", env)
         assert all(row["domain"] for row in domains)
 
@@ -84,11 +88,16 @@ def test_publish_normalise_lake_then_only_new_records(tmp_path: Path) -> None:
         after = committed(bootstrap, "arena-tools-servers")
         assert sum(after.values()) - sum(stage_offsets.values()) == 1
         assert lake_json("select count(*) as n from tools_servers", env)[0]["n"] == GOOD_SERVERS + 1
-        assert lake_json("select count(*) as n from tools_raw", env)[0]["n"] == GOOD_SERVERS + REJECTED_SERVERS + 1
+        assert (
+            lake_json("select count(*) as n from tools_raw", env)[0]["n"]
+            == GOOD_SERVERS + REJECTED_SERVERS + 1
+        )
 
         lag = json.loads(run_arena(["lag", "--json"], env).stdout)
         assert lag and all(row["pending"] == 0 for row in lag)
-        listing = {item["topic"]: item for item in json.loads(run_arena(["lake", "ls", "--json"], env).stdout)}
+        listing = {
+            item["topic"]: item for item in json.loads(run_arena(["lake", "ls", "--json"], env).stdout)
+        }
         assert listing["tools.servers"]["rows"] == GOOD_SERVERS + 1
 
 

@@ -16,29 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import ARENA, arena_env, broker_of, committed, lake_json, read_all, run_arena, stack_stopped_after
+from tests.cli import (
+    ARENA,
+    arena_env,
+    broker_of,
+    children_of,
+    committed,
+    lake_json,
+    read_all,
+    run_arena,
+    stack_stopped_after,
+)
 from tests.test_pipeline import small_server
 
 pytestmark = pytest.mark.integration
 
 N_SERVERS = 300
-
-
-def children_of(pid: int) -> dict[int, str]:
-    """Direct child processes of ``pid`` and their command lines (from /proc)."""
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            found[int(entry.name)] = cmd
-    return found
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -61,11 +54,24 @@ def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -
         run_arena(["publish", "tools", str(docs)], env)
         bootstrap = broker_of(home)
         sup = subprocess.Popen(
-            [ARENA, "worker", "--stage", "tools-servers", "--stage", "lake-sink",
-             "--until-drained", "--timeout", "300"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                ARENA,
+                "worker",
+                "--stage",
+                "tools-servers",
+                "--stage",
+                "lake-sink",
+                "--until-drained",
+                "--timeout",
+                "300",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
+
             def progress() -> int:
                 return sum(committed(bootstrap, "arena-tools-servers").values())
 
@@ -76,7 +82,7 @@ def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
             assert done_at_kill < N_SERVERS, "the stage finished before the kill; raise N_SERVERS"
-            out, err = sup.communicate(timeout=400)
+            _, err = sup.communicate(timeout=400)
         finally:
             if sup.poll() is None:
                 sup.kill()

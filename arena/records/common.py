@@ -35,10 +35,14 @@ class DeadLetter(Record):
     topic: Annotated[str, Field(description="Topic the record was read from.")]
     partition: Annotated[int | None, Field(description="Source partition, if read from Kafka.")] = None
     offset: Annotated[int | None, Field(description="Source offset, if read from Kafka.")] = None
-    source_key: Annotated[str | None, Field(description="Key of the source record (UTF-8, replaced if not).")] = None
+    source_key: Annotated[
+        str | None, Field(description="Key of the source record (UTF-8, replaced if not).")
+    ] = None
     kind: Annotated[DeadLetterKind, Field(description="Machine-readable class of failure.")]
     reason: Annotated[str, Field(description="Human-readable explanation, e.g. the parse error.")]
-    payload_text: Annotated[str, Field(description="The raw value decoded as UTF-8 with replacement characters.")]
+    payload_text: Annotated[
+        str, Field(description="The raw value decoded as UTF-8 with replacement characters.")
+    ]
     payload_b64: Annotated[str, Field(description="The exact raw value, base64, so nothing is lost.")]
     at: datetime = Field(default_factory=utcnow, description="When the stage gave up (UTC).")
 
@@ -53,7 +57,9 @@ class Rejection(Record):
     reason: Annotated[str, Field(description="Human-readable explanation with the measured value.")]
     subject: Annotated[str, Field(description="What was dropped, e.g. 'server' or 'server/tool'.")]
     details: dict[str, Any] = Field(default_factory=dict, description="Measured values behind the decision.")
-    record: Annotated[dict[str, Any] | None, Field(description="The dropped item as JSON, for inspection.")] = None
+    record: Annotated[
+        dict[str, Any] | None, Field(description="The dropped item as JSON, for inspection.")
+    ] = None
     at: datetime = Field(default_factory=utcnow, description="When the gate decided (UTC).")
 
 

@@ -27,9 +27,14 @@ class QaSeed(Record):
 
     seed_id: Annotated[str, Field(description="Content hash of the seed.")]
     domain: Annotated[str, Field(description="Domain of the knowledge source.")]
-    mode: Annotated[Literal["question", "unconditional"], Field(description="Question-conditional or knowledge-source mode.")]
+    mode: Annotated[
+        Literal["question", "unconditional"],
+        Field(description="Question-conditional or knowledge-source mode."),
+    ]
     question: Annotated[str | None, Field(description="Main question (question mode).")] = None
-    knowledge: dict[str, Any] = Field(default_factory=dict, description="Knowledge source or a reference to it.")
+    knowledge: dict[str, Any] = Field(
+        default_factory=dict, description="Knowledge source or a reference to it."
+    )
     hop_budget: Annotated[int, Field(ge=1, le=16, description="Hop budget H.")] = 2
 
 
@@ -39,7 +44,10 @@ class QaTrace(Record):
     qa_id: Annotated[str, Field(description="Content hash of the instance.")]
     seed_id: Annotated[str, Field(description="Seed it came from.")]
     domain: Annotated[str, Field(description="Domain.")]
-    structure: Annotated[Literal["single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop"], Field(description="Dependency structure.")]
+    structure: Annotated[
+        Literal["single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop"],
+        Field(description="Dependency structure."),
+    ]
     question: Annotated[str, Field(description="Main question q0.")]
     answer: Annotated[str, Field(description="Main answer a0.")]
     sub_qas: Annotated[list[SubQA], Field(min_length=1, description="Sub-QAs forming a DAG.")]
@@ -54,7 +62,9 @@ class EnvPackage(Record):
     domain: Annotated[str, Field(description="Domain.")]
     tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tool specs.")]
     code: Annotated[str, Field(description="Python implementation of every tool.")]
-    jobs: Annotated[list[dict[str, Any]], Field(description="Per sub-question: question, answer, invocation.")]
+    jobs: Annotated[
+        list[dict[str, Any]], Field(description="Per sub-question: question, answer, invocation.")
+    ]
     version: Annotated[int, Field(ge=1, description="Package version.")] = 1
 
 
@@ -62,9 +72,14 @@ class VerifiedSample(Record):
     """A sample the trainer can roll out and reward; value of ``samples.verified``."""
 
     sample_id: Annotated[str, Field(description="Content hash of the sample.")]
-    kind: Annotated[Literal["qa", "interactive"], Field(description="QA environment (F1 reward) or interactive (verification function).")]
+    kind: Annotated[
+        Literal["qa", "interactive"],
+        Field(description="QA environment (F1 reward) or interactive (verification function)."),
+    ]
     prompt: Annotated[list[dict[str, Any]], Field(description="Initial OpenAI chat messages.")]
     tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tools offered.")]
     env_ref: Annotated[str, Field(description="Package or instance id to load the environment from.")]
-    reward_spec: Annotated[dict[str, Any], Field(description="Jobs (qa) or verification function reference (interactive).")]
+    reward_spec: Annotated[
+        dict[str, Any], Field(description="Jobs (qa) or verification function reference (interactive).")
+    ]
     domain: Annotated[str, Field(description="Domain.")]

@@ -18,9 +18,16 @@ class ToolChain(Record):
     chain_id: Annotated[str, Field(description="Content hash of server id + tool sequence.")]
     server_id: Annotated[str, Field(description="Server the chain runs on.")]
     tools: Annotated[list[str], Field(min_length=1, description="Tool names in call order.")]
-    origin: Annotated[Literal["synthesised", "random_walk"], Field(description="Joint (task, chain) synthesis or a graph walk.")]
-    seed_task: Annotated[str | None, Field(description="Task text synthesised jointly with the chain, if any.")] = None
-    dependencies: list[dict[str, Any]] = Field(default_factory=list, description="Per argument: which task text or earlier output field supports it.")
+    origin: Annotated[
+        Literal["synthesised", "random_walk"],
+        Field(description="Joint (task, chain) synthesis or a graph walk."),
+    ]
+    seed_task: Annotated[
+        str | None, Field(description="Task text synthesised jointly with the chain, if any.")
+    ] = None
+    dependencies: list[dict[str, Any]] = Field(
+        default_factory=list, description="Per argument: which task text or earlier output field supports it."
+    )
 
 
 class Task(Record):
@@ -28,11 +35,19 @@ class Task(Record):
 
     task_id: Annotated[str, Field(description="Content hash of the task text + server id.")]
     server_id: Annotated[str, Field(description="Server whose tools the task needs.")]
-    chain_id: Annotated[str | None, Field(description="Chain it was conditioned on (None in server-only mode).")] = None
+    chain_id: Annotated[
+        str | None, Field(description="Chain it was conditioned on (None in server-only mode).")
+    ] = None
     text: Annotated[str, Field(min_length=1, description="The task as a user would ask it.")]
-    mode: Annotated[Literal["chain", "server"], Field(description="Chain-conditioned or server-only construction.")]
-    augmentation: Annotated[Literal["none", "diversity", "complexity", "persona"], Field(description="Augmentation axis applied.")] = "none"
-    scores: dict[str, float] = Field(default_factory=dict, description="question_quality, scenario_realism, tool_necessity.")
+    mode: Annotated[
+        Literal["chain", "server"], Field(description="Chain-conditioned or server-only construction.")
+    ]
+    augmentation: Annotated[
+        Literal["none", "diversity", "complexity", "persona"], Field(description="Augmentation axis applied.")
+    ] = "none"
+    scores: dict[str, float] = Field(
+        default_factory=dict, description="question_quality, scenario_realism, tool_necessity."
+    )
 
 
 class Trajectory(Record):
@@ -43,7 +58,9 @@ class Trajectory(Record):
     server_id: Annotated[str, Field(description="Server whose tools were offered.")]
     messages: Annotated[list[dict[str, Any]], Field(description="OpenAI chat messages, tool calls included.")]
     tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tools offered to the agent.")]
-    call_status: list[dict[str, Any]] = Field(default_factory=list, description="Per tool call: ok / error, and whether real MCP or emulated.")
+    call_status: list[dict[str, Any]] = Field(
+        default_factory=list, description="Per tool call: ok / error, and whether real MCP or emulated."
+    )
 
 
 class ScoredTrajectory(Record):
@@ -61,5 +78,7 @@ class SftSample(Record):
     sample_id: Annotated[str, Field(description="Content hash of messages + tools.")]
     messages: Annotated[list[dict[str, Any]], Field(description="OpenAI chat messages.")]
     tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tools available in the conversation.")]
-    role_target: Annotated[Literal["agent", "user"], Field(description="Which side's turns are the training target.")]
+    role_target: Annotated[
+        Literal["agent", "user"], Field(description="Which side's turns are the training target.")
+    ]
     source: Annotated[str, Field(description="Producing track, e.g. 'astra' or 'eigen'.")]

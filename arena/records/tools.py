@@ -25,18 +25,34 @@ class ToolDocFormat(StrEnum):
 class RawToolServer(Record):
     """One candidate server as published; value of ``tools.raw``."""
 
-    server: Annotated[str, Field(min_length=1, description="Candidate server name: the service title or the origin file's stem.")]
+    server: Annotated[
+        str,
+        Field(
+            min_length=1, description="Candidate server name: the service title or the origin file's stem."
+        ),
+    ]
     source: Annotated[str, Field(description="Origin file path or URI the entries came from.")]
     format: Annotated[ToolDocFormat, Field(description="Detected doc format of the entries.")]
-    entries: Annotated[list[Any], Field(description="Tool entries exactly as found in the source (for OpenAPI: one per operation, with its path and method).")]
-    context: dict[str, Any] = Field(default_factory=dict, description="Format context needed to convert entries, e.g. OpenAPI components.")
-    published_at: datetime = Field(default_factory=utcnow, description="When `arena publish` read the source.")
+    entries: Annotated[
+        list[Any],
+        Field(
+            description="Tool entries exactly as found in the source (for OpenAPI: one per operation, with its path and method)."
+        ),
+    ]
+    context: dict[str, Any] = Field(
+        default_factory=dict, description="Format context needed to convert entries, e.g. OpenAPI components."
+    )
+    published_at: datetime = Field(
+        default_factory=utcnow, description="When `arena publish` read the source."
+    )
 
 
 class ToolFunction(BaseModel):
     """The ``function`` part of an OpenAI tool."""
 
-    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$", description="Tool name, OpenAI-compatible.")]
+    name: Annotated[
+        str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$", description="Tool name, OpenAI-compatible.")
+    ]
     description: Annotated[str, Field(description="What the tool does, as documented (capped).")]
     parameters: Annotated[dict[str, Any], Field(description="JSON Schema of the arguments (type object).")]
 
@@ -46,8 +62,15 @@ class NormalizedTool(BaseModel):
 
     type: Literal["function"] = "function"
     function: ToolFunction
-    response_schema: Annotated[dict[str, Any] | None, Field(description="JSON Schema of the tool's output, when documented (metadata, not sent to models).")] = None
-    description_truncated: Annotated[bool, Field(description="True when the description was capped at the configured size.")] = False
+    response_schema: Annotated[
+        dict[str, Any] | None,
+        Field(
+            description="JSON Schema of the tool's output, when documented (metadata, not sent to models)."
+        ),
+    ] = None
+    description_truncated: Annotated[
+        bool, Field(description="True when the description was capped at the configured size.")
+    ] = False
 
     def openai(self) -> dict[str, Any]:
         """The tool as sent to an OpenAI-compatible client."""
@@ -62,6 +85,13 @@ class ToolServer(Record):
     source: Annotated[str, Field(description="Origin file path or URI.")]
     format: Annotated[ToolDocFormat, Field(description="Format the docs were published in.")]
     domain: Annotated[str, Field(description="Domain from the fixed taxonomy (arena.domains).")]
-    domain_score: Annotated[float, Field(description="Cosine similarity of the server text to the domain label.")]
-    tools: Annotated[list[NormalizedTool], Field(min_length=3, description="The tools that passed every gate (at least 3).")]
-    dropped_tools: list[str] = Field(default_factory=list, description="Names of tools this server lost to a gate.")
+    domain_score: Annotated[
+        float, Field(description="Cosine similarity of the server text to the domain label.")
+    ]
+    tools: Annotated[
+        list[NormalizedTool],
+        Field(min_length=3, description="The tools that passed every gate (at least 3)."),
+    ]
+    dropped_tools: list[str] = Field(
+        default_factory=list, description="Names of tools this server lost to a gate."
+    )
