@@ -32,6 +32,19 @@ EXAMPLE_QUERIES = (
 )
 
 
+DROP_REASONS = """
+select 'tools.raw.rejected' as topic, gate as why, count(*) as n, min(subject || ': ' || reason) as example
+from tools_raw_rejected group by gate
+union all
+select 'tools.raw.dlq', kind, count(*), min(reason) from tools_raw_dlq group by kind
+order by 1, 2
+"""
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def sample_tools_dir() -> Path:
     return Path(str(files("arena") / "samples" / "tools"))
 
@@ -65,14 +78,9 @@ def summarise(settings: ArenaSettings, console: Console) -> None:
             counts.add_row(item.topic, str(item.rows), str(item.files))
     console.print(counts)
 
-    query = LakeQuery(store)
-    reasons = Table("topic", "gate / kind", "subject", "reason", title="why records were dropped")
-    for row in query.query(
-        "select gate, subject, reason from tools_raw_rejected order by gate, subject"
-    ).to_pylist():
-        reasons.add_row("tools.raw.rejected", row["gate"], row["subject"], row["reason"][:90])
-    for row in query.query("select kind, reason from tools_raw_dlq order by reason").to_pylist():
-        reasons.add_row("tools.raw.dlq", row["kind"], "", row["reason"][:90])
+    reasons = Table("topic", "gate / kind", "records", "example reason", title="why records were dropped")
+    for row in LakeQuery(store).query(DROP_REASONS).to_pylist():
+        reasons.add_row(row["topic"], row["why"], str(row["n"]), _short(row["example"], 90))
     console.print(reasons)
 
     index = ToolIndex.from_settings(settings)

@@ -15,9 +15,9 @@ from arena.hashing import content_hash
 from arena.records.common import DeadLetterKind
 from arena.records.tools import RawToolServer
 from arena.topics import topic
-from producers.publish import Outgoing, publish
+from producers.publish import publish
 from producers.tool_docs import LoadError, load_tool_docs
-from streams.runtime import dead_letter, dead_letter_key
+from streams.runtime import Emit, dead_letter, dead_letter_key
 
 
 def raw_key(server: RawToolServer) -> str:
@@ -32,9 +32,9 @@ class PublishReport:
     sent: int = 0
 
 
-def outgoing(servers: list[RawToolServer], errors: list[LoadError]) -> list[Outgoing]:
+def outgoing(servers: list[RawToolServer], errors: list[LoadError]) -> list[Emit]:
     spec = topic("tools.raw")
-    records = [Outgoing(spec.name, raw_key(s), s) for s in servers]
+    records = [Emit(spec.name, raw_key(s), s) for s in servers]
     for err in errors:
         where = f"{err.file}" + (f" [{err.entry}]" if err.entry else "")
         letter = dead_letter(
@@ -45,7 +45,7 @@ def outgoing(servers: list[RawToolServer], errors: list[LoadError]) -> list[Outg
             stage="publish",
             source_key=None,
         )
-        records.append(Outgoing(spec.dlq, dead_letter_key(letter), letter))
+        records.append(Emit(spec.dlq, dead_letter_key(letter), letter))
     return records
 
 

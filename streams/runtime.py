@@ -14,7 +14,6 @@ runtime owns everything around the handler, so stage modules stay small:
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -124,16 +123,14 @@ def decode(
     data = raw or b""
     kind: DeadLetterKind
     try:
-        text = data.decode("utf-8")
-        json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        kind, reason = DeadLetterKind.parse_error, f"not UTF-8 JSON: {exc}"
-    else:
-        try:
-            return Decoded(spec.value.model_validate_json(text), None)
-        except ValidationError as exc:
-            kind = DeadLetterKind.schema_violation
-            reason = _short_validation_error(spec, exc)
+        return Decoded(spec.value.model_validate_json(data.decode("utf-8")), None)
+    except UnicodeDecodeError as exc:
+        kind, reason = DeadLetterKind.parse_error, f"not UTF-8: {exc}"
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            kind, reason = DeadLetterKind.parse_error, f"not JSON: {exc.errors()[0]['msg']}"
+        else:
+            kind, reason = DeadLetterKind.schema_violation, _short_validation_error(spec, exc)
     return Decoded(
         None,
         dead_letter(

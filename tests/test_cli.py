@@ -91,7 +91,7 @@ def test_every_compose_command_runs(tmp_path: Path) -> None:
             if argv[0] != "worker":
                 run_arena(list(argv), env)
                 continue
-            names = [argv[argv.index("--stage") + 1]] if "--stage" in argv else list(WORKERS)
+            names = [argv[i + 1] for i, a in enumerate(argv) if a == "--stage"] or list(WORKERS)
             groups = [WORKERS[n].group for n in names]
             proc = subprocess.Popen(
                 [ARENA, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -39,7 +39,7 @@ ARENA_IMAGE = "arena"
 ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
     {
         ("topics", "create"),
-        ("worker",),
+        ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         ("worker", "--stage", "lake-sink"),
         ("train",),
     }
@@ -148,7 +148,7 @@ def test_arena_services(raw: dict[str, Any]) -> None:
     commands = {name: tuple(_argv(svc["command"])[1:]) for name, svc in arena.items()}
     assert commands == {
         "topics": ("topics", "create"),
-        "worker": ("worker",),
+        "worker": ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         "lake-sink": ("worker", "--stage", "lake-sink"),
         "trainer": ("train",),
     }
