@@ -311,7 +311,8 @@ def demo(
     """Publish the bundled sample tool docs, run every stage until drained, summarise."""
     from arena.demo import run_demo
 
-    raise typer.Exit(run_demo(settings(), console=console, timeout_s=timeout))
+    cfg = settings()
+    raise typer.Exit(run_demo(cfg, ready_broker(cfg), console=console, timeout_s=timeout))
 
 
 @app.command("config")

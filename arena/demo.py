@@ -14,9 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from arena.admin import ensure_topics
 from arena.config import ArenaSettings
-from arena.stack import resolve_broker
 from arena.worker import run_workers
 from lake.parquet import lake_listing
 from lake.query import LakeQuery
@@ -49,12 +47,8 @@ def sample_tools_dir() -> Path:
     return Path(str(files("arena") / "samples" / "tools"))
 
 
-def run_demo(settings: ArenaSettings, *, console: Console, timeout_s: float) -> int:
-    bootstrap, started = resolve_broker(settings, start=True)
-    if started:
-        console.print(f"[cyan]started the embedded stack[/cyan]: broker {bootstrap}")
-    ensure_topics(bootstrap)
-
+def run_demo(settings: ArenaSettings, bootstrap: str, *, console: Console, timeout_s: float) -> int:
+    """``bootstrap`` must have every topic created (`arena.cli.ready_broker`)."""
     report = asyncio.run(publish_tool_docs(bootstrap, [sample_tools_dir()]))
     console.print(
         f"published {len(report.servers)} candidate servers to tools.raw; "
