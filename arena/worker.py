@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from arena.config import ArenaSettings
-from consumers.lag import compute_lag, drained
+from consumers.lag import LagRow, compute_lag, drained
 from streams.registry import topics_by_group, worker
 
 STOP_GRACE_S = 15.0
@@ -127,8 +127,7 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
-def pending_by_group(bootstrap: str, groups: dict[str, list[str]]) -> dict[str, int]:
-    rows = compute_lag(bootstrap, topics_by_group=groups)
+def pending_by_group(rows: list[LagRow], groups: dict[str, list[str]]) -> dict[str, int]:
     totals = dict.fromkeys(groups, 0)
     for row in rows:
         if row.group in totals:
@@ -165,14 +164,14 @@ def run_workers(
                 if not until_drained:
                     time.sleep(0.5)
                     continue
-                pending = pending_by_group(bootstrap, groups)
-                total = sum(pending.values())
+                rows = compute_lag(bootstrap, list(groups), topics_by_group=groups)
+                pending = pending_by_group(rows, groups)
                 status.update(
                     "draining: "
                     + ", ".join(f"{g.removeprefix('arena-')} {n}" for g, n in pending.items())
                     + f" pending ({time.monotonic() - started:.0f}s)"
                 )
-                clean_checks = clean_checks + 1 if total == 0 and drained(bootstrap, groups) else 0
+                clean_checks = clean_checks + 1 if drained(bootstrap, groups, rows=rows) else 0
                 if clean_checks >= 2:
                     console.print(f"[green]drained[/green] in {time.monotonic() - started:.1f}s")
                     return 0
