@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,10 +30,74 @@ def _toml_path() -> Path:
     return Path(os.environ.get("ARENA_CONFIG", "arena.toml"))
 
 
+class SftSettings(BaseModel):
+    """Knobs of the SFT track (ASTRA §2.1); env vars ``ARENA_SFT__<FIELD>``."""
+
+    chain_syntheses: Annotated[
+        int, Field(default=6, ge=1, le=200, description="Joint (task, chain) syntheses per server (§2.1.2).")
+    ]
+    walks: Annotated[
+        int,
+        Field(default=6, ge=1, le=500, description="Random walks sampled per server as candidate chains."),
+    ]
+    min_chain_length: Annotated[
+        int, Field(default=2, ge=1, le=16, description="Shortest candidate chain kept (tools).")
+    ]
+    max_chain_length: Annotated[
+        int, Field(default=4, ge=1, le=16, description="Longest random walk (tools).")
+    ]
+    acyclic_walks: Annotated[bool, Field(default=True, description="Walks never revisit a tool when true.")]
+    server_tasks: Annotated[
+        int, Field(default=2, ge=0, le=100, description="Server-only tasks generated per server (§2.1.3).")
+    ]
+    augment_axes: Annotated[
+        list[Literal["diversity", "complexity", "persona"]],
+        Field(
+            default_factory=lambda: ["diversity", "complexity", "persona"],
+            description="Augmentation axes applied to every original task.",
+        ),
+    ]
+    theta_question_quality: Annotated[
+        float, Field(default=0.6, ge=0, le=1, description="Threshold on question quality S_qq (eq. 1).")
+    ]
+    theta_scenario_realism: Annotated[
+        float, Field(default=0.6, ge=0, le=1, description="Threshold on scenario realism S_sr (eq. 1).")
+    ]
+    theta_tool_necessity: Annotated[
+        float, Field(default=0.6, ge=0, le=1, description="Threshold on tool-use necessity S_tn (eq. 1).")
+    ]
+    emulator_failure_rate: Annotated[
+        float,
+        Field(
+            default=0.2, ge=0, le=1, description="Probability an emulated call fails (timeout, unreachable)."
+        ),
+    ]
+    max_turns: Annotated[
+        int, Field(default=8, ge=1, le=64, description="Assistant turns before the agent loop stops.")
+    ]
+    tool_timeout_s: Annotated[
+        float, Field(default=20.0, gt=0, le=600, description="Timeout of one real MCP tool call.")
+    ]
+    reward_threshold: Annotated[
+        float,
+        Field(
+            default=0.75, ge=0, le=1, description="Overall 7-dim reward a trajectory needs for samples.sft."
+        ),
+    ]
+
+    @model_validator(mode="after")
+    def _lengths(self) -> SftSettings:
+        if self.min_chain_length > self.max_chain_length:
+            raise ValueError("sft.min_chain_length must not exceed sft.max_chain_length")
+        return self
+
+
 class ArenaSettings(BaseSettings):
     """Everything a worker, the CLI or a test needs to find the stack."""
 
-    model_config = SettingsConfigDict(env_prefix="ARENA_", extra="ignore", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="ARENA_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
 
     home: Annotated[
         Path,
@@ -88,7 +152,28 @@ class ArenaSettings(BaseSettings):
             description="LLM backend: rules | openai://host:port/v1?model=M | hf:///path | vllm:///path.",
         ),
     ]
+    llm_concurrency: Annotated[
+        int, Field(default=8, ge=1, le=1024, description="Most LLM requests in flight per process.")
+    ]
+    llm_timeout_s: Annotated[
+        float, Field(default=60.0, gt=0, le=3600, description="Timeout of one LLM request.")
+    ]
+    llm_max_attempts: Annotated[
+        int,
+        Field(
+            default=3,
+            ge=1,
+            le=20,
+            description="Attempts per LLM call (transport errors and invalid output) before giving up.",
+        ),
+    ]
+    llm_api_key: Annotated[
+        SecretStr | None, Field(default=None, description="Bearer token for an OpenAI-compatible server.")
+    ]
     seed: Annotated[int, Field(default=0, ge=0, description="Global seed for every random choice.")]
+    sft: Annotated[
+        SftSettings, Field(default_factory=SftSettings, description="SFT-track knobs (ASTRA §2.1).")
+    ]
     commit_interval_s: Annotated[
         float,
         Field(

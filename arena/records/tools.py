@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from arena.records.common import Record, utcnow
 
@@ -20,6 +20,29 @@ class ToolDocFormat(StrEnum):
     """BFCL-style function docs: ``"type": "dict"``, ``float``, ``tuple``, ``any``, ``response``."""
     openapi = "openapi"
     """OpenAPI 3 documents: each operation is a tool."""
+
+
+class McpEndpoint(BaseModel):
+    """Where a deployed MCP server answers: a command to spawn (stdio) or a streamable-HTTP URL."""
+
+    transport: Annotated[Literal["stdio", "http"], Field(description="MCP transport.")]
+    command: Annotated[
+        list[str] | None, Field(description="stdio: argv of the server process (one process per session).")
+    ] = None
+    url: Annotated[
+        str | None, Field(description="http: the streamable-HTTP endpoint, e.g. http://127.0.0.1:8000/mcp.")
+    ] = None
+
+    @model_validator(mode="after")
+    def _target(self) -> McpEndpoint:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("a stdio MCP endpoint needs a command")
+        if self.transport == "http" and not self.url:
+            raise ValueError("an http MCP endpoint needs a url")
+        return self
+
+    def describe(self) -> str:
+        return " ".join(self.command or []) if self.transport == "stdio" else str(self.url)
 
 
 class RawToolServer(Record):
@@ -42,6 +65,10 @@ class RawToolServer(Record):
     context: dict[str, Any] = Field(
         default_factory=dict, description="Format context needed to convert entries, e.g. OpenAPI components."
     )
+    endpoint: Annotated[
+        McpEndpoint | None,
+        Field(description="Set when the server is deployed: its tools are called over MCP, not emulated."),
+    ] = None
     published_at: datetime = Field(
         default_factory=utcnow, description="When `arena publish` read the source."
     )
@@ -95,3 +122,7 @@ class ToolServer(Record):
     dropped_tools: list[str] = Field(
         default_factory=list, description="Names of tools this server lost to a gate."
     )
+    endpoint: Annotated[
+        McpEndpoint | None,
+        Field(description="Deployed MCP server (real calls); None for a doc-only server (emulated)."),
+    ] = None

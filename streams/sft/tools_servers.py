@@ -45,6 +45,7 @@ def build_server(raw: RawToolServer, ctx: Context) -> list[Emit]:
         domain_score=round(float(match.score), 6),
         tools=outcome.tools,
         dropped_tools=outcome.dropped_tools,
+        endpoint=raw.endpoint,
     )
     emits.append(Emit("tools.servers", server.server_id, server, (ctx.source_key,)))
     return emits

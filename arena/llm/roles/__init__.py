@@ -1,0 +1,1 @@
+"""Role definitions (typed input, typed output, prompt) grouped by stage."""

@@ -1,0 +1,25 @@
+"""The ``rules`` backend's synthesiser: one deterministic function per role.
+
+A rule gets the role's typed input and a seeded ``random.Random`` and returns
+the role's typed output, or raises ``arena.llm.core.Undecidable``. Rules see
+exactly what an LLM would see (the role input), nothing more.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from arena.llm.rules import agent, chains, emulation, judges, tasks
+
+RuleFn = Callable[[BaseModel, random.Random], BaseModel]
+
+RULES: dict[str, RuleFn] = {
+    **chains.RULES,
+    **tasks.RULES,
+    **emulation.RULES,
+    **agent.RULES,
+    **judges.RULES,
+}
