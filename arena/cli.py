@@ -30,9 +30,11 @@ app = typer.Typer(
 topics_app = typer.Typer(no_args_is_help=True, help="Create and list Arena's Kafka topics.")
 publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's topics.")
 lake_app = typer.Typer(no_args_is_help=True, help="Query and list the artifact lake.")
+export_app = typer.Typer(no_args_is_help=True, help="Export training data from the lake.")
 app.add_typer(topics_app, name="topics")
 app.add_typer(publish_app, name="publish")
 app.add_typer(lake_app, name="lake")
+app.add_typer(export_app, name="export")
 
 console = Console()
 err = Console(stderr=True)
@@ -181,6 +183,69 @@ def publish_tools(
     )
     if report.errors:
         raise typer.Exit(1)
+
+
+@publish_app.command("mcp")
+def publish_mcp(
+    stdio: Annotated[
+        str | None,
+        typer.Option("--stdio", help="Command that starts the server on stdio, e.g. 'python -m x'."),
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", help="Streamable-HTTP endpoint, e.g. http://host:port/mcp.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Server name (default: what the server reports).")
+    ] = None,
+) -> None:
+    """Publish a deployed MCP server: its live tools/list goes to `tools.raw`, calls go to the server."""
+    import shlex
+
+    from producers.mcp_tools import fetch_mcp_server
+
+    from arena.records.tools import McpEndpoint
+    from producers.publish import publish
+    from producers.publish_tools import outgoing
+
+    if (stdio is None) == (url is None):
+        raise UserError("give exactly one of --stdio COMMAND and --url URL")
+    endpoint = (
+        McpEndpoint(transport="stdio", command=shlex.split(stdio))
+        if stdio is not None
+        else McpEndpoint(transport="http", url=url)
+    )
+    cfg = settings()
+    try:
+        raw = asyncio.run(fetch_mcp_server(endpoint, name))
+    except Exception as exc:  # the server is the user's: say what failed, no traceback
+        raise UserError(
+            f"could not list tools of MCP server {endpoint.describe()!r}: {type(exc).__name__}: {exc} "
+            "(fix: check that the server starts / the URL answers)"
+        ) from None
+    asyncio.run(publish(ready_broker(cfg), outgoing([raw], [])))
+    console.print(
+        f"published MCP server {raw.server!r} ({len(raw.entries)} tools, {endpoint.transport}) to tools.raw"
+    )
+
+
+# --- export -------------------------------------------------------------
+
+
+@export_app.command("sft")
+def export_sft_cmd(
+    path: Annotated[Path, typer.Argument(help="Output file.")],
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+) -> None:
+    """Write `samples.sft` from the lake as JSONL or Parquet (loadable with HF `datasets`)."""
+    from consumers.export_sft import export_sft
+    from lake.store import open_store
+
+    if fmt not in ("jsonl", "parquet"):
+        raise UserError(f"--format must be jsonl or parquet, got {fmt!r}")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder (fix: give a file path, e.g. {path / ('sft.' + fmt)})")
+    count = export_sft(open_store(settings()), path, fmt)  # type: ignore[arg-type]
+    console.print(f"wrote {count} SFT samples to {path} ({fmt})")
 
 
 # --- workers ------------------------------------------------------------

@@ -19,6 +19,7 @@ import faust
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.topics import topic
+from streams.dedupe import SeenKeys
 from streams.runtime import Context, Emit, StageDef, dead_letter_key, decode, encode, run_handler
 
 log = logging.getLogger("arena.stage")
@@ -88,11 +89,16 @@ async def send(app: faust.App, emit: Emit, *, stage: str, version: str, event: A
         await fut
 
 
-async def process_event(app: faust.App, stage: StageDef, settings: ArenaSettings, event: Any) -> None:
+async def process_event(
+    app: faust.App, stage: StageDef, settings: ArenaSettings, event: Any, seen: SeenKeys | None = None
+) -> None:
     """Decode, handle, and send the outputs of one input event."""
     spec = topic(stage.input)
     message = event.message
     key = source_key(message.key, message.value)
+    if seen is not None and await seen.seen(message.partition, message.offset, key):
+        log.info("%s: %s already handled, skipped", stage.name, key)
+        return
     decoded = decode(
         spec,
         message.value,
@@ -106,17 +112,22 @@ async def process_event(app: faust.App, stage: StageDef, settings: ArenaSettings
         emits = [Emit(spec.dlq, dead_letter_key(letter), letter, (key,))]
     else:
         assert decoded.record is not None
-        ctx = Context(stage.name, stage.version, spec, key, settings)
+        ctx = Context(stage.name, stage.version, spec, key, settings, message.value or b"")
         emits = await run_handler(stage, decoded.record, ctx, message.value or b"")
     for emit in emits:
         await send(app, emit, stage=stage.name, version=stage.version, event=event)
+    if seen is not None:
+        seen.add(message.partition, key)
 
 
 def attach_stage(app: faust.App, stage: StageDef, settings: ArenaSettings) -> None:
     """Register the Faust agent that runs ``stage`` on its input topic."""
 
+    bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
+    seen = SeenKeys(bootstrap, stage.input) if stage.dedupe else None
+
     async def agent(stream: Any) -> None:
         async for event in stream.events():
-            await process_event(app, stage, settings, event)
+            await process_event(app, stage, settings, event, seen)
 
     app.agent(raw_topic(app, stage.input), name=stage.name)(agent)

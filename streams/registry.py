@@ -16,7 +16,7 @@ from arena.topics import TOPICS
 from consumers import lake_sink, tool_indexer
 from streams.app import attach_stage
 from streams.runtime import Guarantee, StageDef
-from streams.sft import tools_servers
+from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,16 @@ def _stage_worker(stage: StageDef) -> WorkerDef:
     return WorkerDef(stage.name, (stage.input,), stage.guarantee, attach, stage.description)
 
 
-STAGES: tuple[StageDef, ...] = (tools_servers.STAGE, tool_indexer.STAGE)
+STAGES: tuple[StageDef, ...] = (
+    tools_servers.STAGE,
+    tool_indexer.STAGE,
+    chains.STAGE,
+    tasks.CHAIN_STAGE,
+    tasks.SERVER_STAGE,
+    trajectories.STAGE,
+    trajectories_scored.STAGE,
+    samples_sft.STAGE,
+)
 
 WORKERS: dict[str, WorkerDef] = {
     **{stage.name: _stage_worker(stage) for stage in STAGES},

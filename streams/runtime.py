@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
+from arena.llm.core import Answer, InvalidOutput
 from arena.records.common import DeadLetter, DeadLetterKind, Lineage, Rejection
 from arena.topics import TopicSpec, topic
 
@@ -53,6 +54,24 @@ class Context:
     input: TopicSpec
     source_key: str
     settings: ArenaSettings
+    raw: bytes = b""
+    """The input record's exact bytes (dead letters carry them so nothing is lost)."""
+
+    def llm_dead_letter(self, exc: InvalidOutput, subject: str) -> Emit:
+        """An ``Emit`` to ``<input>.dlq`` for one LLM call that never gave valid output.
+
+        Stages that make many calls per input use it per item, so one bad
+        answer does not cost the record's other outputs.
+        """
+        letter = dead_letter(
+            self.input,
+            self.raw,
+            DeadLetterKind.llm_invalid_output,
+            f"{subject}: {exc}",
+            stage=self.stage,
+            source_key=self.source_key,
+        ).model_copy(update={"llm_role": exc.role, "llm_raw": exc.raw[:20000]})
+        return Emit(self.input.dlq, dead_letter_key(letter), letter, (self.source_key,))
 
     def reject(
         self,
@@ -62,8 +81,13 @@ class Context:
         *,
         details: dict[str, Any] | None = None,
         record: dict[str, Any] | None = None,
+        candidate_of: str | None = None,
     ) -> Emit:
-        """An ``Emit`` to ``<input>.rejected`` for a quality-gate drop."""
+        """An ``Emit`` to ``<topic>.rejected`` for a quality-gate drop.
+
+        The topic is the input's, or with ``candidate_of`` the output topic the
+        dropped candidate was meant for (a rejected chain goes to ``chains.rejected``).
+        """
         value = Rejection(
             stage=self.stage,
             topic=self.input.name,
@@ -75,7 +99,8 @@ class Context:
             record=record,
         )
         key = content_hash([self.source_key, gate, subject])
-        return Emit(self.input.rejected, key, value, (self.source_key,))
+        target = topic(candidate_of).rejected if candidate_of else self.input.rejected
+        return Emit(target, key, value, (self.source_key,))
 
 
 Handler = Callable[[BaseModel, Context], Awaitable[Sequence[Emit]]]
@@ -96,6 +121,8 @@ class StageDef:
     outputs: tuple[str, ...] = field(default=())
     """Topics the handler may emit to (besides the input's .dlq/.rejected)."""
     description: str = ""
+    dedupe: bool = False
+    """Skip an input whose key this stage already handled (see ``streams.dedupe``)."""
 
     @property
     def group(self) -> str:
@@ -194,6 +221,9 @@ async def run_handler(stage: StageDef, record: BaseModel, ctx: Context, raw: byt
     """Call the handler; a crash becomes a dead letter instead of killing the worker."""
     try:
         return list(await stage.handler(record, ctx))
+    except InvalidOutput as exc:
+        log.warning("stage %s: %s on %s", stage.name, exc, ctx.source_key)
+        return [ctx.llm_dead_letter(exc, "record")]
     except Exception as exc:  # a stage never dies on one record
         log.exception("stage %s crashed on %s", stage.name, ctx.source_key)
         letter = dead_letter(
@@ -205,3 +235,11 @@ async def run_handler(stage: StageDef, record: BaseModel, ctx: Context, raw: byt
             source_key=ctx.source_key,
         )
         return [Emit(ctx.input.dlq, dead_letter_key(letter), letter, (ctx.source_key,))]
+
+
+def llm_lineage(answers: Sequence[Answer[Any]]) -> dict[str, str | None]:
+    """Lineage fields (prompt versions, backend, model) for an output built from these answers."""
+    if not answers:
+        return {"prompt_version": None, "backend": None, "model": None}
+    versions = sorted({f"{a.role}={a.prompt_version}" for a in answers})
+    return {"prompt_version": ";".join(versions), "backend": answers[0].backend, "model": answers[0].model}

@@ -26,6 +26,8 @@ class DeadLetterKind(StrEnum):
     """The JSON does not match the topic's value schema."""
     crash = "crash"
     """The stage raised while processing a valid record."""
+    llm_invalid_output = "llm_invalid_output"
+    """An LLM role kept producing invalid output (or its judge stayed undecidable) after every retry."""
 
 
 class DeadLetter(Record):
@@ -44,6 +46,10 @@ class DeadLetter(Record):
         str, Field(description="The raw value decoded as UTF-8 with replacement characters.")
     ]
     payload_b64: Annotated[str, Field(description="The exact raw value, base64, so nothing is lost.")]
+    llm_role: Annotated[str | None, Field(description="For llm_invalid_output: the role that failed.")] = None
+    llm_raw: Annotated[
+        str | None, Field(description="For llm_invalid_output: the last raw text the backend produced.")
+    ] = None
     at: datetime = Field(default_factory=utcnow, description="When the stage gave up (UTC).")
 
 

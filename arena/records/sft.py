@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from arena.records.common import Record
-from arena.records.tools import McpEndpoint, NormalizedTool
+from arena.records.tools import McpEndpoint, NormalizedTool, ToolServer
 
 AugmentAxis = Literal["diversity", "complexity", "persona"]
 
@@ -26,6 +26,19 @@ class ServerRef(BaseModel):
     endpoint: Annotated[
         McpEndpoint | None, Field(description="Deployed MCP server, or None when calls are emulated.")
     ] = None
+
+    @classmethod
+    def of(cls, server: ToolServer) -> ServerRef:
+        return cls(
+            server_id=server.server_id,
+            name=server.name,
+            domain=server.domain,
+            tools=server.tools,
+            endpoint=server.endpoint,
+        )
+
+    def tool(self, name: str) -> NormalizedTool | None:
+        return next((t for t in self.tools if t.function.name == name), None)
 
 
 class Slot(BaseModel):
@@ -119,7 +132,9 @@ class CallStatus(BaseModel):
 class Trajectory(Record):
     """An agent rollout on a task; value of ``trajectories``."""
 
-    trajectory_id: Annotated[str, Field(description="Content hash of task id + messages.")]
+    trajectory_id: Annotated[
+        str, Field(description="Content hash of task id + agent backend and model: one rollout per task and policy.")
+    ]
     task_id: Annotated[str, Field(description="Task that was attempted.")]
     task: Annotated[str, Field(description="Task text (m1).")]
     server_id: Annotated[str, Field(description="Server whose tools were offered.")]

@@ -1,0 +1,71 @@
+"""Skip inputs a stage has already processed, using its own input topic as the record.
+
+Re-publishing the same tool docs re-emits records with the same content-hash
+keys. Stages whose work is expensive or touches real services (LLM calls, MCP
+servers) must not redo it, or downstream topics would fill with duplicates.
+
+The committed offset of a partition is exact: every record before it was
+processed in a committed transaction, together with its outputs. So the set
+of processed keys is the set of keys before the committed offset, and the
+input topic itself is the changelog (the way Kafka Streams reuses a source
+topic). On the first event of a partition the set is rebuilt by reading the
+partition's keys up to that event's offset; later events add their key once
+handled. A crash loses only the in-memory set, which the next start rebuilds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+log = logging.getLogger("arena.stage")
+
+
+class SeenKeys:
+    """Keys of one input topic already handled, per partition."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._bootstrap = bootstrap
+        self._topic = topic
+        self._seen: dict[int, set[str]] = {}
+
+    async def seen(self, partition: int, offset: int, key: str) -> bool:
+        """True when ``key`` was handled before ``offset`` in ``partition``."""
+        if partition not in self._seen:
+            self._seen[partition] = await self._keys_before(partition, offset)
+        return key in self._seen[partition]
+
+    def add(self, partition: int, key: str) -> None:
+        self._seen.setdefault(partition, set()).add(key)
+
+    async def _keys_before(self, partition: int, offset: int) -> set[str]:
+        keys: set[str] = set()
+        if offset <= 0:
+            return keys
+        tp = TopicPartition(self._topic, partition)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            group_id=None,
+        )
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            idle = 0
+            while await consumer.position(tp) < offset and idle < 5:
+                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=500)
+                idle = 0 if batch.get(tp) else idle + 1
+                for message in batch.get(tp, []):
+                    if message.offset >= offset:
+                        break
+                    if message.key:
+                        keys.add(message.key.decode("utf-8", "replace"))
+        finally:
+            await consumer.stop()
+        log.info(
+            "%s[%d]: %d keys already handled before offset %d", self._topic, partition, len(keys), offset
+        )
+        return keys

@@ -1,0 +1,162 @@
+"""Stage ``tools.servers -> chains`` (ASTRA §2.1.2): tool-chain construction.
+
+Per server:
+
+1. joint (task, chain) synthesis, ``sft.chain_syntheses`` times;
+2. every synthesised chain joins the server's weighted transition graph,
+   which persists in the catalog and keeps growing as chains arrive;
+3. length-bounded, weight-biased random walks on the whole graph are the
+   candidate chains;
+4. each candidate gets a chain-conditioned task and must pass dependency
+   verification (every required argument is stated by the task or provided by
+   an earlier tool's output) and task-chain coherence. Failures go to
+   ``chains.rejected`` with the check that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from arena.llm.gateway import Gateway
+from arena.llm.roles.chains import (
+    CHAIN_COHERENCE,
+    CHAIN_SYNTHESIS,
+    TASK_FROM_CHAIN,
+    ChainSynthesisInput,
+    ChainTaskInput,
+    CoherenceInput,
+)
+from pydantic import BaseModel
+
+from arena.hashing import content_hash
+from arena.llm.core import Answer, InvalidOutput
+from arena.records.sft import ServerRef, ToolChain
+from arena.records.tools import ToolServer
+from streams.resources import chain_graphs_for, gateway_for
+from streams.runtime import Context, Emit, StageDef, llm_lineage
+from streams.sft.chain_graph import Walk
+from streams.sft.dependencies import failed, verify_dependencies
+
+STAGE_VERSION = "1"
+
+
+def chain_id(server_id: str, tools: Sequence[str]) -> str:
+    return content_hash({"server": server_id, "tools": list(tools)}, prefix="ch-", length=24)
+
+
+async def synthesise(gw: Gateway, server: ServerRef, ctx: Context) -> tuple[list[list[str]], list[Emit]]:
+    """Joint (task, chain) syntheses; chains naming tools the server lacks are rejected."""
+    cfg = ctx.settings.sft
+    names = {t.function.name for t in server.tools}
+    chains: list[list[str]] = []
+    emits: list[Emit] = []
+    for variant in range(cfg.chain_syntheses):
+        inputs = ChainSynthesisInput(server=server, max_length=cfg.max_chain_length, variant=variant)
+        try:
+            answer = await gw.call(CHAIN_SYNTHESIS, inputs)
+        except InvalidOutput as exc:
+            emits.append(ctx.llm_dead_letter(exc, f"chain_synthesis variant {variant}"))
+            continue
+        chain = answer.output.chain
+        unknown = [t for t in chain if t not in names]
+        if unknown or not chain:
+            emits.append(
+                ctx.reject(
+                    "unknown_tool" if unknown else "empty_chain",
+                    f"{server.name}/synthesis/{variant}",
+                    f"synthesised chain uses tools the server does not have: {unknown}"
+                    if unknown
+                    else "synthesised chain is empty",
+                    details={"chain": chain, "server_tools": sorted(names)},
+                    candidate_of="chains",
+                )
+            )
+            continue
+        chains.append(chain)
+    return chains, emits
+
+
+async def verify_walk(gw: Gateway, server: ServerRef, walk: Walk, graph_chains: int, ctx: Context) -> Emit:
+    """A chain-conditioned task for the walk, then dependency and coherence checks."""
+    tools = [t for name in walk.tools if (t := server.tool(name)) is not None]
+    cid = chain_id(server.server_id, walk.tools)
+    subject = f"{server.name}/{'>'.join(walk.tools)}"
+    try:
+        task = await gw.call(TASK_FROM_CHAIN, ChainTaskInput(server=server, chain=walk.tools, variant=0))
+        deps = verify_dependencies(tools, task.output.text, task.output.slots)
+        missing = failed(deps)
+        if missing:
+            return ctx.reject(
+                "dependency",
+                subject,
+                "required arguments supported by neither the task nor an earlier output: "
+                + ", ".join(f"{d.tool}.{d.argument}" for d in missing),
+                details=_details(walk, deps, task.output.text),
+                candidate_of="chains",
+            )
+        verdict = await gw.call(CHAIN_COHERENCE, CoherenceInput(task=task.output.text, chain=tools))
+    except InvalidOutput as exc:
+        return ctx.llm_dead_letter(exc, f"chain {subject}")
+    if not verdict.output.coherent:
+        return ctx.reject(
+            "coherence",
+            subject,
+            f"task and chain are not coherent: {verdict.output.reason}",
+            details=_details(walk, deps, task.output.text),
+            candidate_of="chains",
+        )
+    record = ToolChain(
+        chain_id=cid,
+        server=server,
+        tools=walk.tools,
+        origin="random_walk",
+        task=task.output.text,
+        slots=task.output.slots,
+        dependencies=deps,
+        walk_weight=walk.weight,
+        graph_chains=graph_chains,
+    )
+    answers: list[Answer[Any]] = [task, verdict]
+    return Emit("chains", cid, record, (ctx.source_key,), **llm_lineage(answers))
+
+
+def _details(walk: Walk, deps: Sequence[Any], task: str) -> dict[str, Any]:
+    return {"chain": walk.tools, "task": task, "dependencies": [d.model_dump() for d in deps]}
+
+
+async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    assert isinstance(record, ToolServer)
+    cfg = ctx.settings.sft
+    gw = gateway_for(ctx.settings)
+    store = chain_graphs_for(ctx.settings)
+    server = ServerRef.of(record)
+    synthesised, emits = await synthesise(gw, server, ctx)
+    for chain in synthesised:
+        await asyncio.to_thread(store.add, server.name, chain_id(server.server_id, chain), chain)
+    names = [t.function.name for t in server.tools]
+    graph = await asyncio.to_thread(store.load, server.name, names)
+    rng = random.Random(content_hash([ctx.settings.seed, server.server_id]))
+    walks = graph.random_walks(
+        rng,
+        cfg.walks,
+        min_length=cfg.min_chain_length,
+        max_length=cfg.max_chain_length,
+        acyclic=cfg.acyclic_walks,
+    )
+    for walk in walks:
+        emits.append(await verify_walk(gw, server, walk, graph.chain_count, ctx))
+    return emits
+
+
+STAGE = StageDef(
+    name="chains",
+    input="tools.servers",
+    version=STAGE_VERSION,
+    handler=handle,
+    outputs=("chains",),
+    description="synthesise (task, chain) pairs, grow the transition graph, walk it, verify candidates",
+    dedupe=True,
+)

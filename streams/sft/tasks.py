@@ -1,0 +1,218 @@
+"""Stages ``chains -> tasks`` and ``tools.servers -> tasks`` (ASTRA §2.1.3).
+
+T(s) = T_chain(s) ∪ T_server(s): chain-conditioned tasks come from verified
+chains, server-only tasks from the server specification alone. Every
+original task is augmented along the configured axes (diversity, complexity,
+persona); a variant whose language differs from its original is dropped
+(lang(t~) = lang(t)). Originals and variants are then scored on question
+quality, scenario realism and tool-use necessity and kept only when all three
+reach their thresholds (eq. 1). Drops go to ``tasks.rejected`` with the gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from arena.lang import detect_language
+from arena.llm.gateway import Gateway
+from arena.llm.roles.chains import TASK_FROM_CHAIN, ChainTaskInput
+from arena.llm.roles.tasks import (
+    AUGMENT_TASK,
+    SCORE_TASK,
+    TASK_FROM_SERVER,
+    AugmentInput,
+    ServerTaskInput,
+    TaskScoreInput,
+)
+from pydantic import BaseModel
+
+from arena.config import SftSettings
+from arena.hashing import content_hash
+from arena.llm.core import Answer, InvalidOutput
+from arena.records.sft import AugmentAxis, ServerRef, Task, ToolChain
+from arena.records.tools import ToolServer
+from streams.resources import gateway_for
+from streams.runtime import Context, Emit, StageDef, llm_lineage
+
+STAGE_VERSION = "1"
+
+
+@dataclass
+class Candidate:
+    """A task before scoring, with the answers that produced it (for lineage)."""
+
+    task: Task
+    answers: list[Answer[Any]]
+
+
+def task_id(server_id: str, text: str) -> str:
+    return content_hash({"server": server_id, "text": text}, prefix="task-", length=24)
+
+
+def original(server: ServerRef, text: str, mode: Literal["chain", "server"], chain: ToolChain | None) -> Task:
+    return Task(
+        task_id=task_id(server.server_id, text),
+        server=server,
+        chain_id=chain.chain_id if chain else None,
+        chain=chain.tools if chain else [],
+        text=text,
+        language=detect_language(text),
+        mode=mode,
+    )
+
+
+async def augment(
+    gw: Gateway, base: Candidate, axes: Sequence[AugmentAxis], ctx: Context
+) -> tuple[list[Candidate], list[Emit]]:
+    """One variant per axis; variants that change the language are rejected."""
+    kept: list[Candidate] = []
+    emits: list[Emit] = []
+    parent = base.task
+    for axis in axes:
+        inputs = AugmentInput(
+            task=parent.text, language=parent.language, axis=axis, tools=parent.server.tools, variant=0
+        )
+        try:
+            answer = await gw.call(AUGMENT_TASK, inputs)
+        except InvalidOutput as exc:
+            emits.append(ctx.llm_dead_letter(exc, f"augment {axis} of {parent.task_id}"))
+            continue
+        text = answer.output.text.strip()
+        language = detect_language(text)
+        if language != parent.language:
+            emits.append(
+                ctx.reject(
+                    "language_drift",
+                    f"{parent.task_id}/{axis}",
+                    f"{axis} variant is in {language!r}, the original in {parent.language!r}",
+                    details={"original": parent.text, "variant": text},
+                    candidate_of="tasks",
+                )
+            )
+            continue
+        variant = parent.model_copy(
+            update={
+                "task_id": task_id(parent.server.server_id, text),
+                "text": text,
+                "language": language,
+                "augmentation": axis,
+                "parent_task_id": parent.task_id,
+                "persona": answer.output.persona,
+            }
+        )
+        kept.append(Candidate(variant, [*base.answers, answer]))
+    return kept, emits
+
+
+def below_thresholds(scores: dict[str, float], cfg: SftSettings) -> list[str]:
+    """Eq. (1): every score must reach its threshold."""
+    thresholds = {
+        "question_quality": cfg.theta_question_quality,
+        "scenario_realism": cfg.theta_scenario_realism,
+        "tool_necessity": cfg.theta_tool_necessity,
+    }
+    return [
+        f"{name} {scores[name]:.2f} < {theta:.2f}"
+        for name, theta in thresholds.items()
+        if scores[name] < theta
+    ]
+
+
+async def score_and_gate(gw: Gateway, cand: Candidate, ctx: Context) -> Emit:
+    task = cand.task
+    try:
+        answer = await gw.call(SCORE_TASK, TaskScoreInput(task=task.text, tools=task.server.tools))
+    except InvalidOutput as exc:
+        return ctx.llm_dead_letter(exc, f"score {task.task_id}")
+    out = answer.output
+    scores = {
+        "question_quality": out.question_quality,
+        "scenario_realism": out.scenario_realism,
+        "tool_necessity": out.tool_necessity,
+    }
+    failures = below_thresholds(scores, ctx.settings.sft)
+    if failures:
+        return ctx.reject(
+            "task_score",
+            task.task_id,
+            "; ".join(failures) + f" ({out.rationale})",
+            details={
+                "scores": scores,
+                "text": task.text,
+                "mode": task.mode,
+                "augmentation": task.augmentation,
+            },
+            candidate_of="tasks",
+        )
+    scored = task.model_copy(update={"scores": scores})
+    return Emit("tasks", task.task_id, scored, (ctx.source_key,), **llm_lineage([*cand.answers, answer]))
+
+
+async def finish(gw: Gateway, originals: list[Candidate], ctx: Context) -> list[Emit]:
+    """Augment every original, then score and gate originals and variants alike."""
+    emits: list[Emit] = []
+    candidates: list[Candidate] = []
+    for cand in originals:
+        variants, dropped = await augment(gw, cand, ctx.settings.sft.augment_axes, ctx)
+        candidates += [cand, *variants]
+        emits += dropped
+    seen: set[str] = set()
+    for cand in candidates:
+        if cand.task.task_id in seen:  # a variant identical to another candidate
+            continue
+        seen.add(cand.task.task_id)
+        emits.append(await score_and_gate(gw, cand, ctx))
+    return emits
+
+
+async def handle_chain(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    """Chain-conditioned construction: a task whose solution follows the verified chain."""
+    assert isinstance(record, ToolChain)
+    gw = gateway_for(ctx.settings)
+    inputs = ChainTaskInput(server=record.server, chain=record.tools, variant=1)
+    try:
+        answer = await gw.call(TASK_FROM_CHAIN, inputs)
+    except InvalidOutput as exc:
+        return [ctx.llm_dead_letter(exc, f"task for chain {record.chain_id}")]
+    base = original(record.server, answer.output.text.strip(), "chain", record)
+    return await finish(gw, [Candidate(base, [answer])], ctx)
+
+
+async def handle_server(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    """Server-only construction: tasks from the server specification alone."""
+    assert isinstance(record, ToolServer)
+    gw = gateway_for(ctx.settings)
+    server = ServerRef.of(record)
+    originals: list[Candidate] = []
+    emits: list[Emit] = []
+    for variant in range(ctx.settings.sft.server_tasks):
+        try:
+            answer = await gw.call(TASK_FROM_SERVER, ServerTaskInput(server=server, variant=variant))
+        except InvalidOutput as exc:
+            emits.append(ctx.llm_dead_letter(exc, f"server task {variant}"))
+            continue
+        originals.append(Candidate(original(server, answer.output.text.strip(), "server", None), [answer]))
+    return emits + await finish(gw, originals, ctx)
+
+
+CHAIN_STAGE = StageDef(
+    name="tasks-from-chains",
+    input="chains",
+    version=STAGE_VERSION,
+    handler=handle_chain,
+    outputs=("tasks",),
+    description="chain-conditioned tasks, augmented and scored (T_chain)",
+    dedupe=True,
+)
+
+SERVER_STAGE = StageDef(
+    name="tasks-from-servers",
+    input="tools.servers",
+    version=STAGE_VERSION,
+    handler=handle_server,
+    outputs=("tasks",),
+    description="server-only tasks, augmented and scored (T_server)",
+    dedupe=True,
+)

@@ -1,0 +1,52 @@
+"""Stage ``trajectories -> trajectories.scored`` (ASTRA §2.1.5): the 7-dimension reward.
+
+The judges run through the gateway (``streams.sft.reward``); a judge that
+stays invalid or undecidable after its retries dead-letters the trajectory:
+it is never scored by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from arena.records.sft import ScoredTrajectory, Trajectory
+from streams.resources import gateway_for
+from streams.runtime import Context, Emit, StageDef, llm_lineage
+from streams.sft.reward import score_trajectory
+
+STAGE_VERSION = "1"
+
+
+async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    assert isinstance(record, Trajectory)
+    gw = gateway_for(ctx.settings)
+    score = await score_trajectory(gw, record)  # InvalidOutput -> dead letter (runtime)
+    scored = ScoredTrajectory(
+        trajectory_id=record.trajectory_id,
+        scores=score.scores,
+        overall=score.overall,
+        details=score.details,
+        trajectory=record,
+    )
+    return [
+        Emit(
+            "trajectories.scored",
+            record.trajectory_id,
+            scored,
+            (ctx.source_key,),
+            **llm_lineage(score.answers),
+        )
+    ]
+
+
+STAGE = StageDef(
+    name="trajectories-scored",
+    input="trajectories",
+    version=STAGE_VERSION,
+    handler=handle,
+    outputs=("trajectories.scored",),
+    description="QU, QP, TCU, TCP, TCS, TC, FA and their mean (ASTRA eq. 3-10)",
+    dedupe=True,
+)
