@@ -8,6 +8,11 @@ landed where and how to look at it.
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -15,28 +20,49 @@ from rich.console import Console
 from rich.table import Table
 
 from arena.config import ArenaSettings
+from arena.records.tools import McpEndpoint, RawToolServer
+from arena.topics import TOPICS, topic
 from arena.worker import run_workers
 from lake.parquet import lake_listing
 from lake.query import LakeQuery
 from lake.store import open_store
 from lake.tool_index import ToolIndex
-from producers.publish_tools import publish_tool_docs
+from producers.mcp_tools import fetch_mcp_server
+from producers.publish import publish
+from producers.publish_tools import outgoing, publish_tool_docs
 from streams.registry import WORKERS
 
 EXAMPLE_QUERIES = (
     "select domain, count(*) as servers from tools_servers group by 1 order by 2 desc",
-    "select gate, subject, reason from tools_raw_rejected order by gate",
-    "select kind, reason from tools_raw_dlq",
+    "select tools, task from chains",
+    "select mode, augmentation, text from tasks",
+    "select trajectory_id, overall, scores from trajectories_scored order by overall",
+    "select gate, count(*) from tasks_rejected group by 1",
 )
 
+MCP_PACKAGE = "arena.samples.mcp"
 
-DROP_REASONS = """
-select 'tools.raw.rejected' as topic, gate as why, count(*) as n, min(subject || ': ' || reason) as example
-from tools_raw_rejected group by gate
-union all
-select 'tools.raw.dlq', kind, count(*), min(reason) from tools_raw_dlq group by kind
-order by 1, 2
-"""
+SIDE_TOPICS = [spec.name for spec in TOPICS.values() if spec.side_of is not None]
+
+
+def drop_reasons_sql(tables: list[str]) -> str:
+    """Per side topic and gate (or dead-letter kind): how many records, and one example reason."""
+    parts = []
+    for name in SIDE_TOPICS:
+        table = topic(name).table
+        if table not in tables:
+            continue
+        if name.endswith(".rejected"):
+            parts.append(
+                f"select '{name}' as topic, gate as why, count(*) as n, "
+                f"min(subject || ': ' || reason) as example from {table} group by gate"
+            )
+        else:
+            parts.append(
+                f"select '{name}' as topic, kind as why, count(*) as n, min(reason) as example "
+                f"from {table} group by kind"
+            )
+    return " union all ".join(parts) + " order by 1, 2" if parts else ""
 
 
 def _short(text: str, limit: int) -> str:
@@ -47,16 +73,92 @@ def sample_tools_dir() -> Path:
     return Path(str(files("arena") / "samples" / "tools"))
 
 
+@dataclass
+class DemoMcp:
+    """The bundled MCP servers as the demo deploys them: one over HTTP, one over stdio."""
+
+    http: subprocess.Popen[bytes]
+    endpoints: dict[str, McpEndpoint]
+
+    def stop(self) -> None:
+        if self.http.poll() is None:
+            self.http.terminate()
+            try:
+                self.http.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.http.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_demo_mcp(log_dir: Path) -> DemoMcp:
+    """Start the library server on a free loopback port (HTTP); the notes server runs per session (stdio)."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / "mcp-library.log").open("ab") as log:
+        http = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                f"{MCP_PACKAGE}.library",
+                "--transport",
+                "http",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
+    endpoints = {
+        "library": McpEndpoint(transport="http", url=f"http://127.0.0.1:{port}/mcp"),
+        "notes": McpEndpoint(
+            transport="stdio", command=[sys.executable, "-m", f"{MCP_PACKAGE}.notes", "--transport", "stdio"]
+        ),
+    }
+    return DemoMcp(http, endpoints)
+
+
+async def fetch_with_retry(endpoint: McpEndpoint, name: str, timeout_s: float = 60.0) -> RawToolServer:
+    """tools/list of a server that may still be starting."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await fetch_mcp_server(endpoint, name)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def publish_demo_inputs(bootstrap: str, mcp: DemoMcp) -> tuple[int, int, int]:
+    """Sample tool docs plus the two deployed MCP servers; returns (docs, unreadable, deployed)."""
+    report = await publish_tool_docs(bootstrap, [sample_tools_dir()])
+    deployed = [await fetch_with_retry(ep, name) for name, ep in mcp.endpoints.items()]
+    await publish(bootstrap, outgoing(deployed, []))
+    return len(report.servers), len(report.errors), len(deployed)
+
+
 def run_demo(settings: ArenaSettings, bootstrap: str, *, console: Console, timeout_s: float) -> int:
     """``bootstrap`` must have every topic created (`arena.cli.ready_broker`)."""
-    report = asyncio.run(publish_tool_docs(bootstrap, [sample_tools_dir()]))
-    console.print(
-        f"published {len(report.servers)} candidate servers to tools.raw; "
-        f"{len(report.errors)} unreadable files/entries to tools.raw.dlq"
-    )
-    code = run_workers(
-        settings, bootstrap, list(WORKERS), until_drained=True, timeout_s=timeout_s, console=console
-    )
+    mcp = start_demo_mcp(settings.home / "logs")
+    try:
+        docs, unreadable, deployed = asyncio.run(publish_demo_inputs(bootstrap, mcp))
+        console.print(
+            f"published {docs} doc-only candidate servers and {deployed} deployed MCP servers to tools.raw; "
+            f"{unreadable} unreadable files/entries to tools.raw.dlq"
+        )
+        code = run_workers(
+            settings, bootstrap, list(WORKERS), until_drained=True, timeout_s=timeout_s, console=console
+        )
+    finally:
+        mcp.stop()
     if code != 0:
         console.print("[red]the stages did not drain; see the worker logs under $ARENA_HOME/logs[/red]")
         return code
@@ -72,17 +174,45 @@ def summarise(settings: ArenaSettings, console: Console) -> None:
             counts.add_row(item.topic, str(item.rows), str(item.files))
     console.print(counts)
 
+    query = LakeQuery(store)
+    sql = drop_reasons_sql(query.tables())
     reasons = Table("topic", "gate / kind", "records", "example reason", title="why records were dropped")
-    for row in LakeQuery(store).query(DROP_REASONS).to_pylist():
+    for row in query.query(sql).to_pylist() if sql else []:
         reasons.add_row(row["topic"], row["why"], str(row["n"]), _short(row["example"], 90))
     console.print(reasons)
+    print_rewards(query, console)
 
     index = ToolIndex.from_settings(settings)
     view = settings.public_view()
     console.print(f"lake     {view['lake']}")
     console.print(f"lancedb  {view['lancedb']} ({index.count()} tool docs indexed)")
     console.print(f"catalog  {view['catalog']}")
+    console.print(f"llm      {view['llm']} (outputs are labelled with the backend in lineage headers)")
     console.print("try:")
     for sql in EXAMPLE_QUERIES:
         console.print(f'  arena lake query "{sql}"')
+    console.print("  arena export sft --format jsonl sft.jsonl")
     console.print("  arena lag")
+
+
+REWARD_SQL = """
+select count(*) as n, avg(overall) as overall,
+  avg(cast(json_extract(scores, '$.QU') as double)) as QU, avg(cast(json_extract(scores, '$.QP') as double)) as QP,
+  avg(cast(json_extract(scores, '$.TCU') as double)) as TCU, avg(cast(json_extract(scores, '$.TCP') as double)) as TCP,
+  avg(cast(json_extract(scores, '$.TCS') as double)) as TCS, avg(cast(json_extract(scores, '$.TC') as double)) as TC,
+  avg(cast(json_extract(scores, '$.FA') as double)) as FA
+from trajectories_scored where _valid
+"""
+
+
+def print_rewards(query: LakeQuery, console: Console) -> None:
+    """Mean of each reward dimension over the scored trajectories (ASTRA §2.1.5)."""
+    if "trajectories_scored" not in query.tables():
+        return
+    row = query.query(REWARD_SQL).to_pylist()[0]
+    if not row["n"]:
+        return
+    names = ["overall", "QU", "QP", "TCU", "TCP", "TCS", "TC", "FA"]
+    table = Table("trajectories", *names, title="7-dimension reward (means)")
+    table.add_row(str(row["n"]), *[f"{row[k]:.2f}" for k in names])
+    console.print(table)

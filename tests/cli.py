@@ -17,6 +17,10 @@ from kafka.admin import KafkaAdminClient
 
 ARENA = shutil.which("arena", path=str(Path(sys.executable).parent)) or "arena"
 
+BACKBONE_WORKERS = ["tools-servers", "tool-index", "lake-sink"]
+"""The backbone's workers: tests of the backbone run these, not the SFT track's stages."""
+BACKBONE_ARGS = [arg for name in BACKBONE_WORKERS for arg in ("--stage", name)]
+
 
 def arena_env(home: Path, **extra: str) -> dict[str, str]:
     """Environment for a CLI run: a private ARENA_HOME, no inherited ARENA_* settings."""

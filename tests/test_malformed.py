@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from kafka import KafkaProducer
 
 from consumers.lag import compute_lag, drained
-from streams.registry import WORKERS, topics_by_group
-from tests.cli import ARENA, arena_env, broker_of, read_all, run_arena
+from streams.registry import topics_by_group
+from tests.cli import ARENA, BACKBONE_ARGS, BACKBONE_WORKERS, arena_env, broker_of, read_all, run_arena
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def running_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
     run_arena(["topics", "create"], env)
     bootstrap = broker_of(home)
     proc = subprocess.Popen(
-        [ARENA, "worker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [ARENA, "worker", *BACKBONE_ARGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         yield Running(bootstrap, env, proc)
@@ -109,7 +109,7 @@ def malformed(draw: st.DrawFn) -> tuple[str, bytes]:
 
 
 def wait_drained(bootstrap: str, timeout: float = 120.0) -> None:
-    groups = topics_by_group(list(WORKERS))
+    groups = topics_by_group(BACKBONE_WORKERS)
     deadline = time.monotonic() + timeout
     clean = 0
     while time.monotonic() < deadline:
@@ -161,7 +161,7 @@ def test_malformed_records_end_in_dlq_or_rejected_with_reasons(
         assert all(reason for _, reason in places)
     assert running_worker.proc.poll() is None, "the worker died"
     assert all(
-        row.pending == 0 for row in compute_lag(bootstrap, topics_by_group=topics_by_group(list(WORKERS)))
+        row.pending == 0 for row in compute_lag(bootstrap, topics_by_group=topics_by_group(BACKBONE_WORKERS))
     )
 
 

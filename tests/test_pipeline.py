@@ -13,6 +13,7 @@ import pytest
 
 from arena.demo import sample_tools_dir
 from tests.cli import (
+    BACKBONE_ARGS,
     arena_env,
     broker_of,
     committed,
@@ -55,7 +56,7 @@ def test_publish_normalise_lake_then_only_new_records(tmp_path: Path) -> None:
         assert "started the embedded stack" in pub.stderr
         assert f"{GOOD_SERVERS + REJECTED_SERVERS} servers published, {UNREADABLE} rejected" in pub.stdout
         assert "Traceback" not in pub.stderr
-        run_arena(["worker", "--until-drained", "--timeout", "240"], env)
+        run_arena(["worker", *BACKBONE_ARGS, "--until-drained", "--timeout", "240"], env)
 
         bootstrap = broker_of(tmp_path / "home")
         raw_ends = end_offsets(bootstrap, "tools.raw")
@@ -84,7 +85,7 @@ def test_publish_normalise_lake_then_only_new_records(tmp_path: Path) -> None:
         extra.mkdir()
         (extra / "inventory.json").write_text(json.dumps(small_server("inventory")))
         run_arena(["publish", "tools", str(extra)], env)
-        run_arena(["worker", "--until-drained", "--timeout", "240"], env)
+        run_arena(["worker", *BACKBONE_ARGS, "--until-drained", "--timeout", "240"], env)
         after = committed(bootstrap, "arena-tools-servers")
         assert sum(after.values()) - sum(stage_offsets.values()) == 1
         assert lake_json("select count(*) as n from tools_servers", env)[0]["n"] == GOOD_SERVERS + 1
@@ -117,7 +118,7 @@ def test_pipeline_with_lake_and_lancedb_on_s3(tmp_path: Path, s3_server, s3_buck
     (docs / "tiny.json").write_text(json.dumps(small_server("tiny", 2)))
     with stack_stopped_after(env):
         run_arena(["publish", "tools", str(docs)], env)
-        run_arena(["worker", "--until-drained", "--timeout", "240"], env)
+        run_arena(["worker", *BACKBONE_ARGS, "--until-drained", "--timeout", "240"], env)
         rows = lake_json("select name from tools_servers order by name", env)
         assert [r["name"] for r in rows] == ["alpha", "beta", "gamma"]
         gates = lake_json("select subject, gate from tools_raw_rejected", env)

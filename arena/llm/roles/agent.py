@@ -28,7 +28,9 @@ class AgentTurnInput(BaseModel):
     ]
     tools: Annotated[
         list[dict[str, Any]],
-        Field(description="OpenAI tools offered: {'type': 'function', 'function': {name, description, parameters}}."),
+        Field(
+            description="OpenAI tools offered: {'type': 'function', 'function': {name, description, parameters}}."
+        ),
     ]
 
 
@@ -83,8 +85,8 @@ AGENT_POLICY: Role[AgentTurnInput, AgentTurn] = Role(
         "(names, ids, numbers, dates, yes/no outcomes); say plainly which calls failed. State nothing "
         "the tools did not return.\n"
         "\n"
-        "Output: one JSON object {\"content\": string, \"tool_calls\": [{\"name\": string, "
-        "\"arguments\": object}, ...]} and nothing else."
+        'Output: one JSON object {"content": string, "tool_calls": [{"name": string, '
+        '"arguments": object}, ...]} and nothing else.'
     ),
     template="Conversation and tools:\n{input}\n\nReturn the next assistant turn as the JSON object.",
 )

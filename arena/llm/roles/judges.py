@@ -142,15 +142,15 @@ _COMMON = (
     "Judge only from what you are given; do not assume facts that are not in the messages.\n"
 )
 _GRADED_OUT = (
-    "Output: one JSON object {\"score\": number, \"reason\": string}; score is exactly 0, 0.5 or 1; "
+    'Output: one JSON object {"score": number, "reason": string}; score is exactly 0, 0.5 or 1; '
     "reason names the evidence in one or two sentences."
 )
 _BINARY_OUT = (
-    "Output: one JSON object {\"score\": number, \"reason\": string}; score is exactly 0 or 1; reason "
+    'Output: one JSON object {"score": number, "reason": string}; score is exactly 0 or 1; reason '
     "names the evidence in one sentence."
 )
 _CONTINUOUS_OUT = (
-    "Output: one JSON object {\"score\": number, \"reason\": string}; score is a number from 0 to 1 "
+    'Output: one JSON object {"score": number, "reason": string}; score is a number from 0 to 1 '
     "(two decimals are enough); reason names the evidence in one or two sentences."
 )
 
@@ -183,8 +183,7 @@ QUERY_PLANNING: Role[TrajectoryView, GradedJudgement] = Role(
     "0.5 = partly feasible (some calls are fine, others miss arguments, use invented values or do "
     "not help; or a sound plan described but no call issued); 0 = infeasible or wrong (unknown tools, "
     "no usable call, or a plan that cannot lead to the answer).\n" + _GRADED_OUT,
-    template="Trajectory without the system prompt, and the tools offered:\n{input}\n\n"
-    "Judge the plan of m2.",
+    template="Trajectory without the system prompt, and the tools offered:\n{input}\n\nJudge the plan of m2.",
 )
 
 ROUND_UNDERSTANDING: Role[RoundView, GradedJudgement] = Role(

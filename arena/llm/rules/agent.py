@@ -1,10 +1,1076 @@
-"""Placeholder until its owner fills it: RULES maps role name -> rule function."""
+"""Rules agent policy (``agent_policy``): a lexical tool-using agent that sees only the conversation.
+
+Its input is what a deployed model gets: the OpenAI messages so far and the
+OpenAI tool schemas. It never sees the chain a task was built from. Per turn it
+
+1. picks the tools whose purpose matches the task (IDF-weighted overlap of task
+   words with tool names, descriptions and parameter docs), plus the tools that
+   must run first to produce an identifier a picked tool needs;
+2. fills required arguments from values the task states (quoted strings,
+   numbers, dates, codes, names, enum values; the words around a value point to
+   its parameter) and, for identifiers, from fields of earlier successful tool
+   outputs (``id``/``book_id`` of the first search result, ...);
+3. calls every tool that is ready and still useful in one parallel round,
+   retries a call that failed with a transient error (timeout, unreachable) at
+   most once, never repeats a call that succeeded;
+4. answers when nothing useful is left, reporting the key values each tool
+   returned and which calls failed.
+
+The module also holds the readers for tasks, tool schemas and tool results
+that the rules judges (``arena.llm.rules.judges``) share, so both sides read a
+trajectory the same way.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import random
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel
 
-RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {}
+from arena.llm.core import Undecidable
+from arena.llm.roles.agent import AGENT_POLICY, AgentTurn, AgentTurnInput, PlannedCall
+
+# --------------------------------------------------------------------------- words and terms
+
+_STOPWORDS = frozenset(
+    """a an the and or but if of to in on at by for with from into onto about as is are was were be
+    been being do does did done have has had it its this that these those there their them they he she
+    his her we our you your i me my can could would should will shall may might must please which what
+    who whom whose when where why how than then so such not no yes any each some also just only very
+    too up out again once here both few other own same via per e g eg ie etc one s""".split()
+)
+_REQUEST_WORDS = frozenset(
+    """find get show tell give look check want need know like help let see make sure whether search
+    list fetch retrieve lookup would could please me""".split()
+)
+"""Verbs of asking: not part of what a query is about (ignored by the key terms of a request)."""
+
+_SYNONYMS = {
+    "find": "search",
+    "found": "search",
+    "look": "search",
+    "lookup": "search",
+    "locate": "search",
+    "seek": "search",
+    "query": "search",
+    "fetch": "get",
+    "retrieve": "get",
+    "obtain": "get",
+    "show": "get",
+    "display": "get",
+    "view": "get",
+    "read": "get",
+    "verify": "check",
+    "confirm": "check",
+    "whether": "check",
+    "add": "create",
+    "new": "create",
+    "make": "create",
+    "write": "create",
+    "compose": "create",
+    "remove": "delete",
+    "erase": "delete",
+    "cancel": "delete",
+    "change": "update",
+    "modify": "update",
+    "edit": "update",
+    "rename": "update",
+    "cheap": "price",
+    "cheapest": "price",
+    "cost": "price",
+    "costs": "price",
+    "expensive": "price",
+    "under": "max",
+    "below": "max",
+    "less": "max",
+    "maximum": "max",
+    "highest": "max",
+    "budget": "max",
+    "above": "min",
+    "least": "min",
+    "minimum": "min",
+    "availability": "available",
+    "vacancy": "available",
+    "free": "available",
+    "conversion": "convert",
+    "exchange": "convert",
+    "folder": "directory",
+    "dir": "directory",
+    "memo": "note",
+}
+
+_WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*|\d+")
+_CAMEL_RE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def words(text: str) -> list[str]:
+    """Lower-case word tokens; snake_case, kebab-case and camelCase names split into their words."""
+    return [w.lower() for w in _WORD_RE.findall(_CAMEL_RE.sub(" ", text.replace("_", " ")))]
+
+
+def stem(word: str) -> str:
+    """A crude plural/verb-form stripper; ``similar`` absorbs what it misses."""
+    if len(word) <= 3:
+        return word
+    if word.endswith("ability"):
+        return word[: -len("ability")] + "able"
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("sses", "xes", "zes", "ches", "shes")):
+        return word[:-2]
+    for suffix in ("ing", "ed"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 4:
+            return word[: -len(suffix)]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def term(word: str) -> str:
+    """The comparable form of one word: synonym class, then stem."""
+    return stem(_SYNONYMS.get(word, word))
+
+
+def terms(text: str, *, drop_request: bool = False) -> list[str]:
+    """Content terms of a text in order (stopwords, one-letter words and, optionally, request verbs out)."""
+    out = []
+    for w in words(text):
+        if w in _STOPWORDS or len(w) < 2 or w.isdigit():
+            continue
+        if drop_request and w in _REQUEST_WORDS:
+            continue
+        out.append(term(w))
+    return out
+
+
+def similar(a: str, b: str) -> bool:
+    """Two terms match: equal, or one is a prefix of the other that differs by a short suffix."""
+    if a == b:
+        return True
+    short, long_ = sorted((a, b), key=len)
+    return len(short) >= 4 and long_.startswith(short) and len(long_) - len(short) <= 3
+
+
+def has_term(needle: str, haystack: Iterable[str]) -> bool:
+    return any(similar(needle, t) for t in haystack)
+
+
+# --------------------------------------------------------------------------- values in text
+
+_NUMBER_RE = re.compile(r"(?<![\w.\-/])-?\d+(?:\.\d+)?(?![\w\-/])")
+_DATE_RE = re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?(?:Z|[+-]\d{2}:?\d{2})?)?\b")
+_QUOTED_RE = re.compile(r"\"([^\"]{1,200})\"|“([^”]{1,200})”|(?<![\w])'([^']{1,200})'(?![\w])")
+_PATH_RE = re.compile(r"(?<![\w])/[\w.\-]+(?:/[\w.\-]+)*/?")
+_URL_RE = re.compile(r"https?://[^\s'\"]+")
+_EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
+_ID_RE = re.compile(r"(?<![\w\-])(?=[\w\-]*\d)(?=[\w\-]*[A-Za-z])[A-Za-z0-9]+(?:[\-_][A-Za-z0-9]+)+(?![\w\-])|"
+                    r"(?<![\w\-])(?=[A-Za-z]*\d)[A-Za-z]+\d[A-Za-z0-9]*(?![\w\-])")
+_CODE_RE = re.compile(r"(?<![\w\-])[A-Z]{2,6}(?![\w\-])")
+_PROPER_RE = re.compile(r"(?<![\w'])[A-Z][a-zA-Z]+(?:[ -](?:[A-Z][a-zA-Z]+|de|da|del|la|le|van|von))*(?![\w])")
+
+
+@dataclass(frozen=True)
+class TextValue:
+    """A concrete value stated in a text."""
+
+    text: str
+    """As written (quotes stripped)."""
+    kind: str
+    """quoted, date, url, email, path, id, code, number or proper."""
+    start: int
+    end: int
+    before: tuple[str, ...]
+    """Up to three words right before the value (lower case)."""
+    after: tuple[str, ...]
+    """Up to two words right after it."""
+
+    @property
+    def number(self) -> float | None:
+        try:
+            return float(self.text)
+        except ValueError:
+            return None
+
+
+def stated_values(text: str) -> list[TextValue]:
+    """Values a text states, in order: quoted strings first claim their span, then dates, URLs, ids..."""
+    taken: list[tuple[int, int]] = []
+    found: list[TextValue] = []
+
+    def free(start: int, end: int) -> bool:
+        return all(end <= s or start >= e for s, e in taken)
+
+    def add(kind: str, value: str, start: int, end: int) -> None:
+        taken.append((start, end))
+        before = tuple(words(text[max(0, start - 40) : start])[-3:])
+        after = tuple(words(text[end : end + 30])[:2])
+        found.append(TextValue(value, kind, start, end, before, after))
+
+    for m in _QUOTED_RE.finditer(text):
+        value = next(g for g in m.groups() if g is not None).strip()
+        if value:
+            add("quoted", value, m.start(), m.end())
+    passes: list[tuple[str, re.Pattern[str]]] = [
+        ("date", _DATE_RE),
+        ("url", _URL_RE),
+        ("email", _EMAIL_RE),
+        ("path", _PATH_RE),
+        ("id", _ID_RE),
+        ("number", _NUMBER_RE),
+        ("code", _CODE_RE),
+    ]
+    for kind, pattern in passes:
+        for m in pattern.finditer(text):
+            if free(m.start(), m.end()):
+                add(kind, m.group(0), m.start(), m.end())
+    for m in _PROPER_RE.finditer(text):
+        if not free(m.start(), m.end()):
+            continue
+        phrase = _strip_common_words(m.group(0))
+        if phrase:
+            offset = m.group(0).index(phrase)
+            add("proper", phrase, m.start() + offset, m.start() + offset + len(phrase))
+    return sorted(found, key=lambda v: v.start)
+
+
+def _strip_common_words(phrase: str) -> str:
+    """Drop capitalised sentence openers such as 'Find' or 'The' from a proper-noun phrase."""
+    parts = phrase.split(" ")
+    while parts and (parts[0].lower() in _STOPWORDS or parts[0].lower() in _REQUEST_WORDS
+                     or parts[0].lower() in _SYNONYMS):
+        parts = parts[1:]
+    return " ".join(parts)
+
+
+def number_tokens(text: str) -> set[float]:
+    """Every number written in a text (inside ids and dates too), as floats."""
+    return {float(m) for m in re.findall(r"\d+(?:\.\d+)?", text)}
+
+
+def as_number(value: Any) -> float | None:
+    """A JSON number (not a bool), or a string that is exactly a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and re.fullmatch(r"-?\d+(?:\.\d+)?", value.strip()):
+        return float(value)
+    return None
+
+
+def mentions(text: str, value: Any) -> bool:
+    """Whether ``text`` states ``value``: a number as a standalone number, a string as a whole phrase."""
+    number = as_number(value)
+    if number is not None:
+        return any(math.isclose(float(m), number) for m in _NUMBER_RE.findall(text))
+    if isinstance(value, bool) or value is None:
+        return False
+    needle = str(value).strip().casefold()
+    if not needle:
+        return False
+    pattern = r"(?<![a-z0-9])" + re.escape(needle) + r"(?![a-z0-9])"
+    return re.search(pattern, text.casefold()) is not None
+
+
+def format_value(value: Any) -> str:
+    """A value as the agent writes it: strings with spaces quoted, booleans as yes/no."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return f"'{value}'" if " " in value else value
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- tools
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a tool."""
+
+    name: str
+    schema: dict[str, Any]
+    required: bool
+
+    @property
+    def type(self) -> str | None:
+        kind = self.schema.get("type")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), None)
+        return kind if isinstance(kind, str) else None
+
+    @property
+    def description(self) -> str:
+        return str(self.schema.get("description") or "")
+
+    @property
+    def name_words(self) -> list[str]:
+        return words(self.name)
+
+    @property
+    def is_identifier(self) -> bool:
+        """Names a thing by an opaque key, which only an earlier output (or a stated id) can supply."""
+        ws = self.name_words
+        return bool(ws) and (ws[-1] in {"id", "ids", "sku", "uuid", "key"} or "identifier" in words(self.description))
+
+    @property
+    def entity(self) -> list[str]:
+        """What an identifier points at: ``book_id`` -> ['book']."""
+        return [term(w) for w in self.name_words if w not in {"id", "ids", "uuid", "key"}]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """The parts of an OpenAI tool the rules read."""
+
+    name: str
+    description: str
+    params: tuple[Param, ...]
+
+    @property
+    def required(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.required)
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    def name_terms(self) -> list[str]:
+        return terms(self.name)
+
+    def description_terms(self) -> list[str]:
+        return terms(self.description)
+
+    def param_terms(self) -> list[str]:
+        return [t for p in self.params for t in terms(f"{p.name} {p.description}")]
+
+    def all_terms(self) -> set[str]:
+        return {*self.name_terms(), *self.description_terms(), *self.param_terms()}
+
+
+def read_tools(tools: Sequence[dict[str, Any]]) -> dict[str, ToolSpec]:
+    """OpenAI tools (``{"type": "function", "function": {...}}`` or bare functions) by name."""
+    specs: dict[str, ToolSpec] = {}
+    for tool in tools:
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = set(schema.get("required") or [])
+        params = tuple(
+            Param(name, prop if isinstance(prop, dict) else {}, name in required) for name, prop in props.items()
+        )
+        specs[fn["name"]] = ToolSpec(fn["name"], str(fn.get("description") or ""), params)
+    return specs
+
+
+def tool_relevance(task: str, specs: dict[str, ToolSpec]) -> dict[str, float]:
+    """IDF-weighted overlap of task terms with each tool: name x3, description x1, parameter docs x0.5."""
+    task_terms = set(terms(task))
+    docs = {name: spec.all_terms() for name, spec in specs.items()}
+    n = max(len(specs), 1)
+    scores: dict[str, float] = {}
+    for name, spec in specs.items():
+        places = ((3.0, spec.name_terms()), (1.0, spec.description_terms()), (0.5, spec.param_terms()))
+        score = 0.0
+        for t in task_terms:
+            weight = max((w for w, ts in places if has_term(t, ts)), default=0.0)
+            if weight:
+                df = sum(1 for doc in docs.values() if has_term(t, doc))
+                score += weight * math.log(1 + n / max(df, 1))
+        scores[name] = score
+    return scores
+
+
+def distinctive_matches(task: str, spec: ToolSpec, specs: dict[str, ToolSpec]) -> tuple[int, int]:
+    """Task terms matching the tool's name / description that not every tool shares."""
+    task_terms = set(terms(task))
+    docs = [s.all_terms() for s in specs.values()]
+    distinctive = {t for t in task_terms if sum(1 for d in docs if has_term(t, d)) < len(docs)}
+    in_name = sum(1 for t in distinctive if has_term(t, spec.name_terms()))
+    in_description = sum(1 for t in distinctive if has_term(t, spec.description_terms()))
+    return in_name, in_description
+
+
+def relevant_to_task(task: str, spec: ToolSpec) -> bool:
+    """The tool's documentation shares at least one content term with the task."""
+    doc = spec.all_terms()
+    return any(has_term(t, doc) for t in set(terms(task)))
+
+
+# --------------------------------------------------------------------------- messages and results
+
+_TRANSIENT_RE = re.compile(
+    r"time[d]?[ -]?out|timed out|unreachable|unavailable|connection (?:refused|reset|error|closed)|"
+    r"temporar|try again|\b50[234]\b|\b429\b",
+    re.IGNORECASE,
+)
+_ERROR_TEXT_RE = re.compile(r"^\s*(?:error|exception|failed|failure|traceback)\b", re.IGNORECASE)
+_FAILURE_WORDS = frozenset(
+    "fail failed failure error errors timeout timed unreachable unavailable retry retrying again could "
+    "unable".split()
+)
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message (string content or text parts)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return None
+
+
+def failure_kind(text: str) -> str | None:
+    """None for a valid tool response; 'transient' (timeout, unreachable...) or 'error' for a failure.
+
+    A failure is a JSON object with a truthy top-level ``error`` (or ``isError: true``), or a plain-text
+    response that starts with an error word or reports a timeout / unreachable service.
+    """
+    data = parse_json(text)
+    if isinstance(data, dict):
+        failed = bool(data.get("error")) or data.get("isError") is True
+    elif data is not None:
+        failed = False
+    else:
+        failed = bool(_ERROR_TEXT_RE.match(text) or _TRANSIENT_RE.search(text))
+    if not failed:
+        return None
+    return "transient" if _TRANSIENT_RE.search(text) else "error"
+
+
+def acknowledges_failure(text: str) -> bool:
+    """The text says that something failed, timed out or will be retried."""
+    return any(w in _FAILURE_WORDS for w in words(text)) or "could not" in text.lower()
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One tool call issued by an assistant message."""
+
+    index: int
+    """0-based position among all tool calls of the messages."""
+    message: int
+    """Index of the issuing assistant message in the message list."""
+    call_id: str
+    name: str
+    arguments: dict[str, Any] | None
+    """Parsed arguments; None when they were not a JSON object."""
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One tool message."""
+
+    call_id: str
+    name: str
+    message: int
+    text: str
+    data: Any
+    failure: str | None
+    """None when the call succeeded, else 'transient' or 'error'."""
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def parse_arguments(raw: Any) -> dict[str, Any] | None:
+    """OpenAI tool-call arguments (a JSON string, or already a dict) as a dict."""
+    data = parse_json(raw) if isinstance(raw, str) else raw
+    return data if isinstance(data, dict) else None
+
+
+def read_calls(messages: Sequence[dict[str, Any]]) -> list[CallRecord]:
+    """Every tool call in message order, calls of one message in their listed order."""
+    calls: list[CallRecord] = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            calls.append(
+                CallRecord(
+                    index=len(calls),
+                    message=i,
+                    call_id=str(call.get("id") or f"call_{len(calls)}"),
+                    name=str(fn.get("name") or ""),
+                    arguments=parse_arguments(fn.get("arguments")),
+                )
+            )
+    return calls
+
+
+def read_results(messages: Sequence[dict[str, Any]]) -> dict[str, ResultRecord]:
+    """Tool messages by the id of the call they answer."""
+    results: dict[str, ResultRecord] = {}
+    for i, message in enumerate(messages):
+        if message.get("role") != "tool":
+            continue
+        text = message_text(message)
+        call_id = str(message.get("tool_call_id") or "")
+        results[call_id] = ResultRecord(
+            call_id, str(message.get("name") or ""), i, text, parse_json(text), failure_kind(text)
+        )
+    return results
+
+
+def is_round(message: dict[str, Any]) -> bool:
+    """An assistant message that issues at least one tool call."""
+    return message.get("role") == "assistant" and bool(message.get("tool_calls"))
+
+
+def first_user_text(messages: Sequence[dict[str, Any]]) -> str:
+    return next((message_text(m) for m in messages if m.get("role") == "user"), "")
+
+
+def canonical_arguments(arguments: dict[str, Any] | None) -> str:
+    return json.dumps(arguments, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A scalar inside a JSON value."""
+
+    path: tuple[str | int, ...]
+    key: str
+    """Last object key on the path ('' for a bare scalar)."""
+    value: Any
+
+
+def leaves(data: Any, path: tuple[str | int, ...] = ()) -> list[Leaf]:
+    """Scalars of a JSON value in document order."""
+    if isinstance(data, dict):
+        return [leaf for k, v in data.items() for leaf in leaves(v, (*path, str(k)))]
+    if isinstance(data, list):
+        return [leaf for i, v in enumerate(data) for leaf in leaves(v, (*path, i))]
+    key = next((p for p in reversed(path) if isinstance(p, str)), "")
+    return [Leaf(path, key, data)]
+
+
+def informative(leaf: Leaf) -> bool:
+    """A leaf worth reporting: a number, or a string of two characters or more (not a bool/null)."""
+    if isinstance(leaf.value, bool) or leaf.value is None:
+        return False
+    if isinstance(leaf.value, int | float):
+        return True
+    return isinstance(leaf.value, str) and len(leaf.value.strip()) >= 2
+
+
+def result_key_values(result: ResultRecord, task: str, arguments: dict[str, Any] | None) -> list[Any]:
+    """What a successful result tells that its caller did not already know.
+
+    Informative scalars of the result, minus values the task states and values that merely echo the
+    call's own arguments (a search result repeating the author asked for says nothing new).
+    """
+    echoes = [v for leaf in leaves(arguments or {}) for v in [leaf.value]]
+    out = []
+    for leaf in leaves(result.data if result.data is not None else result.text):
+        if not informative(leaf) or mentions(task, leaf.value):
+            continue
+        if any(_same_value(leaf.value, e) for e in echoes):
+            continue
+        out.append(leaf.value)
+    return out
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    na, nb = as_number(a), as_number(b)
+    if na is not None and nb is not None:
+        return math.isclose(na, nb)
+    return str(a).strip().casefold() == str(b).strip().casefold()
+
+
+# --------------------------------------------------------------------------- grounding
+
+
+@dataclass
+class Evidence:
+    """What argument values may legitimately come from: the task and earlier successful outputs."""
+
+    task: str
+    outputs: list[Any] = field(default_factory=list)
+
+    def output_strings(self) -> list[str]:
+        return [str(leaf.value).casefold() for data in self.outputs for leaf in leaves(data) if leaf.value is not None]
+
+    def output_numbers(self) -> list[float]:
+        out = []
+        for data in self.outputs:
+            for leaf in leaves(data):
+                number = as_number(leaf.value)
+                if number is not None:
+                    out.append(number)
+        return out
+
+    def tokens(self) -> set[str]:
+        found = set(words(self.task))
+        for text in self.output_strings():
+            found.update(words(text))
+        return found
+
+
+def grounded(value: Any, param: Param | None, evidence: Evidence) -> bool:
+    """Whether an argument value is stated in the task, returned by an earlier output or fixed by the schema."""
+    schema = param.schema if param else {}
+    if isinstance(value, bool) or value is None:
+        return True
+    if "enum" in schema and value in schema["enum"]:
+        return True
+    if "default" in schema and value == schema["default"]:
+        return True
+    if isinstance(value, list):
+        item = Param(param.name, schema.get("items") or {}, False) if param else None
+        return all(grounded(v, item, evidence) for v in value)
+    if isinstance(value, dict):
+        return all(grounded(v, None, evidence) for v in value.values())
+    number = as_number(value)
+    if number is not None:
+        known = number_tokens(evidence.task) | set(evidence.output_numbers())
+        return any(math.isclose(number, k) for k in known)
+    text = str(value).strip().casefold()
+    if not text or text in evidence.task.casefold():
+        return True
+    if any(text in s for s in evidence.output_strings()):
+        return True
+    content = [w for w in words(text) if w not in _STOPWORDS]
+    return bool(content) and set(content) <= evidence.tokens()
+
+
+def type_ok(value: Any, param: Param) -> bool:
+    """The value has the parameter's JSON type (untyped parameters accept anything)."""
+    checks: dict[str, Callable[[Any], bool]] = {
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+        "array": lambda v: isinstance(v, list),
+        "object": lambda v: isinstance(v, dict),
+    }
+    check = checks.get(param.type or "")
+    if check is not None and not check(value):
+        return False
+    enum = param.schema.get("enum")
+    return not (isinstance(enum, list) and value not in enum)
+
+
+def call_problems(call: CallRecord, specs: dict[str, ToolSpec], evidence: Evidence) -> list[str]:
+    """Why a call is not an executable, grounded step (empty when it is)."""
+    spec = specs.get(call.name)
+    if spec is None:
+        return [f"{call.name or '<unnamed>'} is not an offered tool"]
+    if call.arguments is None:
+        return [f"{call.name}: arguments are not a JSON object"]
+    problems = [f"{call.name}: missing required {p.name}" for p in spec.required if p.name not in call.arguments]
+    for name, value in call.arguments.items():
+        param = spec.param(name)
+        if param is None:
+            problems.append(f"{call.name}: unknown argument {name}")
+        elif not type_ok(value, param):
+            problems.append(f"{call.name}: {name}={format_value(value)} does not fit the schema")
+        elif not grounded(value, param, evidence):
+            problems.append(f"{call.name}: {name}={format_value(value)} appears in neither the task nor an earlier output")
+    if not relevant_to_task(evidence.task, spec) and not _uses_output(call, evidence):
+        problems.append(f"{call.name} has nothing to do with the task")
+    return problems
+
+
+def _uses_output(call: CallRecord, evidence: Evidence) -> bool:
+    outputs = Evidence(task="", outputs=evidence.outputs)
+    values = [leaf.value for leaf in leaves(call.arguments or {})]
+    return any(not isinstance(v, bool) and v is not None and grounded(v, None, outputs) and str(v).strip() for v in values)
+
+
+# --------------------------------------------------------------------------- the policy: planning
+
+
+def plan_tools(task: str, specs: dict[str, ToolSpec]) -> list[str]:
+    """Tools the task needs: matched ones and, before them, the tools that produce the ids they need."""
+    scores = tool_relevance(task, specs)
+    picked = []
+    for name, spec in specs.items():
+        in_name, in_description = distinctive_matches(task, spec, specs)
+        if in_name >= 1 or in_description >= 2:
+            picked.append(name)
+    if not picked and scores and max(scores.values()) > 0:
+        picked = [max(scores, key=lambda n: scores[n])]
+    ordered: list[str] = []
+    for name in picked:
+        _with_providers(name, task, specs, ordered, depth=0)
+    return ordered
+
+
+def _with_providers(name: str, task: str, specs: dict[str, ToolSpec], ordered: list[str], depth: int) -> None:
+    """Append ``name`` after the tools that can produce its unstated identifiers."""
+    if name in ordered or depth > 3:
+        return
+    task_values = stated_values(task)
+    for param in specs[name].required:
+        if param.is_identifier and not any(v.kind in {"id", "number", "code"} for v in task_values):
+            provider = _provider(param, name, specs)
+            if provider:
+                _with_providers(provider, task, specs, ordered, depth + 1)
+    if name not in ordered:
+        ordered.append(name)
+
+
+def _provider(param: Param, consumer: str, specs: dict[str, ToolSpec]) -> str | None:
+    """The tool that likely returns ``param``: one its description names, else a search/list tool of its entity."""
+    for other in specs:
+        if other != consumer and other in param.description:
+            return other
+    for other, spec in specs.items():
+        if other == consumer:
+            continue
+        name_terms = spec.name_terms()
+        if any(t in {"search", "list"} for t in name_terms) and all(has_term(e, spec.all_terms()) for e in param.entity):
+            return other
+    return None
+
+
+# --------------------------------------------------------------------------- the policy: arguments
+
+_KIND_HINTS: dict[str, set[str]] = {
+    "date": {"date", "day", "start", "end", "from", "to", "check", "in", "out", "since", "until", "arrival", "departure", "when", "time"},
+    "path": {"path", "file", "directory", "dir", "folder"},
+    "code": {"code", "symbol", "ticker", "currency", "iso", "country", "language", "exchange"},
+    "quoted": {"query", "q", "title", "name", "author", "keyword", "keywords", "term", "text", "content", "search", "topic", "subject", "tag", "tags", "message", "body"},
+    "proper": {"city", "name", "location", "place", "country", "destination", "origin", "author", "title", "address", "region", "town", "company", "query"},
+    "number": {"amount", "quantity", "count", "number", "value", "total", "sum", "price", "guests", "people", "persons", "limit", "size", "days", "nights", "rating", "age", "year"},
+    "url": {"url", "link", "website", "page"},
+    "email": {"email", "mail", "recipient", "to"},
+}
+_QUERY_WORDS = {"query", "q", "keyword", "keywords", "term", "search", "text", "topic"}
+
+
+def _param_hints(param: Param) -> set[str]:
+    return {term(w) for w in param.name_words} | {w for w in param.name_words}
+
+
+def _candidate_score(value: TextValue, param: Param, n_numeric_params: int, n_numbers: int) -> float:
+    """Evidence that a stated value fills a parameter; 0 when its type cannot."""
+    kind = param.type
+    number = value.number
+    if kind in {"integer", "number"}:
+        if number is None or (kind == "integer" and not number.is_integer()):
+            return 0.0
+    elif kind in {"boolean", "object"}:
+        return 0.0
+    if param.is_identifier and (value.kind not in {"id", "number", "code"} and not (value.kind == "quoted" and " " not in value.text and any(c.isdigit() for c in value.text))):
+        return 0.0
+    score = 1.0
+    name_terms = _param_hints(param)
+    context = [term(w) for w in (*value.before, *(value.after if value.kind in {"number", "date"} else ()))]
+    raw_context = {*value.before, *value.after}
+    score += 2.0 * sum(1 for t in set(context) if has_term(t, name_terms) and t not in _STOPWORDS)
+    score += 2.0 * len(raw_context & set(param.name_words) & {"from", "to", "in", "out"})
+    desc_terms = set(terms(param.description))
+    score += 0.5 * sum(1 for t in set(context) if t in desc_terms)
+    hints = _KIND_HINTS.get(value.kind, set())
+    if hints & set(param.name_words) or (value.kind == "date" and param.schema.get("format") in {"date", "date-time"}):
+        score += 2.0
+    if value.kind == "number" and kind in {"integer", "number"} and n_numeric_params == 1 and n_numbers == 1:
+        score += 1.0
+    example = re.search(r"e\.g\.,?\s*['\"]?([^'\",)]+)", param.description)
+    if example and _shape(example.group(1).strip()) == _shape(value.text):
+        score += 1.0
+    return score
+
+
+def _shape(text: str) -> str:
+    if _DATE_RE.fullmatch(text):
+        return "date"
+    if re.fullmatch(r"[A-Z]{2,6}", text):
+        return "code"
+    if text.startswith("/"):
+        return "path"
+    if re.fullmatch(r"-?\d+(?:\.\d+)?", text):
+        return "number"
+    return "text"
+
+
+def _convert(value: TextValue, param: Param) -> Any:
+    number = value.number
+    if param.type == "integer" and number is not None:
+        return int(number)
+    if param.type == "number" and number is not None:
+        return number if not number.is_integer() else int(number)
+    if param.type == "array":
+        return [value.text]
+    return value.text
+
+
+def task_arguments(spec: ToolSpec, task: str) -> dict[str, Any]:
+    """Arguments of ``spec`` that the task states: enum mentions, booleans named by the task, matched values."""
+    values = stated_values(task)
+    task_words = set(words(task))
+    args: dict[str, Any] = {}
+    for param in spec.params:
+        enum = param.schema.get("enum")
+        if isinstance(enum, list) and param.type != "integer" and param.type != "number":
+            hit = next((e for e in enum if isinstance(e, str) and mentions(task, e.replace("_", " "))), None)
+            hit = hit or next((e for e in enum if isinstance(e, str) and mentions(task, e)), None)
+            if hit is not None:
+                args[param.name] = hit
+        elif param.type == "boolean":
+            named = [w for w in param.name_words if w not in _STOPWORDS and w not in {"include", "is", "only"}]
+            if named and set(named) <= task_words:
+                args[param.name] = True
+    open_params = [p for p in spec.params if p.name not in args and p.type not in {"boolean", "object"}]
+    numeric = [p for p in open_params if p.type in {"integer", "number"}]
+    numbers = [v for v in values if v.kind == "number"]
+    scored = []
+    for p_order, param in enumerate(open_params):
+        for v_order, value in enumerate(values):
+            if isinstance(param.schema.get("enum"), list) and _convert(value, param) not in param.schema["enum"]:
+                continue
+            score = _candidate_score(value, param, len(numeric), len(numbers))
+            threshold = 2.0 if param.required else 3.0
+            if score >= threshold:
+                scored.append((-score, p_order, v_order, param, value))
+    used: set[int] = set()
+    for _, _, v_order, param, value in sorted(scored, key=lambda s: (s[0], s[1], s[2])):
+        if param.name in args or v_order in used:
+            continue
+        args[param.name] = _convert(value, param)
+        used.add(v_order)
+    return args
+
+
+def output_argument(param: Param, consumer: str, observations: Sequence[tuple[str, Any]]) -> Any:
+    """A value for ``param`` from earlier successful outputs (most recent first, first list item first)."""
+    best: tuple[float, int, int, Any] | None = None
+    param_terms = {term(w) for w in param.name_words}
+    for recency, (tool, data) in enumerate(reversed(observations)):
+        for position, leaf in enumerate(leaves(data)):
+            value = leaf.value
+            if value is None or isinstance(value, bool):
+                continue
+            if param.type in {"integer", "number"} and as_number(value) is None:
+                continue
+            score = 0.0
+            if leaf.key == param.name:
+                score = 3.0
+            elif param.is_identifier and leaf.key in {"id", "uuid", "key"}:
+                context = {term(w) for p in leaf.path if isinstance(p, str) for w in words(p)} | set(terms(tool))
+                if all(has_term(e, context) for e in param.entity):
+                    score = 2.5
+            elif leaf.key and {term(w) for w in words(leaf.key)} == param_terms:
+                score = 2.0
+            if score and (best is None or (score, -recency, -position) > (best[0], -best[1], -best[2])):
+                best = (score, recency, position, value)
+    if best is None:
+        return None
+    value = best[3]
+    if param.type == "string" and not isinstance(value, str):
+        return json.dumps(value) if not isinstance(value, int | float) else str(value)
+    if param.type == "integer" and as_number(value) is not None:
+        return int(float(value))
+    return value
+
+
+def _query_phrase(spec: ToolSpec, task: str) -> str | None:
+    """For a free-text search parameter the task gives no value for: its content words, tool words out."""
+    tool_words = {term(w) for w in words(f"{spec.name} {spec.description}")}
+    values = " ".join(v.text for v in stated_values(task))
+    kept = [
+        w
+        for w in words(task)
+        if w not in _STOPWORDS and w not in _REQUEST_WORDS and len(w) > 1 and not w.isdigit()
+        and term(w) not in tool_words and w not in words(values)
+    ]
+    return " ".join(kept[:4]) or None
+
+
+def fill_arguments(
+    spec: ToolSpec, task: str, observations: Sequence[tuple[str, Any]]
+) -> tuple[dict[str, Any], list[str]]:
+    """Arguments for one call of ``spec`` and the required parameters still without a value."""
+    stated = task_arguments(spec, task)
+    args: dict[str, Any] = {}
+    missing: list[str] = []
+    for param in spec.params:
+        value = None
+        if param.is_identifier:
+            value = output_argument(param, spec.name, observations) if param.required else None
+            value = value if value is not None else stated.get(param.name)
+        else:
+            value = stated.get(param.name)
+            if value is None and param.required:
+                value = output_argument(param, spec.name, observations)
+            if value is None and param.required and param.type in {"string", None} and set(param.name_words) & _QUERY_WORDS:
+                value = _query_phrase(spec, task)
+        if value is not None:
+            args[param.name] = value
+        elif param.required:
+            missing.append(param.name)
+    return args, missing
+
+
+# --------------------------------------------------------------------------- the policy: turns
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A call made earlier in the conversation and what came back."""
+
+    call: CallRecord
+    result: ResultRecord | None
+
+
+def _attempts(messages: Sequence[dict[str, Any]]) -> list[Attempt]:
+    results = read_results(messages)
+    return [Attempt(c, results.get(c.call_id)) for c in read_calls(messages)]
+
+
+def describe_data(data: Any, *, items: int = 1, limit: int = 6) -> str:
+    """Key values of a tool output: top-level scalars and the first ``items`` entries of each list."""
+    parts: list[str] = []
+    for leaf in leaves(data):
+        if any(isinstance(p, int) and p >= items for p in leaf.path):
+            continue
+        if leaf.value is None or (isinstance(leaf.value, str) and not leaf.value.strip()):
+            continue
+        if len(parts) >= limit * items:
+            break
+        label = leaf.key or "value"
+        parts.append(f"{label} {format_value(leaf.value)}")
+    return ", ".join(parts) if parts else "an empty result"
+
+
+def _describe_call(name: str, arguments: dict[str, Any] | None) -> str:
+    shown = ", ".join(f"{k}={format_value(v)}" for k, v in (arguments or {}).items())
+    return f"{name}({shown})"
+
+
+def _describe_result(attempt: Attempt, *, items: int) -> str:
+    result = attempt.result
+    if result is None:
+        return f"{attempt.call.name} gave no response"
+    if not result.ok:
+        reason = "a timeout or unreachable service" if result.failure == "transient" else "an error"
+        return f"{attempt.call.name} failed with {reason}"
+    data = result.data if result.data is not None else result.text
+    return f"{attempt.call.name} returned {describe_data(data, items=items)}"
+
+
+def agent_turn(inputs: AgentTurnInput, rng: random.Random) -> AgentTurn:
+    """One assistant turn: the next parallel round of useful calls, or the final answer."""
+    task = first_user_text(inputs.messages)
+    if not task.strip():
+        raise Undecidable("no user task in the conversation")
+    specs = read_tools(inputs.tools)
+    attempts = _attempts(inputs.messages)
+    observations = [
+        (a.call.name, a.result.data if a.result.data is not None else a.result.text)
+        for a in attempts
+        if a.result is not None and a.result.ok
+    ]
+    plan = plan_tools(task, specs)
+    calls: list[PlannedCall] = []
+    retries: list[str] = []
+    blocked: dict[str, list[str]] = {}
+    for name in plan:
+        mine = [a for a in attempts if a.call.name == name]
+        if any(a.result is not None and a.result.ok for a in mine):
+            continue
+        if mine:
+            last = mine[-1]
+            if len(mine) < 2 and last.result is not None and last.result.failure == "transient":
+                calls.append(PlannedCall(name=name, arguments=dict(last.call.arguments or {})))
+                retries.append(name)
+            continue
+        args, missing = fill_arguments(specs[name], task, observations)
+        if missing:
+            blocked[name] = missing
+            continue
+        calls.append(PlannedCall(name=name, arguments=args))
+    calls = _unique(calls)
+    if calls:
+        return AgentTurn(content=_round_content(task, attempts, calls, retries, blocked, rng), tool_calls=calls)
+    return AgentTurn(content=_final_answer(task, attempts, blocked, plan, rng), tool_calls=[])
+
+
+def _unique(calls: list[PlannedCall]) -> list[PlannedCall]:
+    seen: set[str] = set()
+    out = []
+    for call in calls:
+        key = call.name + canonical_arguments(call.arguments)
+        if key not in seen:
+            seen.add(key)
+            out.append(call)
+    return out
+
+
+def _round_content(
+    task: str,
+    attempts: list[Attempt],
+    calls: list[PlannedCall],
+    retries: list[str],
+    blocked: dict[str, list[str]],
+    rng: random.Random,
+) -> str:
+    lines = []
+    if not attempts:
+        opener = rng.choice(("I understand the task as:", "The request is:", "You asked:"))
+        lines.append(f"{opener} {task.strip()}")
+    else:
+        last_round = max(a.call.message for a in attempts)
+        latest = [a for a in attempts if a.call.message == last_round]
+        lines.append("From the latest results: " + "; ".join(_describe_result(a, items=1) for a in latest) + ".")
+    planned = [f"{_describe_call(c.name, c.arguments)}" for c in calls if c.name not in retries]
+    if planned:
+        lines.append("Now I call " + " and ".join(planned) + ("" if len(planned) == 1 else ", in parallel") + ".")
+    for name in retries:
+        lines.append(f"The call to {name} failed, so I retry it once with the same arguments.")
+    waiting = [name for name in blocked]
+    if waiting:
+        lines.append("Then " + " and ".join(waiting) + " with values taken from these results.")
+    return "\n".join(lines)
+
+
+def _final_answer(
+    task: str, attempts: list[Attempt], blocked: dict[str, list[str]], plan: list[str], rng: random.Random
+) -> str:
+    if not plan:
+        return (
+            f"You asked: {task.strip()}\nNone of the offered tools fits this request, so I cannot answer it "
+            "with tool results."
+        )
+    lines = [f"You asked: {task.strip()}", rng.choice(("Here is what the tools returned:", "Results:"))]
+    final: dict[str, Attempt] = {}
+    for attempt in attempts:
+        key = attempt.call.name + canonical_arguments(attempt.call.arguments)
+        previous = final.get(key)
+        if previous is None or previous.result is None or not previous.result.ok:
+            final[key] = attempt
+    for attempt in final.values():
+        lines.append(f"- {_describe_call(attempt.call.name, attempt.call.arguments)}: {_describe_result(attempt, items=3)}.")
+    for name, missing in blocked.items():
+        lines.append(f"- I could not call {name}: no value for {', '.join(missing)}.")
+    return "\n".join(lines)
+
+
+def _agent_rule(inputs: BaseModel, rng: random.Random) -> BaseModel:
+    if not isinstance(inputs, AgentTurnInput):
+        raise TypeError(f"agent_policy expects AgentTurnInput, got {type(inputs).__name__}")
+    return agent_turn(inputs, rng)
+
+
+RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {AGENT_POLICY.name: _agent_rule}

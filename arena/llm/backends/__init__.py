@@ -1,0 +1,143 @@
+"""LLM backends and the ``ARENA_LLM`` URL that picks one.
+
+Accepted values of ``ARENA_LLM`` (``ArenaSettings.llm``):
+
+``rules``
+    The offline, deterministic rule-based synthesiser (default).
+``openai://host:port/v1?model=M`` (``openais://`` for https)
+    Any OpenAI-compatible server (vLLM, SGLang, ``transformers serve``, ...).
+``hf:///abs/path/to/model``
+    transformers in this process, from a local folder (never downloads).
+``vllm:///abs/path/to/model``
+    An in-process vLLM engine (GPU extra: ``pip install 'arena[gpu]'``).
+
+Each backend module imports its heavy dependencies (httpx, transformers, vllm) only when it is
+used, so ``import arena.llm.backends`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Literal
+from urllib.parse import parse_qs, urlparse
+
+from pydantic import BaseModel, Field
+
+from arena.llm.core import TransientError
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
+    from arena.llm.core import Backend
+
+ACCEPTED_FORMS = (
+    "rules | openai://host:port/v1?model=M | openais://host/v1?model=M | hf:///path/to/model | "
+    "vllm:///path/to/model"
+)
+
+
+class BackendError(RuntimeError):
+    """A backend failure that retrying cannot fix (HTTP 4xx, a missing model, a bad setting)."""
+
+
+class RetryAfter(TransientError):
+    """A retryable failure where the server said how long to wait (HTTP 429/503 ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after_s: float | None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """Seconds the server asked for; ``None`` when absent or too long to honour."""
+
+
+class LlmTarget(BaseModel):
+    """A parsed ``ARENA_LLM`` value."""
+
+    kind: Annotated[
+        Literal["rules", "openai", "hf", "vllm"], Field(description="Which backend serves the roles.")
+    ]
+    base_url: Annotated[str | None, Field(description="OpenAI API root, e.g. http://127.0.0.1:8000/v1.")] = (
+        None
+    )
+    model: Annotated[str | None, Field(description="Model id sent to the server (``openai`` only).")] = None
+    path: Annotated[str | None, Field(description="Local model folder (``hf`` and ``vllm``).")] = None
+
+
+def _bad(url: str, why: str) -> ValueError:
+    return ValueError(f"ARENA_LLM={url!r} is not a valid LLM backend ({why}); accepted: {ACCEPTED_FORMS}")
+
+
+def _parse_openai(url: str, secure: bool) -> LlmTarget:
+    parsed = urlparse(url)
+    if not parsed.hostname:
+        raise _bad(url, "no host")
+    if parsed.username or parsed.password:
+        raise _bad(url, "put the API key in ARENA_LLM_API_KEY, not in the URL")
+    try:
+        port = parsed.port
+    except ValueError as exc:
+        raise _bad(url, "bad port") from exc
+    query = parse_qs(parsed.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"model"})
+    if unknown:
+        raise _bad(url, f"unknown query parameter(s) {', '.join(unknown)}")
+    models = [m for m in query.get("model", []) if m.strip()]
+    if len(models) != 1:
+        raise _bad(url, "needs exactly one ?model=NAME")
+    host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+    netloc = host if port is None else f"{host}:{port}"
+    path = parsed.path.rstrip("/") or "/v1"
+    scheme = "https" if secure else "http"
+    return LlmTarget(kind="openai", base_url=f"{scheme}://{netloc}{path}", model=models[0])
+
+
+def _parse_local(url: str, kind: Literal["hf", "vllm"]) -> LlmTarget:
+    parsed = urlparse(url)
+    if parsed.netloc:
+        raise _bad(url, f"use an absolute path with three slashes: {kind}:///path/to/model")
+    if parsed.query or parsed.params or parsed.fragment:
+        raise _bad(url, f"{kind}:// takes only a path")
+    if not parsed.path or parsed.path == "/":
+        raise _bad(url, "no model path")
+    return LlmTarget(kind=kind, path=parsed.path)
+
+
+def parse_llm_url(url: str) -> LlmTarget:
+    """Parse an ``ARENA_LLM`` value; raise ``ValueError`` naming the accepted forms."""
+    value = url.strip()
+    if value == "rules":
+        return LlmTarget(kind="rules")
+    scheme = urlparse(value).scheme if "://" in value else ""
+    if scheme == "openai":
+        return _parse_openai(value, secure=False)
+    if scheme == "openais":
+        return _parse_openai(value, secure=True)
+    if scheme in ("hf", "vllm"):
+        return _parse_local(value, scheme)  # type: ignore[arg-type]
+    raise _bad(url, f"unknown scheme {scheme!r}" if scheme else "not a known backend")
+
+
+def make_backend(settings: ArenaSettings) -> Backend:
+    """The backend ``settings.llm`` names, configured from the other ``llm_*`` settings."""
+    target = parse_llm_url(settings.llm)
+    if target.kind == "rules":
+        from arena.llm.backends.rules import RulesBackend
+
+        return RulesBackend(seed=settings.seed)
+    if target.kind == "openai":
+        from arena.llm.backends.openai import OpenAIBackend
+
+        assert target.base_url is not None and target.model is not None
+        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+        return OpenAIBackend(
+            target.base_url,
+            target.model,
+            api_key=key,
+            concurrency=settings.llm_concurrency,
+            timeout_s=settings.llm_timeout_s,
+        )
+    assert target.path is not None
+    if target.kind == "hf":
+        from arena.llm.backends.hf import HfBackend
+
+        return HfBackend(target.path)
+    from arena.llm.backends.vllm import VllmBackend
+
+    return VllmBackend(target.path, seed=settings.seed)

@@ -1,0 +1,174 @@
+"""The ``openai`` backend: any OpenAI-compatible chat-completions server over HTTP.
+
+Bounded concurrency (a semaphore per backend, i.e. per process), one timeout per request,
+guided JSON through ``response_format`` (``json_schema``, strict), token accounting from the
+response's ``usage``. Failures a retry can fix (HTTP 408/425/429/5xx, connection errors,
+timeouts, a garbled 200 body) raise ``TransientError``; the gateway backs off and retries.
+Other 4xx raise ``BackendError``.
+
+Servers without structured output: some OpenAI-compatible servers answer 400 to
+``response_format``. Then the same request is sent once more without it; if that succeeds, the
+role is marked unguided for the rest of the process (logged once) and later requests for it go
+without ``response_format``. Every role's prompt states its JSON contract in words and the
+gateway validates every answer, so unguided output still ends valid or as ``InvalidOutput``.
+Servers that silently ignore ``response_format`` (``transformers serve`` 5.x) need nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from arena.config import redact_url
+from arena.llm.backends import BackendError, RetryAfter
+from arena.llm.core import Completion, CompletionRequest, TransientError, Usage
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def _retry_after_s(response: httpx.Response, limit_s: float) -> float | None:
+    """``Retry-After`` in seconds (number or HTTP date), or None when absent, bad or above ``limit_s``."""
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    if seconds < 0:
+        return 0.0
+    return seconds if seconds <= limit_s else None
+
+
+def _error_text(response: httpx.Response) -> str:
+    """A short excerpt of an error body (servers put the reason there; never headers)."""
+    return " ".join(response.text.split())[:300]
+
+
+class OpenAIBackend:
+    """Chat completions against ``base_url`` (e.g. ``http://127.0.0.1:8000/v1``)."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        concurrency: int = 8,
+        timeout_s: float = 60.0,
+        max_retry_after_s: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.max_retry_after_s = max_retry_after_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        )
+        self._slots = asyncio.Semaphore(concurrency)
+        self._unguided: set[str] = set()
+        """Roles whose ``response_format`` this server rejected (sent without it from then on)."""
+
+    def __repr__(self) -> str:  # no API key here, ever
+        return f"OpenAIBackend({redact_url(self.base_url)!r}, model={self.model!r}, concurrency={self.concurrency})"
+
+    def body(self, request: CompletionRequest, guided: bool = True) -> dict[str, Any]:
+        """The JSON body of ``POST /chat/completions`` for ``request``."""
+        sampling = request.sampling
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": request.messages,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            # Retries after invalid output must not replay the same sample.
+            "seed": sampling.seed + request.attempt,
+        }
+        if guided:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": request.role.name, "schema": request.json_schema, "strict": True},
+            }
+        return body
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        guided = request.role.name not in self._unguided
+        async with self._slots:
+            response = await self._post(self.body(request, guided))
+            if response.status_code == 400 and guided:
+                response = await self._without_response_format(request, response)
+        return self._completion(response)
+
+    async def _without_response_format(
+        self, request: CompletionRequest, rejected: httpx.Response
+    ) -> httpx.Response:
+        """Retry a 400 once without ``response_format``; keep the first error if that fails too."""
+        retry = await self._post(self.body(request, guided=False))
+        if retry.status_code == 400:
+            return rejected
+        if retry.is_success:
+            self._unguided.add(request.role.name)
+            log.warning(
+                "LLM server %s rejected response_format for role %s (%s); sending it unguided from now on",
+                redact_url(self.base_url),
+                request.role.name,
+                _error_text(rejected),
+            )
+        return retry
+
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+        """One HTTP request under the per-request timeout; transport failures become transient."""
+        url = f"{self.base_url}/chat/completions"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._client.post(url, json=body)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise TransientError(f"LLM request timed out after {self.timeout_s:g}s") from exc
+        except httpx.TransportError as exc:
+            raise TransientError(f"LLM request failed: {type(exc).__name__}: {exc}") from exc
+
+    def _completion(self, response: httpx.Response) -> Completion:
+        status = response.status_code
+        if status in RETRYABLE_STATUS:
+            raise RetryAfter(
+                f"LLM server answered HTTP {status}: {_error_text(response)}",
+                _retry_after_s(response, self.max_retry_after_s),
+            )
+        if not response.is_success:
+            raise BackendError(
+                f"LLM server {redact_url(self.base_url)} answered HTTP {status} (not retryable): "
+                f"{_error_text(response)}"
+            )
+        try:
+            payload = response.json()
+            message = payload["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise TransientError(f"LLM server sent a malformed completion: {_error_text(response)}") from exc
+        usage = payload.get("usage") or {}
+        return Completion(
+            text=message.get("content") or "",
+            usage=Usage(
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                completion_tokens=int(usage.get("completion_tokens") or 0),
+            ),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

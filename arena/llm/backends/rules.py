@@ -1,0 +1,69 @@
+"""The ``rules`` backend: runs a role's rule function instead of an LLM.
+
+A rule gets the role's typed input and a ``random.Random`` seeded from (backend seed, role,
+input, attempt), so the same call always gives the same output and a retry after an invalid or
+undecidable output gets a fresh draw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Mapping
+
+from pydantic import BaseModel
+
+from arena.hashing import content_hash
+from arena.llm.core import Completion, CompletionRequest
+
+RuleFn = Callable[[BaseModel, random.Random], BaseModel]
+
+
+class UnknownRole(LookupError):
+    """The rules backend has no rule for a role (a wiring bug, not a retryable failure)."""
+
+
+class RulesBackend:
+    """Deterministic, seeded rule-based synthesis behind the Backend protocol."""
+
+    name = "rules"
+    model = "rules-v1"
+
+    def __init__(self, seed: int = 0, rules: Mapping[str, RuleFn] | None = None) -> None:
+        if rules is None:
+            # Imported here: the rule modules import role definitions, which may import the gateway.
+            from arena.llm.rules import RULES
+
+            rules = RULES
+        self.seed = seed
+        self._rules: dict[str, RuleFn] = dict(rules)
+
+    def __repr__(self) -> str:
+        return f"RulesBackend(seed={self.seed}, roles={len(self._rules)})"
+
+    def rng_for(self, request: CompletionRequest) -> random.Random:
+        """The generator a rule gets for ``request``: one stream per (seed, role, input, attempt)."""
+        key = content_hash(
+            {
+                "seed": self.seed,
+                "role": request.role.name,
+                "inputs": request.inputs.model_dump(mode="json"),
+                "attempt": request.attempt,
+            },
+            length=16,
+        )
+        return random.Random(int(key, 16))
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        rule = self._rules.get(request.role.name)
+        if rule is None:
+            known = ", ".join(sorted(self._rules)) or "none"
+            raise UnknownRole(
+                f"the rules backend has no rule for role {request.role.name!r} (known: {known})"
+            )
+        # Rules are plain CPU code; keep them off the event loop. ``Undecidable`` propagates.
+        output = await asyncio.to_thread(rule, request.inputs, self.rng_for(request))
+        return Completion(text=output.model_dump_json())
+
+    async def aclose(self) -> None:
+        return None
