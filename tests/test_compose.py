@@ -35,12 +35,29 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 ARENA_IMAGE = "arena"
 
+SFT_WORKER = (
+    "worker",
+    *(
+        arg
+        for name in (
+            "chains",
+            "tasks-from-chains",
+            "tasks-from-servers",
+            "trajectories",
+            "trajectories-scored",
+            "samples-sft",
+        )
+        for arg in ("--stage", name)
+    ),
+)
+
 # Every `arena ...` command the deployment may run; the CLI tests must exercise each.
 ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
     {
         ("topics", "create"),
         ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         ("worker", "--stage", "lake-sink"),
+        SFT_WORKER,
         ("train",),
     }
 )
@@ -131,6 +148,7 @@ def test_validates_against_compose_spec(compose: PyCompose) -> None:
         "topics",
         "worker",
         "lake-sink",
+        "sft-worker",
         "trainer",
     }
     assert expected <= set(spec.services)
@@ -150,12 +168,13 @@ def test_arena_services(raw: dict[str, Any]) -> None:
         "topics": ("topics", "create"),
         "worker": ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         "lake-sink": ("worker", "--stage", "lake-sink"),
+        "sft-worker": SFT_WORKER,
         "trainer": ("train",),
     }
     assert raw["services"]["trainer"]["profiles"] == ["train"]  # `arena train` lands later
     assert raw["services"]["vllm"]["profiles"] == ["gpu"]
     assert raw["services"]["topics"]["restart"] == "no"
-    for name in ("worker", "lake-sink"):
+    for name in ("worker", "sft-worker", "lake-sink"):
         deps = raw["services"][name]["depends_on"]
         assert deps["topics"]["condition"] == "service_completed_successfully"
         assert deps["kafka"]["condition"] == "service_healthy"

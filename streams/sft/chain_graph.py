@@ -12,6 +12,7 @@ visited in sorted order, so the same graph and seed give the same walks.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any
@@ -95,7 +96,7 @@ class TransitionGraph:
         if self._edges is None:
             edges: dict[tuple[str, str], int] = {}
             for tools in self._chains.values():
-                pairs = {(a, b) for a, b in zip(tools, tools[1:], strict=False)}
+                pairs = set(itertools.pairwise(tools))
                 for a, b in pairs:
                     if a in self._nodes and b in self._nodes:
                         edges[(a, b)] = edges.get((a, b), 0) + 1
@@ -140,9 +141,7 @@ class TransitionGraph:
         """
         starts = self.start_counts()
         out = {a for a, _ in self._derive()}
-        return {
-            v: starts[v] + START_SMOOTHING for v in self.nodes if min_length <= 1 or v in out
-        }
+        return {v: starts[v] + START_SMOOTHING for v in self.nodes if min_length <= 1 or v in out}
 
     # ----------------------------------------------------------------------------------- walks
 
@@ -211,4 +210,6 @@ class TransitionGraph:
         return graph
 
     def __repr__(self) -> str:
-        return f"TransitionGraph(nodes={len(self._nodes)}, chains={len(self._chains)}, edges={len(self.edges)})"
+        return (
+            f"TransitionGraph(nodes={len(self._nodes)}, chains={len(self._chains)}, edges={len(self.edges)})"
+        )

@@ -257,7 +257,9 @@ def verify_dependencies(chain: list[NormalizedTool], task_text: str, slots: list
         for arg in required_arguments(tool):
             value = _stated(slots, name, arg.name, folded)
             if value is not None:
-                deps.append(Dependency(step=step, tool=name, argument=arg.name, source="task", provider=value))
+                deps.append(
+                    Dependency(step=step, tool=name, argument=arg.name, source="task", provider=value)
+                )
                 continue
             provider = output_provider(chain, step, arg)
             source = "output" if provider is not None else "unsupported"

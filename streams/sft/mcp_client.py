@@ -22,14 +22,13 @@ import time
 from types import TracebackType
 from typing import Any, Literal, Self
 
-import jsonschema
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallToolResult, TextContent
 
 from arena.records.tools import McpEndpoint
 from streams.sft.normalize import sanitize_tool_name
-from streams.sft.tool_pool import ErrorKind, ToolResult
+from streams.sft.tool_pool import ErrorKind, ToolResult, schema_errors
 
 log = logging.getLogger(__name__)
 
@@ -225,26 +224,6 @@ class McpToolSession:
             return _failure("unreachable", f"Error: MCP server unreachable: {exc.message}", "mcp")
         kind: ErrorKind = "bad_arguments" if exc.code == INVALID_PARAMS else "tool_error"
         return _failure(kind, f"Error {exc.code}: {exc.message}", "mcp")
-
-
-def schema_errors(value: Any, schema: dict[str, Any], limit: int = 5) -> list[str]:
-    """Violations of ``schema`` by ``value`` as short messages ([] = valid); formats are not checked.
-
-    A schema the validator cannot use (invalid, unresolvable ``$ref``) yields no
-    violations: a broken doc must not block every call of its tool.
-    """
-    try:
-        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        cls.check_schema(schema)
-        errors = sorted(cls(schema).iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path])
-    except Exception as exc:  # jsonschema raises several unrelated types for unusable schemas
-        log.debug("unusable schema, not validating: %s", _describe(exc))
-        return []
-    out = []
-    for err in errors[:limit]:
-        where = ".".join(str(p) for p in err.absolute_path)
-        out.append(f"{where}: {err.message}" if where else err.message)
-    return out
 
 
 def _failure(kind: ErrorKind, text: str, source: Literal["mcp", "none"]) -> ToolResult:

@@ -13,9 +13,11 @@ returns a ``ToolResult`` whose ``error_kind`` says what went wrong.
 
 from __future__ import annotations
 
+import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Self
 
+import jsonschema
 from pydantic import BaseModel, Field
 
 from arena.config import ArenaSettings
@@ -23,6 +25,8 @@ from arena.records.sft import ServerRef
 
 if TYPE_CHECKING:
     from arena.llm.gateway import Gateway
+
+log = logging.getLogger(__name__)
 
 ErrorKind = Literal["timeout", "unreachable", "tool_error", "unknown_tool", "bad_arguments"]
 """Why a call failed; ``timeout`` and ``unreachable`` are transient, the others are the caller's or the tool's."""
@@ -68,6 +72,26 @@ class ToolSession(Protocol):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+
+def schema_errors(value: Any, schema: dict[str, Any], limit: int = 5) -> list[str]:
+    """Violations of ``schema`` by ``value`` as short messages ([] = valid); formats are not checked.
+
+    A schema the validator cannot use (invalid, unresolvable ``$ref``) yields no
+    violations: a broken doc must not block every call of its tool.
+    """
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+        errors = sorted(cls(schema).iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path])
+    except Exception as exc:  # jsonschema raises several unrelated types for unusable schemas
+        log.debug("unusable schema, not validating: %s: %s", type(exc).__name__, exc)
+        return []
+    out = []
+    for err in errors[:limit]:
+        where = ".".join(str(p) for p in err.absolute_path)
+        out.append(f"{where}: {err.message}" if where else err.message)
+    return out
 
 
 async def open_session(

@@ -23,6 +23,7 @@ trajectory the same way.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -50,6 +51,34 @@ _REQUEST_WORDS = frozenset(
     list fetch retrieve lookup would could please me""".split()
 )
 """Verbs of asking: not part of what a query is about (ignored by the key terms of a request)."""
+_ACTION_VERBS = frozenset(
+    """convert create add delete remove update change set book reserve cancel order buy send move copy
+    write read calculate compute compare track list search find get show check tell give open close
+    is are was what which how when where who why can could would please i my we our""".split()
+)
+"""Words that open a sentence without naming anything (never a proper noun when capitalised)."""
+_GENERIC_VERBS = frozenset(
+    {"search", "get", "list", "check", "create", "update", "delete", "set", "calculate"}
+)
+"""Canonical verbs most tools of a server share: weak evidence of relevance on their own."""
+_SIDE_EFFECTS = frozenset(
+    {
+        "create",
+        "update",
+        "delete",
+        "set",
+        "book",
+        "reserve",
+        "order",
+        "buy",
+        "send",
+        "move",
+        "write",
+        "checkout",
+        "pay",
+    }
+)
+"""A tool named with one of these changes state: the agent calls it only when the task asks for it."""
 
 _SYNONYMS = {
     "find": "search",
@@ -66,6 +95,12 @@ _SYNONYMS = {
     "display": "get",
     "view": "get",
     "read": "get",
+    "now": "current",
+    "currently": "current",
+    "detail": "get",
+    "details": "get",
+    "info": "get",
+    "information": "get",
     "verify": "check",
     "confirm": "check",
     "whether": "check",
@@ -169,10 +204,14 @@ _QUOTED_RE = re.compile(r"\"([^\"]{1,200})\"|“([^”]{1,200})”|(?<![\w])'([^
 _PATH_RE = re.compile(r"(?<![\w])/[\w.\-]+(?:/[\w.\-]+)*/?")
 _URL_RE = re.compile(r"https?://[^\s'\"]+")
 _EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+")
-_ID_RE = re.compile(r"(?<![\w\-])(?=[\w\-]*\d)(?=[\w\-]*[A-Za-z])[A-Za-z0-9]+(?:[\-_][A-Za-z0-9]+)+(?![\w\-])|"
-                    r"(?<![\w\-])(?=[A-Za-z]*\d)[A-Za-z]+\d[A-Za-z0-9]*(?![\w\-])")
+_ID_RE = re.compile(
+    r"(?<![\w\-])(?=[\w\-]*\d)(?=[\w\-]*[A-Za-z])[A-Za-z0-9]+(?:[\-_][A-Za-z0-9]+)+(?![\w\-])|"
+    r"(?<![\w\-])(?=[A-Za-z]*\d)[A-Za-z]+\d[A-Za-z0-9]*(?![\w\-])"
+)
 _CODE_RE = re.compile(r"(?<![\w\-])[A-Z]{2,6}(?![\w\-])")
-_PROPER_RE = re.compile(r"(?<![\w'])[A-Z][a-zA-Z]+(?:[ -](?:[A-Z][a-zA-Z]+|de|da|del|la|le|van|von))*(?![\w])")
+_PROPER_RE = re.compile(
+    r"(?<![\w'])[A-Z][a-zA-Z]+(?:[ -](?:[A-Z][a-zA-Z]+|de|da|del|la|le|van|von))*(?![\w])"
+)
 
 
 @dataclass(frozen=True)
@@ -227,8 +266,9 @@ def stated_values(text: str) -> list[TextValue]:
     ]
     for kind, pattern in passes:
         for m in pattern.finditer(text):
-            if free(m.start(), m.end()):
-                add(kind, m.group(0), m.start(), m.end())
+            value = m.group(0).rstrip(".") if kind == "path" else m.group(0)
+            if value and free(m.start(), m.start() + len(value)):
+                add(kind, value, m.start(), m.start() + len(value))
     for m in _PROPER_RE.finditer(text):
         if not free(m.start(), m.end()):
             continue
@@ -242,8 +282,12 @@ def stated_values(text: str) -> list[TextValue]:
 def _strip_common_words(phrase: str) -> str:
     """Drop capitalised sentence openers such as 'Find' or 'The' from a proper-noun phrase."""
     parts = phrase.split(" ")
-    while parts and (parts[0].lower() in _STOPWORDS or parts[0].lower() in _REQUEST_WORDS
-                     or parts[0].lower() in _SYNONYMS):
+    while parts and (
+        parts[0].lower() in _STOPWORDS
+        or parts[0].lower() in _REQUEST_WORDS
+        or parts[0].lower() in _SYNONYMS
+        or parts[0].lower() in _ACTION_VERBS
+    ):
         parts = parts[1:]
     return " ".join(parts)
 
@@ -319,7 +363,9 @@ class Param:
     def is_identifier(self) -> bool:
         """Names a thing by an opaque key, which only an earlier output (or a stated id) can supply."""
         ws = self.name_words
-        return bool(ws) and (ws[-1] in {"id", "ids", "sku", "uuid", "key"} or "identifier" in words(self.description))
+        return bool(ws) and (
+            ws[-1] in {"id", "ids", "sku", "uuid", "key"} or "identifier" in words(self.description)
+        )
 
     @property
     def entity(self) -> list[str]:
@@ -362,11 +408,14 @@ def read_tools(tools: Sequence[dict[str, Any]]) -> dict[str, ToolSpec]:
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             continue
-        schema = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        raw_schema = fn.get("parameters")
+        schema: dict[str, Any] = raw_schema if isinstance(raw_schema, dict) else {}
+        raw_props = schema.get("properties")
+        props: dict[str, Any] = raw_props if isinstance(raw_props, dict) else {}
         required = set(schema.get("required") or [])
         params = tuple(
-            Param(name, prop if isinstance(prop, dict) else {}, name in required) for name, prop in props.items()
+            Param(name, prop if isinstance(prop, dict) else {}, name in required)
+            for name, prop in props.items()
         )
         specs[fn["name"]] = ToolSpec(fn["name"], str(fn.get("description") or ""), params)
     return specs
@@ -388,16 +437,6 @@ def tool_relevance(task: str, specs: dict[str, ToolSpec]) -> dict[str, float]:
                 score += weight * math.log(1 + n / max(df, 1))
         scores[name] = score
     return scores
-
-
-def distinctive_matches(task: str, spec: ToolSpec, specs: dict[str, ToolSpec]) -> tuple[int, int]:
-    """Task terms matching the tool's name / description that not every tool shares."""
-    task_terms = set(terms(task))
-    docs = [s.all_terms() for s in specs.values()]
-    distinctive = {t for t in task_terms if sum(1 for d in docs if has_term(t, d)) < len(docs)}
-    in_name = sum(1 for t in distinctive if has_term(t, spec.name_terms()))
-    in_description = sum(1 for t in distinctive if has_term(t, spec.description_terms()))
-    return in_name, in_description
 
 
 def relevant_to_task(task: str, spec: ToolSpec) -> bool:
@@ -608,7 +647,12 @@ class Evidence:
     outputs: list[Any] = field(default_factory=list)
 
     def output_strings(self) -> list[str]:
-        return [str(leaf.value).casefold() for data in self.outputs for leaf in leaves(data) if leaf.value is not None]
+        return [
+            str(leaf.value).casefold()
+            for data in self.outputs
+            for leaf in leaves(data)
+            if leaf.value is not None
+        ]
 
     def output_numbers(self) -> list[float]:
         out = []
@@ -677,7 +721,9 @@ def call_problems(call: CallRecord, specs: dict[str, ToolSpec], evidence: Eviden
         return [f"{call.name or '<unnamed>'} is not an offered tool"]
     if call.arguments is None:
         return [f"{call.name}: arguments are not a JSON object"]
-    problems = [f"{call.name}: missing required {p.name}" for p in spec.required if p.name not in call.arguments]
+    problems = [
+        f"{call.name}: missing required {p.name}" for p in spec.required if p.name not in call.arguments
+    ]
     for name, value in call.arguments.items():
         param = spec.param(name)
         if param is None:
@@ -685,7 +731,9 @@ def call_problems(call: CallRecord, specs: dict[str, ToolSpec], evidence: Eviden
         elif not type_ok(value, param):
             problems.append(f"{call.name}: {name}={format_value(value)} does not fit the schema")
         elif not grounded(value, param, evidence):
-            problems.append(f"{call.name}: {name}={format_value(value)} appears in neither the task nor an earlier output")
+            problems.append(
+                f"{call.name}: {name}={format_value(value)} appears in neither the task nor an earlier output"
+            )
     if not relevant_to_task(evidence.task, spec) and not _uses_output(call, evidence):
         problems.append(f"{call.name} has nothing to do with the task")
     return problems
@@ -694,52 +742,115 @@ def call_problems(call: CallRecord, specs: dict[str, ToolSpec], evidence: Eviden
 def _uses_output(call: CallRecord, evidence: Evidence) -> bool:
     outputs = Evidence(task="", outputs=evidence.outputs)
     values = [leaf.value for leaf in leaves(call.arguments or {})]
-    return any(not isinstance(v, bool) and v is not None and grounded(v, None, outputs) and str(v).strip() for v in values)
+    return any(
+        not isinstance(v, bool) and v is not None and grounded(v, None, outputs) and str(v).strip()
+        for v in values
+    )
 
 
 # --------------------------------------------------------------------------- the policy: planning
 
 
+_CLAUSE_RE = re.compile(r",|;|\.(?:\s|$)|\?|!|\b(?:and|then|also|after that)\b", re.IGNORECASE)
+_MIN_RELEVANCE = 1.0
+"""A clause's best tool must score at least this (one distinctive term in a description is not enough)."""
+_NEAR_BEST = 0.75
+
+
+def clauses(task: str) -> list[tuple[int, int]]:
+    """Spans of the task's requests, split at commas, 'and', 'then'... (quoted values never split)."""
+    masked = task
+    for value in stated_values(task):
+        if value.kind == "quoted":
+            masked = masked[: value.start] + "x" * (value.end - value.start) + masked[value.end :]
+    cuts = [0, *(m.start() for m in _CLAUSE_RE.finditer(masked)), len(task)]
+    return [(a, b) for a, b in itertools.pairwise(cuts) if terms(task[a:b])]
+
+
+Span = tuple[int, int]
+
+
+def picked_tools(task: str, specs: dict[str, ToolSpec]) -> dict[str, list[Span]]:
+    """Per request (clause) the tools that match it best, with the spans of the requests they serve."""
+    picked: dict[str, list[Span]] = {}
+    for start, end in clauses(task) or [(0, len(task))]:
+        clause = task[start:end]
+        scores = tool_relevance(clause, specs)
+        best = max(scores.values(), default=0.0)
+        if best < _MIN_RELEVANCE:
+            continue
+        asked = set(terms(clause)) | set(words(clause))
+        for name, score in scores.items():
+            if score >= _NEAR_BEST * best and _allowed(specs[name], asked):
+                picked.setdefault(name, []).append((start, end))
+    if not picked:
+        scores = tool_relevance(task, specs)
+        if scores and max(scores.values()) > 0:
+            picked = {max(scores, key=lambda n: scores[n]): []}
+    return picked
+
+
 def plan_tools(task: str, specs: dict[str, ToolSpec]) -> list[str]:
-    """Tools the task needs: matched ones and, before them, the tools that produce the ids they need."""
-    scores = tool_relevance(task, specs)
-    picked = []
-    for name, spec in specs.items():
-        in_name, in_description = distinctive_matches(task, spec, specs)
-        if in_name >= 1 or in_description >= 2:
-            picked.append(name)
-    if not picked and scores and max(scores.values()) > 0:
-        picked = [max(scores, key=lambda n: scores[n])]
+    """Tools the task needs: the best match of each of its requests, after the tools producing their inputs."""
     ordered: list[str] = []
-    for name in picked:
+    for name in picked_tools(task, specs):
         _with_providers(name, task, specs, ordered, depth=0)
     return ordered
 
 
+def _allowed(spec: ToolSpec, asked: set[str]) -> bool:
+    """A state-changing tool (its name starts with such a verb) only when the request names the action."""
+    first = words(spec.name)[:1]
+    actions = {w for w in first if w in _SIDE_EFFECTS} | {term(w) for w in first if term(w) in _SIDE_EFFECTS}
+    return all(a in asked for a in actions)
+
+
 def _with_providers(name: str, task: str, specs: dict[str, ToolSpec], ordered: list[str], depth: int) -> None:
-    """Append ``name`` after the tools that can produce its unstated identifiers."""
+    """Append ``name`` after the tools that can produce the required inputs the task does not state."""
     if name in ordered or depth > 3:
         return
-    task_values = stated_values(task)
+    stated = task_arguments(specs[name], task)
+    asked = set(terms(task)) | set(words(task))
+    providers = []
     for param in specs[name].required:
-        if param.is_identifier and not any(v.kind in {"id", "number", "code"} for v in task_values):
-            provider = _provider(param, name, specs)
-            if provider:
-                _with_providers(provider, task, specs, ordered, depth + 1)
+        if param.name in stated or set(param.name_words) & _QUERY_WORDS:
+            continue
+        provider = _provider(param, name, specs, asked)
+        if provider is None:
+            if param.is_identifier:
+                return  # nothing the task allows can produce this id: the tool is out of reach
+            continue
+        providers.append(provider)
+    for provider in providers:
+        _with_providers(provider, task, specs, ordered, depth + 1)
     if name not in ordered:
         ordered.append(name)
 
 
-def _provider(param: Param, consumer: str, specs: dict[str, ToolSpec]) -> str | None:
-    """The tool that likely returns ``param``: one its description names, else a search/list tool of its entity."""
-    for other in specs:
-        if other != consumer and other in param.description:
+def _provider(param: Param, consumer: str, specs: dict[str, ToolSpec], asked: set[str]) -> str | None:
+    """The tool the task allows that likely returns ``param``.
+
+    First one its description names ("Hotel identifier from searchHotels"); for an identifier, a
+    search/list tool about its entity; else one whose description promises the value ("... turn a
+    place name into latitude/longitude") without needing it itself.
+    """
+    others = {n: s for n, s in specs.items() if n != consumer and _allowed(s, asked)}
+    for other in others:
+        if re.search(rf"\b{re.escape(other)}\b", param.description):
             return other
-    for other, spec in specs.items():
-        if other == consumer:
-            continue
-        name_terms = spec.name_terms()
-        if any(t in {"search", "list"} for t in name_terms) and all(has_term(e, spec.all_terms()) for e in param.entity):
+    if param.is_identifier:
+        for other, spec in others.items():
+            if any(t in {"search", "list"} for t in spec.name_terms()) and all(
+                has_term(e, spec.all_terms()) for e in param.entity
+            ):
+                return other
+    wanted = [term(w) for w in param.name_words if w not in {"id", "ids"}]
+    for other, spec in others.items():
+        if (
+            spec.param(param.name) is None
+            and wanted
+            and all(has_term(w, spec.description_terms()) for w in wanted)
+        ):
             return other
     return None
 
@@ -747,12 +858,80 @@ def _provider(param: Param, consumer: str, specs: dict[str, ToolSpec]) -> str | 
 # --------------------------------------------------------------------------- the policy: arguments
 
 _KIND_HINTS: dict[str, set[str]] = {
-    "date": {"date", "day", "start", "end", "from", "to", "check", "in", "out", "since", "until", "arrival", "departure", "when", "time"},
+    "date": {
+        "date",
+        "day",
+        "start",
+        "end",
+        "from",
+        "to",
+        "check",
+        "in",
+        "out",
+        "since",
+        "until",
+        "arrival",
+        "departure",
+        "when",
+        "time",
+    },
     "path": {"path", "file", "directory", "dir", "folder"},
     "code": {"code", "symbol", "ticker", "currency", "iso", "country", "language", "exchange"},
-    "quoted": {"query", "q", "title", "name", "author", "keyword", "keywords", "term", "text", "content", "search", "topic", "subject", "tag", "tags", "message", "body"},
-    "proper": {"city", "name", "location", "place", "country", "destination", "origin", "author", "title", "address", "region", "town", "company", "query"},
-    "number": {"amount", "quantity", "count", "number", "value", "total", "sum", "price", "guests", "people", "persons", "limit", "size", "days", "nights", "rating", "age", "year"},
+    "quoted": {
+        "query",
+        "q",
+        "title",
+        "name",
+        "author",
+        "keyword",
+        "keywords",
+        "term",
+        "text",
+        "content",
+        "search",
+        "topic",
+        "subject",
+        "tag",
+        "tags",
+        "message",
+        "body",
+    },
+    "proper": {
+        "city",
+        "name",
+        "location",
+        "place",
+        "country",
+        "destination",
+        "origin",
+        "author",
+        "title",
+        "address",
+        "region",
+        "town",
+        "company",
+        "query",
+    },
+    "number": {
+        "amount",
+        "quantity",
+        "count",
+        "number",
+        "value",
+        "total",
+        "sum",
+        "price",
+        "guests",
+        "people",
+        "persons",
+        "limit",
+        "size",
+        "days",
+        "nights",
+        "rating",
+        "age",
+        "year",
+    },
     "url": {"url", "link", "website", "page"},
     "email": {"email", "mail", "recipient", "to"},
 }
@@ -772,19 +951,26 @@ def _candidate_score(value: TextValue, param: Param, n_numeric_params: int, n_nu
             return 0.0
     elif kind in {"boolean", "object"}:
         return 0.0
-    if param.is_identifier and (value.kind not in {"id", "number", "code"} and not (value.kind == "quoted" and " " not in value.text and any(c.isdigit() for c in value.text))):
+    if param.is_identifier and (
+        value.kind not in {"id", "number", "code"}
+        and not (value.kind == "quoted" and " " not in value.text and any(c.isdigit() for c in value.text))
+    ):
         return 0.0
     score = 1.0
     name_terms = _param_hints(param)
     context = [term(w) for w in (*value.before, *(value.after if value.kind in {"number", "date"} else ()))]
-    raw_context = {*value.before, *value.after}
     score += 2.0 * sum(1 for t in set(context) if has_term(t, name_terms) and t not in _STOPWORDS)
-    score += 2.0 * len(raw_context & set(param.name_words) & {"from", "to", "in", "out"})
-    desc_terms = set(terms(param.description))
+    if value.before and value.before[-1] in {"from", "to", "in", "out"} & set(param.name_words):
+        score += 2.0  # "from 2025-06-01", "to EUR": the preposition names the parameter
+    desc_terms = set(terms(re.sub(r"e\.g\..*", "", param.description)))
     score += 0.5 * sum(1 for t in set(context) if t in desc_terms)
     hints = _KIND_HINTS.get(value.kind, set())
-    if hints & set(param.name_words) or (value.kind == "date" and param.schema.get("format") in {"date", "date-time"}):
+    if hints & set(param.name_words) or (
+        value.kind == "date" and param.schema.get("format") in {"date", "date-time"}
+    ):
         score += 2.0
+    if value.kind in {"quoted", "proper"} and set(param.name_words) & _QUERY_WORDS:
+        score += 1.0
     if value.kind == "number" and kind in {"integer", "number"} and n_numeric_params == 1 and n_numbers == 1:
         score += 1.0
     example = re.search(r"e\.g\.,?\s*['\"]?([^'\",)]+)", param.description)
@@ -816,8 +1002,11 @@ def _convert(value: TextValue, param: Param) -> Any:
     return value.text
 
 
-def task_arguments(spec: ToolSpec, task: str) -> dict[str, Any]:
-    """Arguments of ``spec`` that the task states: enum mentions, booleans named by the task, matched values."""
+def task_arguments(spec: ToolSpec, task: str, focus: Sequence[Span] = ()) -> dict[str, Any]:
+    """Arguments of ``spec`` that the task states: enum mentions, booleans named by the task, matched values.
+
+    ``focus`` are the spans of the requests the tool serves: values inside them are preferred.
+    """
     values = stated_values(task)
     task_words = set(words(task))
     args: dict[str, Any] = {}
@@ -829,7 +1018,9 @@ def task_arguments(spec: ToolSpec, task: str) -> dict[str, Any]:
             if hit is not None:
                 args[param.name] = hit
         elif param.type == "boolean":
-            named = [w for w in param.name_words if w not in _STOPWORDS and w not in {"include", "is", "only"}]
+            named = [
+                w for w in param.name_words if w not in _STOPWORDS and w not in {"include", "is", "only"}
+            ]
             if named and set(named) <= task_words:
                 args[param.name] = True
     open_params = [p for p in spec.params if p.name not in args and p.type not in {"boolean", "object"}]
@@ -838,12 +1029,17 @@ def task_arguments(spec: ToolSpec, task: str) -> dict[str, Any]:
     scored = []
     for p_order, param in enumerate(open_params):
         for v_order, value in enumerate(values):
-            if isinstance(param.schema.get("enum"), list) and _convert(value, param) not in param.schema["enum"]:
+            if (
+                isinstance(param.schema.get("enum"), list)
+                and _convert(value, param) not in param.schema["enum"]
+            ):
                 continue
             score = _candidate_score(value, param, len(numeric), len(numbers))
-            threshold = 2.0 if param.required else 3.0
-            if score >= threshold:
-                scored.append((-score, p_order, v_order, param, value))
+            if score < (2.0 if param.required else 3.0):
+                continue
+            if any(a <= value.start < b for a, b in focus):
+                score += 2.0  # ranks values of the tool's own request first; never admits one
+            scored.append((-score, p_order, v_order, param, value))
     used: set[int] = set()
     for _, _, v_order, param, value in sorted(scored, key=lambda s: (s[0], s[1], s[2])):
         if param.name in args or v_order in used:
@@ -868,7 +1064,9 @@ def output_argument(param: Param, consumer: str, observations: Sequence[tuple[st
             if leaf.key == param.name:
                 score = 3.0
             elif param.is_identifier and leaf.key in {"id", "uuid", "key"}:
-                context = {term(w) for p in leaf.path if isinstance(p, str) for w in words(p)} | set(terms(tool))
+                context = {term(w) for p in leaf.path if isinstance(p, str) for w in words(p)} | set(
+                    terms(tool)
+                )
                 if all(has_term(e, context) for e in param.entity):
                     score = 2.5
             elif leaf.key and {term(w) for w in words(leaf.key)} == param_terms:
@@ -886,23 +1084,38 @@ def output_argument(param: Param, consumer: str, observations: Sequence[tuple[st
 
 
 def _query_phrase(spec: ToolSpec, task: str) -> str | None:
-    """For a free-text search parameter the task gives no value for: its content words, tool words out."""
-    tool_words = {term(w) for w in words(f"{spec.name} {spec.description}")}
-    values = " ".join(v.text for v in stated_values(task))
-    kept = [
-        w
-        for w in words(task)
-        if w not in _STOPWORDS and w not in _REQUEST_WORDS and len(w) > 1 and not w.isdigit()
-        and term(w) not in tool_words and w not in words(values)
-    ]
-    return " ".join(kept[:4]) or None
+    """For a free-text search parameter the task gives no value for: its first run of topic words.
+
+    Topic words are content words that are neither verbs, nor words of the tool's own doc, nor part
+    of a stated value; the run ends at the first word that is not one ("wireless headphones" in
+    "Search for wireless headphones under 100 EUR").
+    """
+    tool_terms = {term(w) for w in words(f"{spec.name} {spec.description}")}
+    value_words = {w for v in stated_values(task) for w in words(v.text)}
+    run: list[str] = []
+    for w in words(task):
+        topical = (
+            w not in _STOPWORDS
+            and w not in _REQUEST_WORDS
+            and w not in _ACTION_VERBS
+            and w not in _SYNONYMS
+            and len(w) > 1
+            and not w.isdigit()
+            and term(w) not in tool_terms
+            and w not in value_words
+        )
+        if topical:
+            run.append(w)
+        elif run and w not in _STOPWORDS:
+            break
+    return " ".join(run[:4]) or None
 
 
 def fill_arguments(
-    spec: ToolSpec, task: str, observations: Sequence[tuple[str, Any]]
+    spec: ToolSpec, task: str, observations: Sequence[tuple[str, Any]], focus: Sequence[Span] = ()
 ) -> tuple[dict[str, Any], list[str]]:
     """Arguments for one call of ``spec`` and the required parameters still without a value."""
-    stated = task_arguments(spec, task)
+    stated = task_arguments(spec, task, focus)
     args: dict[str, Any] = {}
     missing: list[str] = []
     for param in spec.params:
@@ -914,7 +1127,12 @@ def fill_arguments(
             value = stated.get(param.name)
             if value is None and param.required:
                 value = output_argument(param, spec.name, observations)
-            if value is None and param.required and param.type in {"string", None} and set(param.name_words) & _QUERY_WORDS:
+            if (
+                value is None
+                and param.required
+                and param.type in {"string", None}
+                and set(param.name_words) & _QUERY_WORDS
+            ):
                 value = _query_phrase(spec, task)
         if value is not None:
             args[param.name] = value
@@ -962,12 +1180,12 @@ def _describe_call(name: str, arguments: dict[str, Any] | None) -> str:
 def _describe_result(attempt: Attempt, *, items: int) -> str:
     result = attempt.result
     if result is None:
-        return f"{attempt.call.name} gave no response"
+        return "gave no response"
     if not result.ok:
         reason = "a timeout or unreachable service" if result.failure == "transient" else "an error"
-        return f"{attempt.call.name} failed with {reason}"
+        return f"failed with {reason}"
     data = result.data if result.data is not None else result.text
-    return f"{attempt.call.name} returned {describe_data(data, items=items)}"
+    return f"returned {describe_data(data, items=items)}"
 
 
 def agent_turn(inputs: AgentTurnInput, rng: random.Random) -> AgentTurn:
@@ -983,6 +1201,7 @@ def agent_turn(inputs: AgentTurnInput, rng: random.Random) -> AgentTurn:
         if a.result is not None and a.result.ok
     ]
     plan = plan_tools(task, specs)
+    focus = picked_tools(task, specs)
     calls: list[PlannedCall] = []
     retries: list[str] = []
     blocked: dict[str, list[str]] = {}
@@ -996,14 +1215,16 @@ def agent_turn(inputs: AgentTurnInput, rng: random.Random) -> AgentTurn:
                 calls.append(PlannedCall(name=name, arguments=dict(last.call.arguments or {})))
                 retries.append(name)
             continue
-        args, missing = fill_arguments(specs[name], task, observations)
+        args, missing = fill_arguments(specs[name], task, observations, focus.get(name, ()))
         if missing:
             blocked[name] = missing
             continue
         calls.append(PlannedCall(name=name, arguments=args))
     calls = _unique(calls)
     if calls:
-        return AgentTurn(content=_round_content(task, attempts, calls, retries, blocked, rng), tool_calls=calls)
+        return AgentTurn(
+            content=_round_content(task, attempts, calls, retries, blocked, rng), tool_calls=calls
+        )
     return AgentTurn(content=_final_answer(task, attempts, blocked, plan, rng), tool_calls=[])
 
 
@@ -1033,10 +1254,16 @@ def _round_content(
     else:
         last_round = max(a.call.message for a in attempts)
         latest = [a for a in attempts if a.call.message == last_round]
-        lines.append("From the latest results: " + "; ".join(_describe_result(a, items=1) for a in latest) + ".")
+        lines.append(
+            "From the latest results: "
+            + "; ".join(f"{a.call.name} {_describe_result(a, items=1)}" for a in latest)
+            + "."
+        )
     planned = [f"{_describe_call(c.name, c.arguments)}" for c in calls if c.name not in retries]
     if planned:
-        lines.append("Now I call " + " and ".join(planned) + ("" if len(planned) == 1 else ", in parallel") + ".")
+        lines.append(
+            "Now I call " + " and ".join(planned) + ("" if len(planned) == 1 else ", in parallel") + "."
+        )
     for name in retries:
         lines.append(f"The call to {name} failed, so I retry it once with the same arguments.")
     waiting = [name for name in blocked]
@@ -1061,7 +1288,9 @@ def _final_answer(
         if previous is None or previous.result is None or not previous.result.ok:
             final[key] = attempt
     for attempt in final.values():
-        lines.append(f"- {_describe_call(attempt.call.name, attempt.call.arguments)}: {_describe_result(attempt, items=3)}.")
+        lines.append(
+            f"- {_describe_call(attempt.call.name, attempt.call.arguments)}: {_describe_result(attempt, items=3)}."
+        )
     for name, missing in blocked.items():
         lines.append(f"- I could not call {name}: no value for {', '.join(missing)}.")
     return "\n".join(lines)

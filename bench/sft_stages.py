@@ -1,0 +1,95 @@
+"""SFT-track stage throughput on the `rules` backend, handlers run in-process (no broker).
+
+Each stage's handler runs over every output of the stage before it, starting
+from the bundled doc-only sample servers, so the figures are the stages' own
+cost (LLM gateway with its cache, emulator, judges) without Kafka. The
+end-to-end rate is sample servers in over the summed stage time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from arena.config import ArenaSettings
+from arena.demo import sample_tools_dir
+from arena.topics import topic
+from producers.publish_tools import raw_key
+from producers.tool_docs import load_tool_docs
+from streams.runtime import Context, Emit, StageDef, run_handler
+from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
+
+
+async def run_stage(stage: StageDef, inputs: list[tuple[str, BaseModel]], settings: ArenaSettings) -> tuple[list[Emit], float]:
+    """Every input through ``stage.handler``; returns all emits and the wall time."""
+    spec = topic(stage.input)
+    out: list[Emit] = []
+    started = time.perf_counter()
+    for key, record in inputs:
+        raw = record.model_dump_json().encode()
+        ctx = Context(stage.name, stage.version, spec, key, settings, raw)
+        out += await run_handler(stage, record, ctx, raw)
+    return out, time.perf_counter() - started
+
+
+def outputs(emits: list[Emit], name: str) -> list[tuple[str, BaseModel]]:
+    return [(e.key, e.value) for e in emits if e.topic == name]
+
+
+async def stage_figures(home: Path | None = None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = ArenaSettings(home=home or Path(tmp), llm="rules")
+        loaded = load_tool_docs([sample_tools_dir() / "good"])
+        current: list[tuple[str, BaseModel]] = [(raw_key(s), s) for s in loaded.servers]
+        plan = [
+            (tools_servers.STAGE, "tools.servers"),
+            (chains.STAGE, "chains"),
+            (tasks.CHAIN_STAGE, "tasks"),
+            (trajectories.STAGE, "trajectories"),
+            (trajectories_scored.STAGE, "trajectories.scored"),
+            (samples_sft.STAGE, "samples.sft"),
+        ]
+        servers: list[tuple[str, BaseModel]] = []
+        per_stage: dict[str, dict[str, float]] = {}
+        total_s = 0.0
+        for stage, produces in plan:
+            emits, wall = await run_stage(stage, current, settings)
+            total_s += wall
+            per_stage[stage.name] = {
+                "records_in": len(current),
+                "records_out": len(outputs(emits, produces)),
+                "side_records": sum(1 for e in emits if e.topic != produces),
+                "seconds": round(wall, 3),
+                "records_per_s": round(len(current) / wall, 2) if wall else 0.0,
+            }
+            current = outputs(emits, produces)
+            if stage is tools_servers.STAGE:
+                servers = current
+        emits, wall = await run_stage(tasks.SERVER_STAGE, servers, settings)
+        per_stage[tasks.SERVER_STAGE.name] = {
+            "records_in": len(servers),
+            "records_out": len(outputs(emits, "tasks")),
+            "side_records": sum(1 for e in emits if e.topic != "tasks"),
+            "seconds": round(wall, 3),
+            "records_per_s": round(len(servers) / wall, 2) if wall else 0.0,
+        }
+        return {
+            "backend": "rules",
+            "stages": per_stage,
+            "end_to_end": {
+                "tool_docs": len(loaded.servers),
+                "samples_sft": len(current),
+                "seconds": round(total_s, 3),
+                "tool_docs_per_s": round(len(loaded.servers) / total_s, 3) if total_s else 0.0,
+            },
+        }
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(stage_figures()), indent=2))

@@ -1,0 +1,229 @@
+"""The openai backend through the gateway, against a real scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from typing import Annotated
+
+import pytest
+from pydantic import BaseModel, Field
+
+from arena.llm.backends import BackendError
+from arena.llm.backends.openai import OpenAIBackend
+from arena.llm.core import InvalidOutput, Role, Sampling
+from arena.llm.gateway import Gateway
+from tests.fixtures import free_ports
+from tests.fixtures.openai_server import FailSpec, OpenAIServer, ServerScript, start_openai_server
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "sk-test-0123456789-secret"
+
+
+class Question(BaseModel):
+    """Input of the test role."""
+
+    text: Annotated[str, Field(description="A question.")]
+
+
+class Reply(BaseModel):
+    """Output of the test role."""
+
+    answer: Annotated[str, Field(description="The answer.")]
+    score: Annotated[float, Field(ge=0, le=1, description="Confidence.")]
+
+
+ASK = Role(
+    name="test_ask",
+    input=Question,
+    output=Reply,
+    system='Answer the question. Reply with one JSON object {"answer": string, "score": number in [0, 1]}.',
+    template="Question:\n{input}",
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[OpenAIServer]:
+    with start_openai_server() as running:
+        yield running
+
+
+def _gateway(
+    server: OpenAIServer, concurrency: int = 8, timeout_s: float = 10.0, max_attempts: int = 3
+) -> Gateway:
+    backend = OpenAIBackend(
+        server.base_url, "test-model", api_key=API_KEY, concurrency=concurrency, timeout_s=timeout_s
+    )
+    return Gateway(backend, max_attempts=max_attempts, backoff_s=0.05, max_backoff_s=0.2)
+
+
+def test_transient_failures_are_retried_with_backoff(
+    server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.configure(ServerScript(failures=[FailSpec(status=500), FailSpec(status=429, retry_after_s=0.3)]))
+
+    async def run() -> float:
+        gateway = _gateway(server)
+        started = time.monotonic()
+        answer = await gateway.call(ASK, Question(text="ok?"))
+        elapsed = time.monotonic() - started
+        assert answer.output == Reply(answer="ok", score=0.5) and not answer.cached
+        usage = gateway.usage.roles[ASK.name]
+        assert (usage.attempts, usage.retries, usage.transient_errors, usage.failures) == (3, 2, 2, 0)
+        await gateway.aclose()
+        return elapsed
+
+    with caplog.at_level(logging.DEBUG):
+        elapsed = asyncio.run(run())
+    stats = server.stats()
+    assert stats.statuses == [500, 429, 200]
+    assert elapsed >= 0.3  # the 429's Retry-After was honoured
+    assert API_KEY not in caplog.text  # retries are logged, the key never
+    assert "HTTP 500" in caplog.text
+
+
+def test_other_4xx_fail_at_once(server: OpenAIServer) -> None:
+    server.configure(ServerScript(failures=[FailSpec(status=401)]))
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        with pytest.raises(BackendError, match="HTTP 401") as info:
+            await gateway.call(ASK, Question(text="key?"))
+        assert API_KEY not in str(info.value)
+        assert gateway.usage.roles[ASK.name].failures == 1
+        await gateway.aclose()
+
+    asyncio.run(run())
+    assert server.stats().statuses == [401]
+
+
+def test_timeouts_are_retried_then_invalid_output(server: OpenAIServer) -> None:
+    server.configure(ServerScript(latency_s=3.0))
+
+    async def run() -> None:
+        gateway = _gateway(server, timeout_s=0.3, max_attempts=2)
+        started = time.monotonic()
+        with pytest.raises(InvalidOutput) as info:
+            await gateway.call(ASK, Question(text="slow?"))
+        assert time.monotonic() - started < 2.5
+        assert info.value.attempts == 2 and info.value.raw == ""
+        assert all("timed out after 0.3s" in e for e in info.value.errors)
+        assert gateway.usage.roles[ASK.name].transient_errors == 2
+        await gateway.aclose()
+
+    asyncio.run(run())
+    assert server.stats().requests == 2
+
+
+def test_concurrency_never_exceeds_the_limit(server: OpenAIServer) -> None:
+    server.configure(ServerScript(latency_s=0.25))
+
+    async def run() -> None:
+        gateway = _gateway(server, concurrency=4)
+        answers = await asyncio.gather(*(gateway.call(ASK, Question(text=f"q{i}")) for i in range(20)))
+        assert all(a.output.answer == "ok" for a in answers)
+        await gateway.aclose()
+
+    asyncio.run(run())
+    stats = server.stats()
+    assert stats.requests == 20
+    assert stats.max_in_flight == 4  # the limit, reached and never exceeded
+
+
+def test_request_carries_messages_sampling_and_json_schema(server: OpenAIServer) -> None:
+    server.configure()
+    inputs = Question(text="what is in the body?")
+    sampling = Sampling(temperature=0.3, top_p=0.9, max_tokens=77, seed=11)
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        await gateway.call(ASK, inputs, sampling)
+        await gateway.aclose()
+
+    asyncio.run(run())
+    stats = server.stats()
+    (body,) = stats.bodies
+    assert body["model"] == "test-model"
+    assert body["messages"] == ASK.messages(inputs)
+    assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (0.3, 0.9, 77, 11)
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "test_ask", "schema": Reply.model_json_schema(), "strict": True},
+    }
+    assert stats.authorization == [f"Bearer {API_KEY}"]
+
+
+def test_token_accounting_sums_server_usage(server: OpenAIServer) -> None:
+    server.configure(
+        ServerScript(
+            replies=[
+                '{"answer": "first", "score": 0.1}',
+                'Sure. {"answer": "a longer second one", "score": 1}',
+            ]
+        )
+    )
+
+    async def run() -> tuple[int, int, list[int]]:
+        gateway = _gateway(server)
+        answers = [await gateway.call(ASK, Question(text=f"count {i} tokens")) for i in range(5)]
+        total = gateway.usage.total
+        await gateway.aclose()
+        return total.prompt_tokens, total.completion_tokens, [a.usage.completion_tokens for a in answers]
+
+    prompt, completion, per_answer = asyncio.run(run())
+    stats = server.stats()
+    assert (prompt, completion) == (stats.prompt_tokens, stats.completion_tokens)
+    assert prompt > 0 and per_answer == [4, 8, 4, 8, 4]
+
+
+def test_invalid_replies_end_as_invalid_output_with_raw_text(server: OpenAIServer) -> None:
+    server.configure(ServerScript(replies=["I cannot answer that.", '{"answer": "x", "score": 7}']))
+
+    async def run() -> None:
+        gateway = _gateway(server, max_attempts=2)
+        with pytest.raises(InvalidOutput) as info:
+            await gateway.call(ASK, Question(text="bad?"))
+        assert info.value.raw == '{"answer": "x", "score": 7}'
+        assert "no JSON object" in info.value.errors[0] and "score" in info.value.errors[1]
+        bodies = server.stats().bodies
+        assert [b["seed"] for b in bodies] == [0, 1]  # each attempt samples afresh
+        await gateway.aclose()
+
+    asyncio.run(run())
+
+
+def test_server_rejecting_response_format_gets_unguided_requests(
+    server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.configure(ServerScript(reject_response_format=True))
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        first = await gateway.call(ASK, Question(text="one"))
+        second = await gateway.call(ASK, Question(text="two"))
+        assert first.output.answer == second.output.answer == "ok"
+        await gateway.aclose()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run())
+    stats = server.stats()
+    assert stats.statuses == [400, 200, 200]
+    assert ["response_format" in b for b in stats.bodies] == [True, False, False]
+    assert "sending it unguided" in caplog.text
+
+
+def test_connection_refused_is_transient() -> None:
+    (port,) = free_ports(1)  # nothing listens there
+
+    async def run() -> None:
+        backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", timeout_s=2)
+        gateway = Gateway(backend, max_attempts=2, backoff_s=0.01)
+        with pytest.raises(InvalidOutput) as info:
+            await gateway.call(ASK, Question(text="anyone?"))
+        assert all("ConnectError" in e for e in info.value.errors)
+        await gateway.aclose()
+
+    asyncio.run(run())
