@@ -201,9 +201,8 @@ def publish_mcp(
     """Publish a deployed MCP server: its live tools/list goes to `tools.raw`, calls go to the server."""
     import shlex
 
-    from producers.mcp_tools import fetch_mcp_server
-
     from arena.records.tools import McpEndpoint
+    from producers.mcp_tools import fetch_mcp_server
     from producers.publish import publish
     from producers.publish_tools import outgoing
 

@@ -201,15 +201,6 @@ class ArenaSettings(BaseSettings):
             description="Longest time the lake sink holds a partial batch before writing it.",
         ),
     ]
-    idle_fetch_backoff_s: Annotated[
-        float,
-        Field(
-            default=0.2,
-            ge=0,
-            le=5,
-            description="Idle consumers wait this long between empty fetches (brokers without long polling).",
-        ),
-    ]
     max_description_bytes: Annotated[
         int,
         Field(

@@ -9,7 +9,8 @@ varieties and close neighbours (Galician, Catalan, Walloon, Luxembourgish, ...)
 otherwise win short Spanish, French or German sentences by a hair. A text with no letters left
 gets ``default``, and so does one the model has no evidence on (a uniform
 ranking); a short, ambiguous one gets ``default`` when that language is among
-the close candidates, so "Book a table" stays English.
+the close candidates and the text is in Latin script, so "Book a table" stays
+English.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ AMBIGUOUS = 0.6
 _NOISE = re.compile(
     r"https?://\S+"  # URLs
     r"|\S+@\S+"  # e-mail addresses
-    r"|(?:[~.]?/[\w.-]+)+/?"  # paths
-    r"|\S*\d\S*"  # numbers, dates, ids, times (any token with a digit)
-    r"|\b\w+_\w+\b"  # snake_case identifiers
+    r"|(?:[~.]?/[A-Za-z0-9_.-]+)+/?"  # paths
+    r"|[A-Za-z0-9._:/+-]*\d[A-Za-z0-9._:/+-]*"  # numbers, dates, ids, times (ASCII runs with a digit)
+    r"|\b[A-Za-z0-9]+_[A-Za-z0-9_]+\b"  # snake_case identifiers
     r"|\*\.\w+"  # glob patterns
 )
 _lock = threading.Lock()
@@ -81,6 +82,7 @@ def detect_language(text: str, default: str = "en") -> str:
     if prob <= 2.0 / len(ranked):  # no n-gram evidence at all: the ranking is (near) uniform
         return default
     letters = sum(ch.isalpha() for ch in clean_text(text))
-    if letters < SHORT_LETTERS and prob < AMBIGUOUS and default in {code for code, _ in ranked[:3]}:
+    latin = sum(ch.isascii() for ch in clean_text(text) if ch.isalpha()) >= 0.8 * max(letters, 1)
+    if latin and letters < SHORT_LETTERS and prob < AMBIGUOUS and default in {c for c, _ in ranked[:3]}:
         return default
     return best

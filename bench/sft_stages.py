@@ -26,7 +26,9 @@ from streams.runtime import Context, Emit, StageDef, run_handler
 from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
 
 
-async def run_stage(stage: StageDef, inputs: list[tuple[str, BaseModel]], settings: ArenaSettings) -> tuple[list[Emit], float]:
+async def run_stage(
+    stage: StageDef, inputs: list[tuple[str, BaseModel]], settings: ArenaSettings
+) -> tuple[list[Emit], float]:
     """Every input through ``stage.handler``; returns all emits and the wall time."""
     spec = topic(stage.input)
     out: list[Emit] = []

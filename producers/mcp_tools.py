@@ -25,9 +25,13 @@ async def fetch_mcp_server(
     ``name`` overrides the name the server reports. Raises ``McpUnreachable``
     when the server cannot be reached and ``ValueError`` when it lists no tools.
     """
-    async with McpToolSession(endpoint, timeout_s=timeout_s) as session:
+    session = McpToolSession(endpoint, timeout_s=timeout_s)
+    try:
+        await session.connect()
         entries = list(session.entries)
         reported = session.server_name
+    finally:
+        await session.aclose()
     if not entries:
         raise ValueError(f"MCP server {endpoint.describe()!r} lists no tools")
     return RawToolServer(

@@ -6,10 +6,9 @@ per worker; tests that run handlers in-process get their own per settings.
 
 from __future__ import annotations
 
+from arena.config import ArenaSettings
 from arena.llm.gateway import Gateway
 from lake.chain_graphs import ChainGraphStore
-
-from arena.config import ArenaSettings
 
 _gateways: dict[int, Gateway] = {}
 _graphs: dict[int, ChainGraphStore] = {}

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from arena.records.common import DeadLetter, DeadLetterKind, Lineage, Rejection
-from arena.records.sft import ToolChain
+from arena.records.sft import ServerRef, ToolChain
 from arena.records.trainer import TrainerMetrics
 from lake.catalog import Catalog
 from lake.parquet import (
@@ -35,7 +35,8 @@ FILE_RE = re.compile(r"^topic=chains/date=\d{4}-\d{2}-\d{2}/part-\d+-\d{12}-[0-9
 
 
 def chain(i: int) -> ToolChain:
-    return ToolChain(chain_id=f"c{i}", server_id="s1", tools=["a", "b"], origin="random_walk")
+    server = ServerRef(server_id="s1", name="s1", domain="d", tools=[])
+    return ToolChain(chain_id=f"c{i}", server=server, tools=["a", "b"], origin="random_walk", task="t")
 
 
 def row(
@@ -199,7 +200,7 @@ def test_invalid_values_become_invalid_rows_never_errors(store: ObjectStore) -> 
     assert by_key["text"]["_error"].startswith("invalid JSON")
     assert by_key["text"]["_raw"] == "{'chain_id': 1"
     assert by_key["schema"]["_error"].startswith("schema violation")
-    assert "server_id" in by_key["schema"]["_error"]
+    assert "server: Field required" in by_key["schema"]["_error"]
     assert "surprise" in by_key["extra"]["_error"]
     for key in ("bin", "text", "schema", "extra"):
         r = by_key[key]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from arena.records.common import Rejection
-from arena.records.sft import ToolChain
+from arena.records.sft import ServerRef, ToolChain
 from arena.topics import TOPICS
 from lake.parquet import LakeRow, LakeWriter
 from lake.query import LakeQuery, LakeQueryError
@@ -25,7 +25,13 @@ def _row(topic: str, key: str, value: bytes, offset: int) -> LakeRow:
 def _fill(store: ObjectStore) -> None:
     writer = LakeWriter(store)
     chains = [
-        ToolChain(chain_id=f"c{i}", server_id=f"s{i % 2}", tools=["a"] * (i + 1), origin="random_walk")
+        ToolChain(
+            chain_id=f"c{i}",
+            server=ServerRef(server_id=f"s{i % 2}", name=f"s{i % 2}", domain="d", tools=[]),
+            tools=["a"] * (i + 1),
+            origin="random_walk",
+            task="t",
+        )
         for i in range(4)
     ]
     writer.write(
@@ -75,7 +81,8 @@ def test_queries_over_written_topics(store: ObjectStore) -> None:
         {"n": 5, "ok": 4}
     ]
     per_server = query.query(
-        "select server_id, sum(json_array_length(tools)) as calls from chains where _valid group by 1 order by 1"
+        "select server->>'$.server_id' as server_id, sum(json_array_length(tools)) as calls"
+        " from chains where _valid group by 1 order by 1"
     ).to_pylist()
     assert per_server == [{"server_id": "s0", "calls": 4}, {"server_id": "s1", "calls": 6}]
     gates = query.query(

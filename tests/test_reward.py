@@ -66,7 +66,9 @@ TOOLS: list[dict[str, Any]] = [
             "description": "Get the full record of a book: title, author, year and page count.",
             "parameters": {
                 "type": "object",
-                "properties": {"book_id": {"type": "string", "description": "Book identifier from search_books."}},
+                "properties": {
+                    "book_id": {"type": "string", "description": "Book identifier from search_books."}
+                },
                 "required": ["book_id"],
             },
         },
@@ -78,7 +80,9 @@ TOOLS: list[dict[str, Any]] = [
             "description": "Check whether a book has copies available for loan at the library.",
             "parameters": {
                 "type": "object",
-                "properties": {"book_id": {"type": "string", "description": "Book identifier from search_books."}},
+                "properties": {
+                    "book_id": {"type": "string", "description": "Book identifier from search_books."}
+                },
                 "required": ["book_id"],
             },
         },
@@ -244,7 +248,7 @@ def answer_ignores_result() -> Trajectory:
         "Books by Ursula K. Le Guin: 'A Wizard of Earthsea' (bk-17, 1968) and 'The Dispossessed' (bk-23, 1974). "
         "The first result is 'A Wizard of Earthsea'; its availability was looked up."
     )
-    messages = clean().messages[:-1] + [assistant(ignoring)]
+    messages = [*clean().messages[:-1], assistant(ignoring)]
     return trajectory(messages)
 
 
@@ -403,13 +407,22 @@ def test_single_round_trajectory_has_vacuous_tcu_tcp() -> None:
             [
                 system(),
                 user(task),
-                assistant(f"You asked: {task} I fetch the record of bk-23.", call("c1", "get_book", book_id="bk-23")),
+                assistant(
+                    f"You asked: {task} I fetch the record of bk-23.", call("c1", "get_book", book_id="bk-23")
+                ),
                 tool(
                     "c1",
                     "get_book",
-                    {"book_id": "bk-23", "title": "The Dispossessed", "author": "Ursula K. Le Guin", "year": 1974},
+                    {
+                        "book_id": "bk-23",
+                        "title": "The Dispossessed",
+                        "author": "Ursula K. Le Guin",
+                        "year": 1974,
+                    },
                 ),
-                assistant("Details of book bk-23: 'The Dispossessed' by Ursula K. Le Guin, published in 1974."),
+                assistant(
+                    "Details of book bk-23: 'The Dispossessed' by Ursula K. Le Guin, published in 1974."
+                ),
             ]
         )
     )
@@ -425,7 +438,9 @@ def test_single_round_with_failed_call_keeps_vacuous_tcu_tcp_but_not_tcs() -> No
             [
                 system(),
                 user(task),
-                assistant(f"You asked: {task} I fetch the record of bk-23.", call("c1", "get_book", book_id="bk-23")),
+                assistant(
+                    f"You asked: {task} I fetch the record of bk-23.", call("c1", "get_book", book_id="bk-23")
+                ),
                 tool("c1", "get_book", "Error: MCP server unreachable: connection refused"),
                 assistant("I could not get the details of book bk-23: the library service is unreachable."),
             ],
@@ -461,7 +476,10 @@ def test_no_final_answer_scores_fa_zero_without_asking_answer_judges() -> None:
 
 
 def test_last_turn_with_unexecuted_calls_is_no_answer_and_counts_them_failed() -> None:
-    messages = [*clean().messages[:4], assistant(ROUND2_TEXT, call("c2", "check_availability", book_id="bk-17"))]
+    messages = [
+        *clean().messages[:4],
+        assistant(ROUND2_TEXT, call("c2", "check_availability", book_id="bk-17")),
+    ]
     result = score(trajectory(messages, stop_reason="max_turns"))
     # c2 was never executed: no CallStatus, S_2 = 0 -> TCS = 1/2; FA = 0 (no answer).
     assert_scores(result, {**ONES, "TCS": 0.5, "FA": 0.0})

@@ -133,7 +133,10 @@ class Trajectory(Record):
     """An agent rollout on a task; value of ``trajectories``."""
 
     trajectory_id: Annotated[
-        str, Field(description="Content hash of task id + agent backend and model: one rollout per task and policy.")
+        str,
+        Field(
+            description="Content hash of task id + agent backend and model: one rollout per task and policy."
+        ),
     ]
     task_id: Annotated[str, Field(description="Task that was attempted.")]
     task: Annotated[str, Field(description="Task text (m1).")]

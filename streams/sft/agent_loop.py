@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from arena.llm.gateway import Gateway
-
 from arena.llm.core import Answer
+from arena.llm.gateway import Gateway
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurnInput, PlannedCall
 from arena.records.sft import CallStatus
 from streams.sft.tool_pool import ToolSession

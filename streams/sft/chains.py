@@ -20,6 +20,10 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
+from arena.hashing import content_hash
+from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.chains import (
     CHAIN_COHERENCE,
@@ -29,10 +33,6 @@ from arena.llm.roles.chains import (
     ChainTaskInput,
     CoherenceInput,
 )
-from pydantic import BaseModel
-
-from arena.hashing import content_hash
-from arena.llm.core import Answer, InvalidOutput
 from arena.records.sft import ServerRef, ToolChain
 from arena.records.tools import ToolServer
 from streams.resources import chain_graphs_for, gateway_for

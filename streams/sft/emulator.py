@@ -256,14 +256,14 @@ class Emulator:
         if failure is not None:
             return failure
         plan = self._plan(tool, arguments)
-        cached = self._cache.get(self._cache_key(plan))
-        if cached is not None:
+        key = self._cache_key(plan)
+        if key in self._cache:
+            cached = self._cache[key]
             if plan.operation == "update":
                 self._apply(plan, cached)  # e.g. set status again after someone else changed it
             return self._ok(cached)
-        gone = plan.subject is not None and plan.subject.deleted
-        if gone and plan.subject is not None:
-            subject = plan.subject
+        subject = plan.subject
+        if subject is not None and subject.deleted:
             text = f"404 Not Found: {subject.kind} {subject.key!r} does not exist (it was deleted)"
             return _error("tool_error", f"Error: {text}", "emulator")
         inputs = self._inputs(plan)
@@ -275,7 +275,7 @@ class Emulator:
             return _error("tool_error", text, "emulator")
         result = finish(answer.output.result, inputs)
         self._apply(plan, result)
-        self._cache[self._cache_key(plan)] = result
+        self._cache[key] = result
         self._remember(plan, result)
         return self._ok(result)
 
@@ -467,17 +467,13 @@ def _matches(entity: Entity, arguments: dict[str, Any]) -> bool:
 
 def _passes(entity: Entity, name: str, value: Any) -> bool:
     fields = entity.fields
+    if entity.key_field == "path" and isinstance(value, str) and _is_folder_arg(name):
+        return entity.key.startswith(value)  # a folder lists what lies under it
     if name == entity.key_field:
         return str(value) == entity.key
     if name in QUERY_ARGS and isinstance(value, str):
         text = " ".join(_text(v) for v in (*fields.values(), entity.key)).lower()
         return all(word in text for word in value.lower().split())
-    if (
-        entity.key_field == "path"
-        and isinstance(value, str)
-        and ("path" in name or name in ("root", "directory"))
-    ):
-        return entity.key.startswith(value)
     for candidate in (name, f"{name}s"):
         if candidate in fields:
             return _same(fields[candidate], value)
@@ -486,6 +482,10 @@ def _passes(entity: Entity, name: str, value: Any) -> bool:
         if isinstance(base, int | float) and isinstance(value, int | float):
             return bool(better(base, value))
     return False  # the entity does not show the filtered field: it is not known to match
+
+
+def _is_folder_arg(name: str) -> bool:
+    return "path" in name or name in ("root", "directory", "dir", "folder")
 
 
 def _same(have: Any, want: Any) -> bool:

@@ -24,7 +24,8 @@ from typing import Any, Literal, Self
 
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallToolResult, TextContent
+from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallToolResult, TextContent
+from pydantic import ValidationError
 
 from arena.records.tools import McpEndpoint
 from streams.sft.normalize import sanitize_tool_name
@@ -101,7 +102,8 @@ class McpToolSession:
             except TimeoutError:
                 await self._stop_owner()
                 raise McpUnreachable(
-                    f"no MCP session with {self.endpoint.describe()!r} within {self.connect_timeout_s:g}s"
+                    f"MCP server {self.endpoint.describe()!r} unreachable: "
+                    f"no session within {self.connect_timeout_s:g}s"
                 ) from None
             except McpUnreachable:
                 await self._stop_owner()
@@ -119,7 +121,7 @@ class McpToolSession:
                 ready.set_result(None)
                 await self._closing.wait()
         except Exception as exc:  # any failure here means the server is gone or never came
-            problem = McpUnreachable(f"MCP server {self.endpoint.describe()!r}: {_describe(exc)}")
+            problem = McpUnreachable(f"MCP server {self.endpoint.describe()!r} unreachable: {_describe(exc)}")
             if not ready.done():
                 ready.set_exception(problem)
             else:
@@ -146,7 +148,7 @@ class McpToolSession:
             await self._stop_owner()
 
     async def __aenter__(self) -> Self:
-        await self.connect()
+        """Enter without connecting: the first call connects, and an outage is a call result, not a raise."""
         return self
 
     async def __aexit__(
@@ -170,7 +172,7 @@ class McpToolSession:
             try:
                 await self.connect()
             except McpUnreachable as exc:
-                return _failure("unreachable", f"Error: MCP server unreachable: {exc}", "mcp")
+                return _failure("unreachable", f"Error: {exc}", "mcp")
             client = self._client
             if client is None:
                 return _failure("unreachable", "Error: MCP server unreachable: session closed", "mcp")
@@ -191,6 +193,8 @@ class McpToolSession:
                 return _failure("tool_error", f"Error: tool {name!r} returned invalid output: {exc}", "mcp")
             self._client = None
             return _failure("unreachable", f"Error: MCP server unreachable: {_describe(exc)}", "mcp")
+        except ValidationError as exc:  # the server answered something that is not a tool result
+            return _failure("tool_error", f"Error: tool {name!r} returned a malformed result: {exc}", "mcp")
         except Exception as exc:  # transport broke under the call
             self._client = None
             return _failure("unreachable", f"Error: MCP server unreachable: {_describe(exc)}", "mcp")

@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
+from arena.config import SftSettings
+from arena.hashing import content_hash
 from arena.lang import detect_language
+from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.chains import TASK_FROM_CHAIN, ChainTaskInput
 from arena.llm.roles.tasks import (
@@ -26,11 +31,6 @@ from arena.llm.roles.tasks import (
     ServerTaskInput,
     TaskScoreInput,
 )
-from pydantic import BaseModel
-
-from arena.config import SftSettings
-from arena.hashing import content_hash
-from arena.llm.core import Answer, InvalidOutput
 from arena.records.sft import AugmentAxis, ServerRef, Task, ToolChain
 from arena.records.tools import ToolServer
 from streams.resources import gateway_for

@@ -3,16 +3,21 @@
 Its input is what a deployed model gets: the OpenAI messages so far and the
 OpenAI tool schemas. It never sees the chain a task was built from. Per turn it
 
-1. picks the tools whose purpose matches the task (IDF-weighted overlap of task
-   words with tool names, descriptions and parameter docs), plus the tools that
-   must run first to produce an identifier a picked tool needs;
-2. fills required arguments from values the task states (quoted strings,
-   numbers, dates, codes, names, enum values; the words around a value point to
-   its parameter) and, for identifiers, from fields of earlier successful tool
+1. picks, per request of the task (clauses split at commas, 'and', 'then'),
+   the tools whose purpose matches it best (IDF-weighted overlap of its words
+   with tool names, descriptions and parameter docs), plus the tools that must
+   run first to produce an input a picked tool needs (an id from a search,
+   coordinates from a geocoder); a state-changing tool (create, book, delete...)
+   only when the task asks for that action;
+2. fills arguments from values the task states (quoted strings, numbers,
+   dates, codes, names, enum values; the words around a value point to its
+   parameter, and optional parameters are filled only when so named) and, for
+   identifiers the task does not name, from fields of earlier successful tool
    outputs (``id``/``book_id`` of the first search result, ...);
-3. calls every tool that is ready and still useful in one parallel round,
-   retries a call that failed with a transient error (timeout, unreachable) at
-   most once, never repeats a call that succeeded;
+3. calls every tool that is ready and still useful in one parallel round
+   (except those the task orders after others with 'then'), retries a call
+   that failed with a transient error (timeout, unreachable) at most once,
+   never repeats a call that succeeded;
 4. answers when nothing useful is left, reporting the key values each tool
    returned and which calls failed.
 
@@ -57,26 +62,8 @@ _ACTION_VERBS = frozenset(
     is are was what which how when where who why can could would please i my we our""".split()
 )
 """Words that open a sentence without naming anything (never a proper noun when capitalised)."""
-_GENERIC_VERBS = frozenset(
-    {"search", "get", "list", "check", "create", "update", "delete", "set", "calculate"}
-)
-"""Canonical verbs most tools of a server share: weak evidence of relevance on their own."""
 _SIDE_EFFECTS = frozenset(
-    {
-        "create",
-        "update",
-        "delete",
-        "set",
-        "book",
-        "reserve",
-        "order",
-        "buy",
-        "send",
-        "move",
-        "write",
-        "checkout",
-        "pay",
-    }
+    "create update delete set book reserve order buy send move write checkout pay".split()
 )
 """A tool named with one of these changes state: the agent calls it only when the task asks for it."""
 
@@ -618,7 +605,7 @@ def result_key_values(result: ResultRecord, task: str, arguments: dict[str, Any]
     Informative scalars of the result, minus values the task states and values that merely echo the
     call's own arguments (a search result repeating the author asked for says nothing new).
     """
-    echoes = [v for leaf in leaves(arguments or {}) for v in [leaf.value]]
+    echoes = [leaf.value for leaf in leaves(arguments or {})]
     out = []
     for leaf in leaves(result.data if result.data is not None else result.text):
         if not informative(leaf) or mentions(task, leaf.value):
@@ -688,10 +675,10 @@ def grounded(value: Any, param: Param | None, evidence: Evidence) -> bool:
     if number is not None:
         known = number_tokens(evidence.task) | set(evidence.output_numbers())
         return any(math.isclose(number, k) for k in known)
-    text = str(value).strip().casefold()
-    if not text or text in evidence.task.casefold():
+    text = str(value).strip()
+    if not text or mentions(evidence.task, text):
         return True
-    if any(text in s for s in evidence.output_strings()):
+    if any(mentions(s, text) for s in evidence.output_strings()):
         return True
     content = [w for w in words(text) if w not in _STOPWORDS]
     return bool(content) and set(content) <= evidence.tokens()
@@ -734,17 +721,20 @@ def call_problems(call: CallRecord, specs: dict[str, ToolSpec], evidence: Eviden
             problems.append(
                 f"{call.name}: {name}={format_value(value)} appears in neither the task nor an earlier output"
             )
-    if not relevant_to_task(evidence.task, spec) and not _uses_output(call, evidence):
+    if not relevant_to_task(evidence.task, spec) and not uses_output(call.arguments, evidence.outputs):
         problems.append(f"{call.name} has nothing to do with the task")
     return problems
 
 
-def _uses_output(call: CallRecord, evidence: Evidence) -> bool:
-    outputs = Evidence(task="", outputs=evidence.outputs)
-    values = [leaf.value for leaf in leaves(call.arguments or {})]
+def uses_output(arguments: dict[str, Any] | None, outputs: list[Any]) -> bool:
+    """Some argument value comes from an earlier output (a chained step, whatever its name says)."""
+    only_outputs = Evidence(task="", outputs=outputs)
     return any(
-        not isinstance(v, bool) and v is not None and grounded(v, None, outputs) and str(v).strip()
-        for v in values
+        not isinstance(leaf.value, bool)
+        and leaf.value is not None
+        and str(leaf.value).strip() != ""
+        and grounded(leaf.value, None, only_outputs)
+        for leaf in leaves(arguments or {})
     )
 
 
@@ -757,7 +747,11 @@ _MIN_RELEVANCE = 1.0
 _NEAR_BEST = 0.75
 
 
-def clauses(task: str) -> list[tuple[int, int]]:
+Span = tuple[int, int]
+"""Start and end offsets of a part of the task text."""
+
+
+def clauses(task: str) -> list[Span]:
     """Spans of the task's requests, split at commas, 'and', 'then'... (quoted values never split)."""
     masked = task
     for value in stated_values(task):
@@ -767,12 +761,9 @@ def clauses(task: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(cuts) if terms(task[a:b])]
 
 
-Span = tuple[int, int]
-
-
-def picked_tools(task: str, specs: dict[str, ToolSpec]) -> dict[str, list[Span]]:
-    """Per request (clause) the tools that match it best, with the spans of the requests they serve."""
-    picked: dict[str, list[Span]] = {}
+def _clause_picks(task: str, specs: dict[str, ToolSpec]) -> list[tuple[Span, list[str]]]:
+    """Per request (clause), in order, the allowed tools that match it best."""
+    picks = []
     for start, end in clauses(task) or [(0, len(task))]:
         clause = task[start:end]
         scores = tool_relevance(clause, specs)
@@ -780,14 +771,38 @@ def picked_tools(task: str, specs: dict[str, ToolSpec]) -> dict[str, list[Span]]
         if best < _MIN_RELEVANCE:
             continue
         asked = set(terms(clause)) | set(words(clause))
-        for name, score in scores.items():
-            if score >= _NEAR_BEST * best and _allowed(specs[name], asked):
-                picked.setdefault(name, []).append((start, end))
+        names = [n for n, score in scores.items() if score >= _NEAR_BEST * best and _allowed(specs[n], asked)]
+        picks.append(((start, end), names))
+    return picks
+
+
+def picked_tools(task: str, specs: dict[str, ToolSpec]) -> dict[str, list[Span]]:
+    """The tools matching the task's requests, with the spans of the requests each serves."""
+    picked: dict[str, list[Span]] = {}
+    for span, names in _clause_picks(task, specs):
+        for name in names:
+            picked.setdefault(name, []).append(span)
     if not picked:
         scores = tool_relevance(task, specs)
         if scores and max(scores.values()) > 0:
             picked = {max(scores, key=lambda n: scores[n]): []}
     return picked
+
+
+_SEQUENCE_RE = re.compile(r"^\W*(?:and\s+)?(?:then|after that|afterwards|next|finally)\b", re.IGNORECASE)
+
+
+def sequenced_after(task: str, specs: dict[str, ToolSpec]) -> dict[str, set[str]]:
+    """For a request the task orders after others ("..., then search my notes"): the tools it waits for."""
+    waits: dict[str, set[str]] = {}
+    earlier: set[str] = set()
+    for (start, end), names in _clause_picks(task, specs):
+        if _SEQUENCE_RE.match(task[start:end]):
+            for name in names:
+                if name not in earlier:
+                    waits.setdefault(name, set()).update(earlier)
+        earlier.update(names)
+    return waits
 
 
 def plan_tools(task: str, specs: dict[str, ToolSpec]) -> list[str]:
@@ -857,89 +872,42 @@ def _provider(param: Param, consumer: str, specs: dict[str, ToolSpec], asked: se
 
 # --------------------------------------------------------------------------- the policy: arguments
 
-_KIND_HINTS: dict[str, set[str]] = {
-    "date": {
-        "date",
-        "day",
-        "start",
-        "end",
-        "from",
-        "to",
-        "check",
-        "in",
-        "out",
-        "since",
-        "until",
-        "arrival",
-        "departure",
-        "when",
-        "time",
-    },
-    "path": {"path", "file", "directory", "dir", "folder"},
-    "code": {"code", "symbol", "ticker", "currency", "iso", "country", "language", "exchange"},
-    "quoted": {
-        "query",
-        "q",
-        "title",
-        "name",
-        "author",
-        "keyword",
-        "keywords",
-        "term",
-        "text",
-        "content",
-        "search",
-        "topic",
-        "subject",
-        "tag",
-        "tags",
-        "message",
-        "body",
-    },
-    "proper": {
-        "city",
-        "name",
-        "location",
-        "place",
-        "country",
-        "destination",
-        "origin",
-        "author",
-        "title",
-        "address",
-        "region",
-        "town",
-        "company",
-        "query",
-    },
-    "number": {
-        "amount",
-        "quantity",
-        "count",
-        "number",
-        "value",
-        "total",
-        "sum",
-        "price",
-        "guests",
-        "people",
-        "persons",
-        "limit",
-        "size",
-        "days",
-        "nights",
-        "rating",
-        "age",
-        "year",
-    },
-    "url": {"url", "link", "website", "page"},
-    "email": {"email", "mail", "recipient", "to"},
+_KIND_HINTS: dict[str, frozenset[str]] = {
+    kind: frozenset(hints.split())
+    for kind, hints in {
+        "date": "date day start end from to check in out since until arrival departure when time",
+        "path": "path file directory dir folder",
+        "code": "code symbol ticker currency iso country language exchange",
+        "quoted": "query q title name author keyword keywords term text content search topic subject tag "
+        "tags message body",
+        "proper": "city name location place country destination origin author title address region town "
+        "company query",
+        "number": "amount quantity count number value total sum price guests people persons limit size days "
+        "nights rating age year",
+        "url": "url link website page",
+        "email": "email mail recipient to",
+    }.items()
 }
-_QUERY_WORDS = {"query", "q", "keyword", "keywords", "term", "search", "text", "topic"}
+"""Parameter-name words that suit each kind of stated value."""
+_QUERY_WORDS = frozenset({"query", "q", "keyword", "keywords", "term", "search", "text", "topic"})
 
 
 def _param_hints(param: Param) -> set[str]:
     return {term(w) for w in param.name_words} | {w for w in param.name_words}
+
+
+def _context_terms(value: TextValue) -> list[str]:
+    """Terms around a value: the words before it, and for numbers and dates the words after ("2 guests")."""
+    return [term(w) for w in (*value.before, *(value.after if value.kind in {"number", "date"} else ()))]
+
+
+def _name_hits(value: TextValue, param: Param) -> int:
+    """How often the words around a value name the parameter ("author 'X'", "2 guests", "to EUR")."""
+    name_terms = _param_hints(param)
+    hits = sum(1 for t in set(_context_terms(value)) if has_term(t, name_terms) and t not in _STOPWORDS)
+    if value.before and value.before[-1] in {"from", "to", "in", "out"} & set(param.name_words):
+        hits += 1  # "from 2025-06-01", "to EUR": the preposition names the parameter
+    return hits
 
 
 def _candidate_score(value: TextValue, param: Param, n_numeric_params: int, n_numbers: int) -> float:
@@ -957,14 +925,11 @@ def _candidate_score(value: TextValue, param: Param, n_numeric_params: int, n_nu
     ):
         return 0.0
     score = 1.0
-    name_terms = _param_hints(param)
-    context = [term(w) for w in (*value.before, *(value.after if value.kind in {"number", "date"} else ()))]
-    score += 2.0 * sum(1 for t in set(context) if has_term(t, name_terms) and t not in _STOPWORDS)
-    if value.before and value.before[-1] in {"from", "to", "in", "out"} & set(param.name_words):
-        score += 2.0  # "from 2025-06-01", "to EUR": the preposition names the parameter
+    context = _context_terms(value)
+    score += 2.0 * _name_hits(value, param)
     desc_terms = set(terms(re.sub(r"e\.g\..*", "", param.description)))
     score += 0.5 * sum(1 for t in set(context) if t in desc_terms)
-    hints = _KIND_HINTS.get(value.kind, set())
+    hints = _KIND_HINTS.get(value.kind, frozenset())
     if hints & set(param.name_words) or (
         value.kind == "date" and param.schema.get("format") in {"date", "date-time"}
     ):
@@ -1007,6 +972,11 @@ def task_arguments(spec: ToolSpec, task: str, focus: Sequence[Span] = ()) -> dic
 
     ``focus`` are the spans of the requests the tool serves: values inside them are preferred.
     """
+    return _task_arguments(spec, task, focus)[0]
+
+
+def _task_arguments(spec: ToolSpec, task: str, focus: Sequence[Span]) -> tuple[dict[str, Any], set[str]]:
+    """``task_arguments`` and the parameters the task names right next to their value."""
     values = stated_values(task)
     task_words = set(words(task))
     args: dict[str, Any] = {}
@@ -1018,10 +988,10 @@ def task_arguments(spec: ToolSpec, task: str, focus: Sequence[Span] = ()) -> dic
             if hit is not None:
                 args[param.name] = hit
         elif param.type == "boolean":
-            named = [
+            flag_words = [
                 w for w in param.name_words if w not in _STOPWORDS and w not in {"include", "is", "only"}
             ]
-            if named and set(named) <= task_words:
+            if flag_words and set(flag_words) <= task_words:
                 args[param.name] = True
     open_params = [p for p in spec.params if p.name not in args and p.type not in {"boolean", "object"}]
     numeric = [p for p in open_params if p.type in {"integer", "number"}]
@@ -1037,19 +1007,24 @@ def task_arguments(spec: ToolSpec, task: str, focus: Sequence[Span] = ()) -> dic
             score = _candidate_score(value, param, len(numeric), len(numbers))
             if score < (2.0 if param.required else 3.0):
                 continue
+            if not param.required and not _name_hits(value, param):
+                continue  # an optional parameter is filled only when the task names it next to the value
             if any(a <= value.start < b for a, b in focus):
                 score += 2.0  # ranks values of the tool's own request first; never admits one
             scored.append((-score, p_order, v_order, param, value))
-    used: set[int] = set()
-    for _, _, v_order, param, value in sorted(scored, key=lambda s: (s[0], s[1], s[2])):
-        if param.name in args or v_order in used:
+    used: set[str] = set()  # a value stated twice ("patron P10023 ... patron P10023") is still one value
+    named: set[str] = set()
+    for _, _, _, param, value in sorted(scored, key=lambda s: (s[0], s[1], s[2])):
+        if param.name in args or value.text in used:
             continue
         args[param.name] = _convert(value, param)
-        used.add(v_order)
-    return args
+        used.add(value.text)
+        if _name_hits(value, param):
+            named.add(param.name)
+    return args, named
 
 
-def output_argument(param: Param, consumer: str, observations: Sequence[tuple[str, Any]]) -> Any:
+def output_argument(param: Param, observations: Sequence[tuple[str, Any]]) -> Any:
     """A value for ``param`` from earlier successful outputs (most recent first, first list item first)."""
     best: tuple[float, int, int, Any] | None = None
     param_terms = {term(w) for w in param.name_words}
@@ -1115,18 +1090,21 @@ def fill_arguments(
     spec: ToolSpec, task: str, observations: Sequence[tuple[str, Any]], focus: Sequence[Span] = ()
 ) -> tuple[dict[str, Any], list[str]]:
     """Arguments for one call of ``spec`` and the required parameters still without a value."""
-    stated = task_arguments(spec, task, focus)
+    stated, named = _task_arguments(spec, task, focus)
     args: dict[str, Any] = {}
     missing: list[str] = []
     for param in spec.params:
         value = None
         if param.is_identifier:
-            value = output_argument(param, spec.name, observations) if param.required else None
+            # "book bk-23" names the id outright; otherwise the id comes from an earlier output.
+            value = stated.get(param.name) if param.name in named else None
+            if value is None and param.required:
+                value = output_argument(param, observations)
             value = value if value is not None else stated.get(param.name)
         else:
             value = stated.get(param.name)
             if value is None and param.required:
-                value = output_argument(param, spec.name, observations)
+                value = output_argument(param, observations)
             if (
                 value is None
                 and param.required
@@ -1220,12 +1198,27 @@ def agent_turn(inputs: AgentTurnInput, rng: random.Random) -> AgentTurn:
             blocked[name] = missing
             continue
         calls.append(PlannedCall(name=name, arguments=args))
-    calls = _unique(calls)
+    calls, deferred = _in_task_order(_unique(calls), blocked, sequenced_after(task, specs))
     if calls:
         return AgentTurn(
-            content=_round_content(task, attempts, calls, retries, blocked, rng), tool_calls=calls
+            content=_round_content(task, attempts, calls, retries, [*deferred, *blocked], rng),
+            tool_calls=calls,
         )
     return AgentTurn(content=_final_answer(task, attempts, blocked, plan, rng), tool_calls=[])
+
+
+def _in_task_order(
+    calls: list[PlannedCall], blocked: dict[str, list[str]], waits: dict[str, set[str]]
+) -> tuple[list[PlannedCall], list[str]]:
+    """Hold back calls the task orders after tools that are still running or waiting for inputs.
+
+    When every ready call would be held, none is: the tools they wait for cannot progress anyway.
+    """
+    unsettled = {c.name for c in calls} | set(blocked)
+    held = [c for c in calls if waits.get(c.name, set()) & unsettled]
+    if not held or len(held) == len(calls):
+        return calls, []
+    return [c for c in calls if c not in held], [c.name for c in held]
 
 
 def _unique(calls: list[PlannedCall]) -> list[PlannedCall]:
@@ -1244,7 +1237,7 @@ def _round_content(
     attempts: list[Attempt],
     calls: list[PlannedCall],
     retries: list[str],
-    blocked: dict[str, list[str]],
+    waiting: list[str],
     rng: random.Random,
 ) -> str:
     lines = []
@@ -1266,7 +1259,6 @@ def _round_content(
         )
     for name in retries:
         lines.append(f"The call to {name} failed, so I retry it once with the same arguments.")
-    waiting = [name for name in blocked]
     if waiting:
         lines.append("Then " + " and ".join(waiting) + " with values taken from these results.")
     return "\n".join(lines)

@@ -60,6 +60,7 @@ from streams.sft.dependencies import (
     singular,
     snake,
 )
+from streams.sft.normalize import count_words
 
 OPTIONAL_RATE = 0.3
 """Chance that the user also states a simple optional argument (an enum, a count, a limit)."""
@@ -73,7 +74,8 @@ VERBS = frozenset(
         "query retrieve checkout register subscribe rename copy translate summarize summarise generate run "
         "start stop schedule attach detach replace append estimate compare validate verify resolve "
         "place order open close count measure plan locate browse view edit modify insert transfer pay "
-        "submit"
+        "submit change tag mark assign approve reject share invite follow rate review reply archive restore "
+        "enable disable export import sync scan print apply request notify"
     ).split()
 )
 STOPWORDS = frozenset(
@@ -85,7 +87,7 @@ STOPWORDS = frozenset(
         "very per via over under about after before again further once same so too use used using uses "
         "given optional optionally default returns return returned tool function endpoint api call "
         "identifier identifiers value values result results data information info new existing current "
-        "get gets list lists show shows note notes please"
+        "get gets list lists show shows please"
     ).split()
 )
 
@@ -115,9 +117,14 @@ def text_stems(text: str) -> set[str]:
     return {stem(w) for w in re.findall(r"[^\W\d_]{3,}", fold(text))}
 
 
+def sentences_of(description: str) -> list[str]:
+    """Sentences of a tool description, without boilerplate ("Note that the function is in Python")."""
+    parts = [p.strip() for p in re.split(r"(?<=[.!?])\s+|\n+", description.strip()) if p.strip()]
+    return [p for p in parts if not re.match(r"note(?: that|:)", p, re.IGNORECASE)]
+
+
 def first_sentences(description: str, count: int = 2) -> str:
-    parts = re.split(r"(?<=[.!?])\s+|\n+", description.strip())
-    return " ".join(parts[:count])
+    return " ".join(sentences_of(description)[:count])
 
 
 def tool_terms(tool: NormalizedTool) -> set[str]:
@@ -151,9 +158,9 @@ def _imperative(word: str) -> str:
     w = word.lower()
     if w in VERBS:
         return w
-    for cut in (2, 1):  # searches -> search; gets -> get; retrieves -> retrieve
-        if w.endswith("es"[-cut:]) and w[:-cut] in VERBS:
-            return w[:-cut]
+    for suffix in ("es", "s"):  # searches -> search; gets -> get; retrieves -> retrieve
+        if w.endswith(suffix) and w[: -len(suffix)] in VERBS:
+            return w[: -len(suffix)]
     if w in ("returns", "return"):
         return "get"
     if w.endswith("ies") and w[:-3] + "y" in VERBS:
@@ -162,25 +169,50 @@ def _imperative(word: str) -> str:
 
 
 def purpose_clause(tool: NormalizedTool) -> str:
-    """An imperative clause saying what ``tool`` does, from its description (or its name)."""
-    sentences = re.split(r"(?<=[.!?])\s+|\n+", tool.function.description.strip())
+    """An imperative clause saying what ``tool`` does, from its description (or its name).
+
+    "Search hotels in a city ..., cheapest first." -> "search hotels in a city ...";
+    "Full catalogue record of a book: author, ..." -> "get the full catalogue record of a book";
+    "How many copies of a book are free ..." -> "find out how many copies of a book are free ...".
+    """
+    sentences = sentences_of(tool.function.description)
     clause = sentences[0] if sentences else ""
     if len(clause.split()) <= 3 and len(sentences) > 1:  # "Get a booking." then the real summary
         clause = sentences[1]
     clause = re.sub(r"\s*\([^)]*\)", "", clause)  # parentheticals
-    clause = _LEADING.sub("", clause.split(";")[0].split(" - ")[0].split(" — ")[0]).strip(" .:")
+    clause = re.sub(r",?\s+by (?:its|their) [\w-]*(?:identifier|id|name)\b", "", clause)
+    clause = _LEADING.sub("", re.split(r";|:\s| - | — ", clause)[0]).strip(" .:,")
     words = clause.split()
-    if not words or _imperative(words[0]) not in VERBS:
+    if len(words) > 1 and words[0].lower().endswith("ly") and _imperative(words[1]) in VERBS:
+        words = words[1:]  # "Permanently delete a note" -> "delete a note"
+    if not words:
         return _name_clause(tool.function.name)
-    words[0] = _imperative(words[0])
-    if len(words) > 12:  # drop trailing comma segments ("..., cheapest first") but keep lists
-        cut = [i for i, w in enumerate(words) if w.endswith(",") and i >= 6]
+    if _imperative(words[0]) in VERBS:
+        words[0] = _imperative(words[0])
+        return _trim(words, 12)
+    if words[0].lower() in ("how", "what", "which", "whether", "where", "when", "who"):
+        return "find out " + _trim([words[0].lower(), *words[1:]], 14)
+    phrase = _trim(
+        [words[0].lower() if not words[0].isupper() else words[0], *words[1:]], 10, first_comma=True
+    )
+    named = name_words(tool.function.name)
+    if named and named[0] in VERBS and named[0] not in ("get", "fetch", "retrieve", "read", "show", "list"):
+        return f"{_name_clause(tool.function.name)} ({phrase})"
+    determiner = phrase.split()[0] in ("a", "an", "the", "all", "every", "each", "one", "some", "any", "my")
+    return f"get {'' if determiner else 'the '}{phrase}"
+
+
+_DANGLING = frozenset("a an the and or of for to in on at by with from into as than that which".split())
+
+
+def _trim(words: list[str], limit: int, first_comma: bool = False) -> str:
+    """At most about ``limit`` words: trailing comma segments go first, lists inside stay."""
+    if first_comma or len(words) > limit:
+        cut = [i for i, w in enumerate(words) if w.endswith(",") and (first_comma or i >= 6)]
         if cut:
-            words = words[: cut[-1] + 1]
-    words = words[:16]
-    text = re.sub(r",?\s+by (?:its|their) (?:identifier|id|name)$", "", " ".join(words).rstrip(","))
-    words = text.split()
-    while words and words[-1].lower() in STOPWORDS and len(words) > 2:
+            words = words[: (cut[0] if first_comma else cut[-1]) + 1]
+    words = words[: limit + 8]
+    while words and words[-1].lower().strip(",") in _DANGLING and len(words) > 2:
         words.pop()
     return " ".join(words).rstrip(",")
 
@@ -215,6 +247,18 @@ CITIES: tuple[tuple[str, float, float, str, str, str], ...] = (
     ("Austin", 30.2672, -97.7431, "US", "78701", "501 Congress Avenue"),
     ("Vienna", 48.2082, 16.3738, "AT", "1010", "Kärntner Straße 19"),
 )
+COUNTRY_NAMES = {
+    "PT": "Portugal",
+    "FR": "France",
+    "DE": "Germany",
+    "ES": "Spain",
+    "CA": "Canada",
+    "JP": "Japan",
+    "GB": "United Kingdom",
+    "IT": "Italy",
+    "US": "United States",
+    "AT": "Austria",
+}
 PEOPLE = (
     "Ana Silva",
     "Jonas Weber",
@@ -293,6 +337,38 @@ def examples(description: str) -> list[str]:
     return [a or b for a, b in found if (a or b).strip()]
 
 
+def enum_values(schema: dict[str, Any]) -> list[Any]:
+    """Allowed values of an enum, also inside ``anyOf``/``oneOf`` (an optional enum is enum-or-null)."""
+    values = [v for v in schema.get("enum") or [] if v is not None]
+    for key in ("anyOf", "oneOf"):
+        for alt in schema.get(key) or []:
+            if isinstance(alt, dict):
+                values += [v for v in alt.get("enum") or [] if v is not None and v not in values]
+    return values
+
+
+OWNER_ENTITIES = frozenset(
+    "patron user customer member account client employee student passenger guest traveler traveller "
+    "subscriber owner player patient card".split()
+)
+
+
+def user_owned(arg: Argument) -> bool:
+    """An identifier the user holds themselves (a library card, a customer or account number).
+
+    Identifiers of system objects (a hotel, a booking, a note) come from tool outputs;
+    identifiers of the person asking are theirs to state.
+    """
+    desc = str(arg.schema.get("description") or "").lower()
+    owned_words = ("card number", "account number", "membership number", "customer number", "your ")
+    return entity_of(arg.name) in OWNER_ENTITIES or any(w in desc for w in owned_words)
+
+
+def user_knows(arg: Argument) -> bool:
+    """A value a user can state: anything but a system identifier."""
+    return not is_identifier(arg.name, arg.schema) or user_owned(arg)
+
+
 def kind_of(arg: Argument) -> str:
     """The semantic kind of an argument, from its name, schema and description."""
     n, s = snake(arg.name), arg.schema
@@ -301,7 +377,7 @@ def kind_of(arg: Argument) -> str:
     words = set(n.split("_"))
     if is_identifier(arg.name, s):
         return "identifier"
-    if s.get("enum"):
+    if enum_values(s):
         return "enum"
     if "boolean" in types:
         return "boolean"
@@ -470,9 +546,23 @@ def _num(book: ValueBook, arg: Argument, low: float, high: float, step: float = 
     return render(book.number(arg, low, high, step))
 
 
+def _among(book: ValueBook, arg: Argument, choices: Sequence[float]) -> str:
+    """A typical value (a 10-year term, a 0.045 rate) that the argument's bounds allow."""
+    low, high = arg.schema.get("minimum"), arg.schema.get("maximum")
+    fitting = [c for c in choices if (low is None or c >= low) and (high is None or c <= high)]
+    if not fitting:
+        return _num(book, arg, float(low if low is not None else 1), float(high if high is not None else 100))
+    return render(book.rng.choice(fitting))
+
+
 def _identifier(book: ValueBook, arg: Argument, _tool: NormalizedTool) -> str:
     if arg.schema.get("format") == "uuid" or snake(arg.name).endswith("uuid"):
         return str(uuid.UUID(int=book.rng.getrandbits(128), version=4))
+    pattern = arg.schema.get("pattern")
+    for example in examples(str(arg.schema.get("description") or "")):
+        value = mimic(example, book.rng)  # same shape as the documented example: 'P10023' -> 'P48213'
+        if not isinstance(pattern, str) or _fullmatch(pattern, value):
+            return value
     if snake(arg.name).endswith("token"):
         return "tok_" + "".join(book.rng.choice("0123456789abcdef") for _ in range(16))
     entity = entity_of(arg.name) or "id"
@@ -480,8 +570,36 @@ def _identifier(book: ValueBook, arg: Argument, _tool: NormalizedTool) -> str:
     return f"{prefix}-{book.rng.randint(10000, 99999)}"
 
 
+def mimic(example: str, rng: random.Random) -> str:
+    """A new value shaped like ``example``: its leading letters kept, digits and hex letters redrawn."""
+    head = re.match(r"[A-Za-z]*[_-]?", example)
+    keep = head.group(0) if head else ""
+    if keep == example:  # all letters: nothing to vary safely
+        return example
+    out = []
+    for ch in example[len(keep) :]:
+        if ch.isdigit():
+            out.append(rng.choice("0123456789"))
+        elif ch in "abcdef":
+            out.append(rng.choice("0123456789abcdef"))
+        elif ch.isalpha():
+            out.append(
+                rng.choice("abcdefghijklmnopqrstuvwxyz" if ch.islower() else "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+            )
+        else:
+            out.append(ch)
+    return keep + "".join(out)
+
+
+def _fullmatch(pattern: str, value: str) -> bool:
+    try:
+        return re.fullmatch(pattern, value) is not None
+    except re.error:
+        return True  # a pattern Python cannot read says nothing against the value
+
+
 def _enum(book: ValueBook, arg: Argument, _tool: NormalizedTool) -> str:
-    options = [render(v) for v in arg.schema.get("enum", []) if v is not None]
+    options = [render(v) for v in enum_values(arg.schema)]
     return book.rng.choice(options) if options else "default"
 
 
@@ -512,8 +630,8 @@ def _array(book: ValueBook, arg: Argument, tool: NormalizedTool) -> str:
         picks = [book._make(first, tool) for _ in range(2)]
         counts = [book.rng.choice((5, 10, 12, 25, 40)) for _ in picks]
         return ", ".join(f"{p} {c}" for p, c in zip(dict.fromkeys(picks), counts, strict=False))
-    if items.get("enum"):
-        options = [render(v) for v in items["enum"]]
+    if enum_values(items):
+        options = [render(v) for v in enum_values(items)]
         return ", ".join(book.rng.sample(options, min(2, len(options))))
     item_types = json_types(items)
     if item_types & {"number", "integer"}:
@@ -558,14 +676,14 @@ _MAKERS: dict[str, Callable[[ValueBook, Argument, NormalizedTool], str]] = {
     "people": lambda b, a, t: _num(b, a, 2, 6),
     "quantity": lambda b, a, t: _num(b, a, 1, 4),
     "days": lambda b, a, t: _num(b, a, 3, 7),
-    "years": lambda b, a, t: b.rng.choice(("5", "10", "15", "20")),
-    "months": lambda b, a, t: b.rng.choice(("12", "24", "36", "60", "240", "360")),
-    "limit": lambda b, a, t: b.rng.choice(("5", "10", "20")),
-    "rate": lambda b, a, t: b.rng.choice(("0.035", "0.045", "0.05", "0.07")),
+    "years": lambda b, a, t: _among(b, a, (5, 10, 15, 20)),
+    "months": lambda b, a, t: _among(b, a, (12, 24, 36, 60, 240, 360)),
+    "limit": lambda b, a, t: _among(b, a, (5, 10, 20)),
+    "rate": lambda b, a, t: _among(b, a, (0.035, 0.045, 0.05, 0.07)),
     "money": lambda b, a, t: (
         _num(b, a, 50, 300, 10)
         if "max" in snake(a.name) or "price" in snake(a.name)
-        else b.rng.choice(("1500", "2500", "12000", "25000", "250000"))
+        else _among(b, a, (1500, 2500, 12000, 25000, 250000))
     ),
     "integer": lambda b, a, t: _num(b, a, 1, 10),
     "number": lambda b, a, t: _num(b, a, 1, 100),
@@ -580,7 +698,7 @@ _MAKERS: dict[str, Callable[[ValueBook, Argument, NormalizedTool], str]] = {
     "url": lambda b, a, t: b.rng.choice(("https://example.org/menu", "https://example.com/report")),
     "city": lambda b, a, t: b._city()[0],
     "country_code": lambda b, a, t: b._city()[3],
-    "country": lambda b, a, t: {"PT": "Portugal", "FR": "France", "DE": "Germany"}.get(b._city()[3], "Spain"),
+    "country": lambda b, a, t: COUNTRY_NAMES[b._city()[3]],
     "currency": lambda b, a, t: b._pick("currency", CURRENCIES),
     "symbol": lambda b, a, t: b._pick("symbol", SYMBOLS),
     "person": lambda b, a, t: b._person(),
@@ -625,20 +743,12 @@ def phrase(arg: Argument, value: str, rng: random.Random) -> str:
         "identifier": ("{label} {v}", "my {entity} {v}"),
     }
     choices = options.get(kind, ("{label} {v}", "{label} {v}", "with {label} {v}"))
-    if kind == "currency":
-        first = snake(arg.name).split("_")[0]
-        choices = (
-            ("from {v}",)
-            if first in ("from", "base", "source")
-            else ("into {v}",)
-            if first
-            in (
-                "to",
-                "quote",
-                "target",
-            )
-            else ("in {v}",)
-        )
+    if kind in ("array", "text") and not re.search(r"[\d/@]", value):
+        choices = ('{label} "{v}"', 'with {label} "{v}"')  # quotes mark where a free-text value ends
+    if kind == "currency":  # from_currency / base_currency -> "from EUR"; to / quote -> "into EUR"
+        role = snake(arg.name).split("_")[0]
+        direction = {"from": "from", "base": "from", "source": "from", "to": "into", "quote": "into"}
+        choices = (f"{direction.get(role, 'in')} {{v}}",)
     entity = entity_of(arg.name) or label
     return rng.choice(choices).format(v=value, label=label, entity=entity)
 
@@ -672,21 +782,60 @@ def plan_steps(
     for i, tool in enumerate(chain):
         step = Step(tool)
         for arg in arguments(tool):
-            provider = output_provider(chain, i, arg) if i else None
+            provider = output_provider(chain, i, arg) if i and takes_output(tool, arg) else None
             if provider is not None and arg.required and _fresh_provider(step, provider, arg):
                 step.fed.append((arg, provider))
                 continue
             if provider is not None and not arg.required:
                 continue
             if arg.required:
-                if i and is_identifier(arg.name, arg.schema):
+                if i and not user_knows(arg):
                     step.missing.append(arg)
                 else:
                     step.stated.append((arg, book.value(arg, tool)))
             elif _worth_stating(arg) and book.rng.random() < optional_rate:
                 step.stated.append((arg, book.value(arg, tool)))
+        _say_what_changes(step, book)
         steps.append(step)
     return steps
+
+
+CREATE_VERBS = frozenset("create add new post write register make compose send upload insert".split())
+
+
+def takes_output(tool: NormalizedTool, arg: Argument) -> bool:
+    """Whether the task lets an earlier output supply ``arg``.
+
+    Identifiers always; other values too (coordinates from a geocoder, a currency
+    from a quote), except the content of something the user creates: a new note's
+    title or a file's text is the user's to say, not a copy of whatever came back.
+    """
+    if is_identifier(arg.name, arg.schema):
+        return True
+    return not set(name_words(tool.function.name)) & CREATE_VERBS
+
+
+UPDATE_VERBS = frozenset("update edit modify set change rename tag patch label attach".split())
+
+
+def _say_what_changes(step: Step, book: ValueBook) -> None:
+    """An update whose required arguments are only identifiers states one new value (a title,
+    the content, a tag): "update note X" alone is not a request anyone makes."""
+    if not set(name_words(step.tool.function.name)) & UPDATE_VERBS:
+        return
+    if any(not is_identifier(a.name, a.schema) for a, _ in step.stated):
+        return
+    fed = {a.name for a, _ in step.fed}
+    for arg in arguments(step.tool):
+        if (
+            arg.required
+            or arg.name in fed
+            or not user_knows(arg)
+            or kind_of(arg) in ("boolean", "identifier")
+        ):
+            continue
+        step.stated.append((arg, book.value(arg, step.tool)))
+        return
 
 
 def _fresh_provider(step: Step, provider: str, arg: Argument) -> bool:
@@ -739,7 +888,7 @@ def _pick_hint(fed: Sequence[tuple[Argument, str]], chain: Sequence[NormalizedTo
         if "[]" not in path:
             continue
         tool = chain[int(index)]
-        container = path.split(".", 1)[1].split("[]")[0] if "." in path else path.split("[]")[0]
+        container = path[len(tool.function.name) + 1 :].split("[]")[0]
         siblings = {f.name for f in output_fields(tool) if f.path.startswith(f"{container}[]")}
         if siblings & {"price", "price_per_night", "cost", "total"}:
             return "the cheapest one"
@@ -755,6 +904,8 @@ def step_sentence(
     """One step of the request: connector, purpose clause, value phrases."""
     entities = [e for arg, _ in step.fed if (e := entity_of(arg.name))]
     clause = refer_back(purpose_clause(step.tool), entities) if index else purpose_clause(step.tool)
+    if entities and not any(re.search(rf"\b{re.escape(e)}s?\b", clause) for e in entities):
+        clause += f" of that {entities[0]}"  # "check the availability" -> "... of that book"
     parts = _value_phrases(step, rng)
     hint = _pick_hint(step.fed, chain) if index else ""
     body = clause
@@ -783,12 +934,16 @@ def _value_phrases(step: Step, rng: random.Random) -> list[str]:
     return parts
 
 
-def closing_sentence(tool: NormalizedTool, rng: random.Random) -> str:
-    """Ask for the key fields of the last step's output."""
-    fields = [f for f in output_fields(tool) if "." not in f.path and not f.name.endswith(("_at", "items"))]
+def closing_sentence(step: Step, rng: random.Random) -> str:
+    """Ask for the key fields of the last step's output (not timestamps, flags or what the user said)."""
+    said = {snake(a.name) for a, _ in step.stated}
     fields = [
-        f for f in fields if json_types(f.schema) & {"string", "number", "integer", "boolean"}
-    ] or fields
+        f
+        for f in output_fields(step.tool)
+        if "." not in f.path and not f.name.endswith(("_at", "items")) and f.name not in said
+    ]
+    fields = [f for f in fields if "boolean" not in json_types(f.schema)]
+    fields = [f for f in fields if json_types(f.schema) & {"string", "number", "integer"}] or fields
     if not fields or rng.random() < 0.4:
         return ""
     names = [humanize(f.name) for f in fields[:2]]
@@ -816,7 +971,7 @@ def compose_task(
         glue = ", " if style % 3 == 0 else "; "
         body = f"{opener} {glue.join(sentences)}" + ("?" if question else ".")
     context = context_sentence(server, rng) if rng.random() < 0.6 else ""
-    closing = closing_sentence(chain[-1], rng)
+    closing = closing_sentence(steps[-1], rng) if steps else ""
     return " ".join(p for p in (context, _capitalise(body), closing) if p)
 
 
@@ -841,8 +996,12 @@ def _sorted_tools(server: ServerRef) -> list[NormalizedTool]:
 
 
 def fed_arguments(chain: Sequence[NormalizedTool], tool: NormalizedTool) -> set[str]:
-    """Required arguments of ``tool`` some tool of ``chain`` can provide."""
-    return {a.name for a in required_arguments(tool) if any(feeding_fields(p, a) for p in chain)}
+    """Required arguments of ``tool`` the task takes from outputs of ``chain`` (see ``takes_output``)."""
+    return {
+        a.name
+        for a in required_arguments(tool)
+        if takes_output(tool, a) and any(feeding_fields(p, a) for p in chain)
+    }
 
 
 def can_follow(chain: Sequence[NormalizedTool], tool: NormalizedTool) -> bool:
@@ -850,12 +1009,12 @@ def can_follow(chain: Sequence[NormalizedTool], tool: NormalizedTool) -> bool:
     fed = fed_arguments(chain, tool)
     if not fed:
         return False
-    return all(a.name in fed for a in required_arguments(tool) if is_identifier(a.name, a.schema))
+    return all(a.name in fed for a in required_arguments(tool) if not user_knows(a))
 
 
 def user_can_start(tool: NormalizedTool) -> bool:
     """Every required argument is something a user can state (no system identifiers)."""
-    return not any(is_identifier(a.name, a.schema) for a in required_arguments(tool))
+    return all(user_knows(a) for a in required_arguments(tool))
 
 
 def start_order(server: ServerRef) -> list[NormalizedTool]:
@@ -881,7 +1040,9 @@ def build_chain(server: ServerRef, max_length: int, variant: int, rng: random.Ra
     target = rng.randint(min(2, max_length), max_length)
     while len(chain) < target:
         candidates = [
-            t for t in tools if t not in chain and can_follow(chain, t) and acts_on_deleted([*chain, t]) is None
+            t
+            for t in tools
+            if t not in chain and can_follow(chain, t) and acts_on_deleted([*chain, t]) is None
         ]
         if not candidates:
             break
@@ -928,16 +1089,17 @@ STATE_CHANGING = frozenset(
 
 def nonsense_problem(text: str) -> str | None:
     """Why ``text`` is not a usable request (None when it is)."""
-    tokens = text.split()
-    if len(tokens) < 4:
-        return f"the task has only {len(tokens)} word(s)"
-    if PLACEHOLDER.search(text):
-        return f"the task contains a template placeholder ({PLACEHOLDER.search(text).group(0)!r})"  # type: ignore[union-attr]
-    wordy = [t for t in tokens if re.search(r"[^\W\d_]{2,}", t)]
-    if len(wordy) < 0.5 * len(tokens):
+    words = count_words(text)  # CJK characters count as words: those scripts use no spaces
+    if words < 4:
+        return f"the task has only {words} word(s)"
+    leftover = PLACEHOLDER.search(text)
+    if leftover:
+        return f"the task contains a template placeholder ({leftover.group(0)!r})"
+    visible = [ch for ch in text if not ch.isspace()]
+    if sum(ch.isalpha() for ch in visible) < 0.5 * len(visible):
         return "the task is mostly symbols and numbers, not a request"
-    top = max(tokens.count(t) for t in set(tokens))
-    if len(tokens) >= 8 and top > 0.4 * len(tokens):
+    tokens = text.casefold().split()
+    if len(tokens) >= 8 and max(tokens.count(t) for t in set(tokens)) > 0.4 * len(tokens):
         return "the task repeats one word over and over"
     return None
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from arena.hashing import content_hash
 from arena.llm.roles.emulation import (
+    NATURAL_KEYS,
     QUERY_ARGS,
     STATUS_AFTER,
     TOOL_EMULATION,
@@ -362,10 +363,12 @@ class Generator:
         depth: int = 0,
         kind: str | None = None,
         echo: bool = True,
+        item: bool = False,
     ) -> Any:
         """A value for ``schema`` filling field ``name`` (item ``index`` of an array).
 
-        With ``echo`` a field named like an argument takes the argument's value.
+        With ``echo`` a field named like an argument takes the argument's value;
+        ``item`` marks an element of an array.
         """
         if not isinstance(schema, dict):
             schema = {}
@@ -379,7 +382,7 @@ class Generator:
         kind = kind or self.noun
         match _main_type(schema):
             case "object":
-                return self._object(schema, index, depth, kind) if depth < MAX_DEPTH else {}
+                return self._object(schema, index, depth, kind, item) if depth < MAX_DEPTH else {}
             case "array":
                 return self._array(schema, name, depth, kind) if depth < MAX_DEPTH else []
             case "integer":
@@ -402,7 +405,9 @@ class Generator:
                 return wanted
         return self.rng.choice(options)
 
-    def _object(self, schema: dict[str, Any], index: int, depth: int, kind: str) -> dict[str, Any]:
+    def _object(
+        self, schema: dict[str, Any], index: int, depth: int, kind: str, item: bool = False
+    ) -> dict[str, Any]:
         props = _props(schema)
         required = set(_required(schema))
         out: dict[str, Any] = {}
@@ -410,7 +415,9 @@ class Generator:
             # Top-level fields are all answered; nested optional ones now and then stay out, as in real APIs.
             essential = depth == 0 or field in required or field in self.args or is_key_field(field)
             if essential or set(name_tokens(field)) & {"name", "title", "date"} or self.rng.random() < 0.85:
-                out[field] = self.value(sub, field, index, depth + 1, kind)
+                # A listed item's natural key (path, sku) is its own, never the listing's argument.
+                echo = not (item and field.lower() in NATURAL_KEYS)
+                out[field] = self.value(sub, field, index, depth + 1, kind, echo=echo)
         return out
 
     def _array(self, schema: dict[str, Any], name: str, depth: int, kind: str) -> list[Any]:
@@ -424,7 +431,7 @@ class Generator:
         for _ in range(3 * n):  # scalar items may repeat: a few extra draws to reach n distinct ones
             if len(out) >= n:
                 break
-            value = self.value(items, singular(name), len(out), depth + 1, item_kind, echo=False)
+            value = self.value(items, singular(name), len(out), depth + 1, item_kind, echo=False, item=True)
             if value in out and not isinstance(value, dict):
                 continue
             out.append(value)
@@ -641,9 +648,18 @@ class Generator:
         """Creation/update times are "now" in the emulated world; other times lie before it."""
         if self.inputs.operation in ("create", "update") and set(tokens) & {"created", "updated", "modified"}:
             moment = NOW + timedelta(minutes=self.rng.randint(0, 5))
+        elif set(tokens) & {"updated", "modified"} and (created := self._created_time()):
+            return created  # never changed since it was created in this session
         else:
             moment = NOW - timedelta(days=self.rng.randint(1, 90), minutes=self.rng.randint(0, 1400))
         return moment.replace(microsecond=0).isoformat() + "Z"
+
+    def _created_time(self) -> str | None:
+        subject = self.inputs.subject
+        for field, value in (subject.fields if subject is not None else {}).items():
+            if "created" in name_tokens(field) and isinstance(value, str):
+                return value
+        return None
 
     def _key(self, name: str, kind: str, index: int) -> str:
         key_kind = kind_of_key(name, kind)
@@ -784,7 +800,7 @@ class Generator:
             return
         known = []
         for i, entity in enumerate(fitting):
-            item = self.value(items, singular(field), i, 1, entity.kind)
+            item = self.value(items, singular(field), i, 1, entity.kind, echo=False, item=True)
             if isinstance(item, dict):
                 overlay(item, items, entity)
                 known.append(item)

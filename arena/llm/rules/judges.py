@@ -58,6 +58,7 @@ from arena.llm.rules.agent import (
     result_key_values,
     stated_values,
     terms,
+    uses_output,
     words,
 )
 
@@ -124,7 +125,7 @@ def query_understanding(view: TrajectoryView) -> GradedJudgement:
         f"m2 carries {len(carried)}/{len(values)} stated values and {len(covered)}/{len(key_terms)} key terms"
         + (f"; invented values in {', '.join(invented)}" if invented else "")
     )
-    if (values and not carried) or (key_terms and not covered):
+    if (key_terms and not covered) or (values and not carried and invented):
         return GradedJudgement(score=0.0, reason=f"misunderstood: {detail}")
     if value_share == 1.0 and term_share >= 0.5 and not invented:
         return GradedJudgement(score=1.0, reason=f"understood: {detail}")
@@ -145,9 +146,9 @@ def query_planning(view: TrajectoryView) -> GradedJudgement:
             )
         return GradedJudgement(score=0.0, reason="m2 issues no tool call and names no offered tool")
     evidence = Evidence(task=task)
-    problems = {c.call_id: call_problems(c, specs, evidence) for c in calls}
-    good = sum(1 for p in problems.values() if not p)
-    issues = "; ".join(p for ps in problems.values() for p in ps)
+    problems = [call_problems(c, specs, evidence) for c in calls]
+    good = sum(1 for p in problems if not p)
+    issues = "; ".join(p for ps in problems for p in ps)
     score = _graded(good, len(calls))
     reason = f"{good}/{len(calls)} first calls are existing tools with complete, task-grounded arguments"
     return GradedJudgement(score=score, reason=reason + (f" ({issues})" if issues else ""))
@@ -214,11 +215,12 @@ def round_planning(view: RoundView) -> GradedJudgement:
     task, calls, _ = _round(view)
     specs = read_tools(view.tools)
     evidence = Evidence(task=task, outputs=_observations(view.context, len(view.context) - 1))
-    problems = [p for c in calls for p in call_problems(c, specs, evidence)]
-    good = sum(1 for c in calls if not call_problems(c, specs, evidence))
+    problems = [call_problems(c, specs, evidence) for c in calls]
+    good = sum(1 for p in problems if not p)
+    issues = "; ".join(p for ps in problems for p in ps)
     reason = f"round {view.round_index}: {good}/{len(calls)} calls are grounded, complete next steps"
     return GradedJudgement(
-        score=_graded(good, len(calls)), reason=reason + (f" ({'; '.join(problems)})" if problems else "")
+        score=_graded(good, len(calls)), reason=reason + (f" ({issues})" if issues else "")
     )
 
 
@@ -231,7 +233,12 @@ def call_conciseness(view: CallView) -> BinaryJudgement:
     if view.call_index >= len(calls):
         raise Undecidable(f"call {view.call_index} is not in the context ({len(calls)} calls)")
     call = calls[view.call_index]
-    if call.name != view.call.get("name") or call.message != len(view.context) - 1:
+    claimed_id = view.call.get("id")
+    if (
+        call.name != view.call.get("name")
+        or (claimed_id is not None and claimed_id != call.call_id)
+        or call.message != len(view.context) - 1
+    ):
         raise Undecidable(f"call {view.call_index} of the context is not the judged call")
     specs = read_tools(view.tools)
     spec = specs.get(call.name)
@@ -249,13 +256,8 @@ def call_conciseness(view: CallView) -> BinaryJudgement:
             )
         if outcome.ok:
             return BinaryJudgement(score=0.0, reason=f"repeats call {earlier.index}, which already succeeded")
-    evidence = Evidence(task="", outputs=_observations(view.context, len(view.context) - 1))
-    uses_output = any(
-        grounded(v, None, evidence) and str(v).strip()
-        for v in (leaf.value for leaf in leaves(call.arguments or {}))
-        if v is not None and not isinstance(v, bool)
-    )
-    if not relevant_to_task(view.task, spec) and not uses_output:
+    outputs = _observations(view.context, len(view.context) - 1)
+    if not relevant_to_task(view.task, spec) and not uses_output(call.arguments, outputs):
         return BinaryJudgement(score=0.0, reason=f"{call.name} has nothing to do with the task")
     return BinaryJudgement(score=1.0, reason=f"{call.name} is a new, task-related call")
 
@@ -281,9 +283,7 @@ def answer_correlation(view: AnswerView) -> Judgement:
         score = term_share
     missing = sorted(set(key_terms) - set(covered)) + [v.text for v in values if v not in carried]
     reason = f"answer covers {len(covered)}/{len(key_terms)} key terms and {len(carried)}/{len(values)} stated values"
-    return Judgement(
-        score=score, reason=reason + (f"; missing {', '.join(missing)}" if missing else "")
-    )
+    return Judgement(score=score, reason=reason + (f"; missing {', '.join(missing)}" if missing else ""))
 
 
 _ANSWER_VALUE_KINDS = {"quoted", "date", "id", "number", "url", "email", "path"}

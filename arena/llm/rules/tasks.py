@@ -38,10 +38,13 @@ from arena.llm.roles.tasks import (
     TaskScores,
 )
 from arena.llm.rules.chains import (
+    STOPWORDS,
     VERBS,
     ValueBook,
+    acts_on_deleted,
     can_follow,
     compose_task,
+    enum_values,
     fold,
     humanize,
     kind_of,
@@ -58,6 +61,7 @@ from arena.llm.rules.chains import (
 from arena.records.sft import ServerRef
 from arena.records.tools import NormalizedTool
 from streams.sft.dependencies import Argument, arguments, output_fields, required_arguments, snake
+from streams.sft.normalize import count_words
 
 WEAK_RATE = 0.25
 """Share of server-only drafts that come out weak (vague or general knowledge)."""
@@ -90,17 +94,42 @@ def weak_task(anchor: NormalizedTool, rng: random.Random) -> TaskDraft:
 
 
 def server_tools(server: ServerRef, anchor: NormalizedTool, rng: random.Random) -> list[NormalizedTool]:
-    """The anchor plus up to two tools: a step consuming its output, or an independent need."""
+    """The anchor, reached from a tool that yields its identifiers when a user could not state
+    them, then up to two more tools: steps consuming earlier outputs, or one independent need."""
     tools = sorted(server.tools, key=lambda t: t.function.name)
     chosen = [anchor]
+    if not user_can_start(anchor):
+        feeders = [
+            t
+            for t in tools
+            if t is not anchor
+            and user_can_start(t)
+            and can_follow([t], anchor)
+            and not acts_on_deleted([t, anchor])
+        ]
+        if feeders:
+            chosen = [rng.choice(feeders), anchor]
     for _ in range(rng.choice((0, 0, 1, 1, 2))):
-        followers = [t for t in tools if t not in chosen and can_follow(chosen, t)]
+        followers = [
+            t
+            for t in tools
+            if t not in chosen and can_follow(chosen, t) and not acts_on_deleted([*chosen, t])
+        ]
         independent = [t for t in tools if t not in chosen and user_can_start(t) and required_arguments(t)]
-        pool = followers if followers and (rng.random() < 0.7 or not independent) else independent
-        if not pool:
+        if followers and (rng.random() < 0.7 or not independent):
+            chosen.append(rng.choice(followers))
+        elif independent:  # a separate need comes last, after the connected steps
+            chosen.append(rng.choice(independent))
             break
-        chosen.append(rng.choice(pool))
     return chosen
+
+
+def anchor_tool(server: ServerRef, variant: int) -> NormalizedTool:
+    """The tool variant ``variant`` is built around: consecutive variants rotate through every
+    tool in a server-specific order (coverage), independent of the call's rng."""
+    order = sorted(server.tools, key=lambda t: t.function.name)
+    random.Random(f"{server.server_id}/server-tasks").shuffle(order)
+    return order[variant % len(order)]
 
 
 def task_from_server(inputs: BaseModel, rng: random.Random) -> TaskDraft:
@@ -108,9 +137,7 @@ def task_from_server(inputs: BaseModel, rng: random.Random) -> TaskDraft:
     server = inputs.server
     if not server.tools:
         raise Undecidable("the server has no tools to write a task for")
-    order = sorted(server.tools, key=lambda t: t.function.name)
-    random.Random(f"{server.server_id}/server-tasks").shuffle(order)  # coverage: variants rotate anchors
-    anchor = order[inputs.variant % len(order)]
+    anchor = anchor_tool(server, inputs.variant)
     if rng.random() < WEAK_RATE:
         return weak_task(anchor, rng)
     tools = server_tools(server, anchor, rng)
@@ -153,7 +180,6 @@ TEMPLATES: dict[str, Templates] = {
         reframes=("Here is what I need: {task}", "{task} Thanks!", "Hi, quick request. {task}"),
         synonyms=(
             ("search", "look up"),
-            ("find", "look for"),
             ("get", "fetch"),
             ("list", "show me"),
             ("create", "make"),
@@ -163,7 +189,7 @@ TEMPLATES: dict[str, Templates] = {
             ("compute", "work out"),
             ("calculate", "work out"),
         ),
-        constraints=("Also, make sure the {c}.", "One more condition: the {c}.", "Only if the {c}, please."),
+        constraints=("Also, make sure the {c}.", "One more condition: the {c}.", "Please make sure the {c}."),
         followups=("Afterwards, give me a short summary of the results.",),
         followups_fields=(
             "Afterwards, summarise the {f} in a short list.",
@@ -186,7 +212,7 @@ TEMPLATES: dict[str, Templates] = {
                 "Good morning! Would you be so kind as to help me with something? {task} Many thanks.",
             ),
         ),
-        fillers=("Please help me with this. ", "Here's what I need. ", "I need some help. ", "please "),
+        fillers=("Please help me with this. ", "Here's what I need. ", "I need some help. ", "Please "),
         brief="Short answer, please.",
     ),
     "es": Templates(
@@ -214,7 +240,7 @@ TEMPLATES: dict[str, Templates] = {
             ("hurried", "Rápido, que tengo prisa: {task}"),
             ("polite", "¡Buenos días! ¿Serías tan amable de ayudarme con algo? {task} Muchas gracias."),
         ),
-        fillers=("Por favor, ayúdame con esto. ", "por favor "),
+        fillers=("Por favor, ayúdame con esto. ", "Por favor, "),
         brief="Respuesta breve, por favor.",
     ),
     "fr": Templates(
@@ -246,7 +272,7 @@ TEMPLATES: dict[str, Templates] = {
             ("hurried", "Vite, je suis pressé : {task}"),
             ("polite", "Bonjour ! Aurais-tu l'amabilité de m'aider ? {task} Merci beaucoup."),
         ),
-        fillers=("Merci de m'aider avec ceci. ", "s'il te plaît "),
+        fillers=("Merci de m'aider avec ceci. ", "S'il te plaît, "),
         brief="Réponse courte, s'il te plaît.",
     ),
     "de": Templates(
@@ -274,33 +300,38 @@ TEMPLATES: dict[str, Templates] = {
             ("hurried", "Schnell, ich habe es eilig: {task}"),
             ("polite", "Guten Morgen! Wärst du so freundlich, mir zu helfen? {task} Vielen Dank."),
         ),
-        fillers=("Bitte hilf mir dabei. ", "bitte "),
+        fillers=("Bitte hilf mir dabei. ", "Bitte "),
         brief="Kurze Antwort, bitte.",
     ),
 }
 
-_QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|«[^»]*»|'[^']*'")
+_QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|«[^»]*»|(?<!\w)'[^'\n]+'(?!\w)")
+
+
+def _spans(text: str) -> list[tuple[int, int]]:
+    return [(m.start(), m.end()) for m in _QUOTED.finditer(text)]
+
+
+def _capitalise_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def paraphrase(text: str, synonyms: Sequence[tuple[str, str]], rng: random.Random) -> str:
-    """Swap up to two whole words/phrases for synonyms, never inside quotes or next to digits."""
-    protected = [(m.start(), m.end()) for m in _QUOTED.finditer(text)]
+    """Swap up to two whole words/phrases for synonyms, never inside quotes or next to / . @ - or digits."""
     pairs = list(synonyms)
     rng.shuffle(pairs)
     swaps = 0
     for word, other in pairs:
+        protected = _spans(text)
         pattern = re.compile(rf"(?<![\w/.@-]){re.escape(word)}(?![\w/.@-])", re.IGNORECASE)
-        for m in pattern.finditer(text):
-            if any(a <= m.start() < b for a, b in protected):
-                continue
-            replacement = other if m.group(0)[0].islower() else other[:1].upper() + other[1:]
-            text = text[: m.start()] + replacement + text[m.end() :]
-            shift = len(replacement) - (m.end() - m.start())
-            protected = [
-                (a + shift if a > m.start() else a, b + shift if b > m.start() else b) for a, b in protected
-            ]
-            swaps += 1
-            break
+        hit = next(
+            (m for m in pattern.finditer(text) if not any(a <= m.start() < b for a, b in protected)), None
+        )
+        if hit is None:
+            continue
+        replacement = other if hit.group(0)[0].islower() else other[:1].upper() + other[1:]
+        text = text[: hit.start()] + replacement + text[hit.end() :]
+        swaps += 1
         if swaps == 2:
             break
     return text
@@ -319,7 +350,7 @@ def constraint(task: str, tools: Sequence[NormalizedTool], rng: random.Random) -
     """An extra requirement from an optional argument the task leaves open: (human, key=value)."""
     folded = fold(task)
     options: list[tuple[Argument, NormalizedTool]] = []
-    for tool in relevant_tools(task, tools)[:3]:
+    for tool in relevant_tools(task, tools) or list(tools):
         for arg in arguments(tool):
             label = humanize(arg.name)
             if arg.required or fold(label) in folded or snake(arg.name) in folded:
@@ -342,7 +373,8 @@ def _constraint_phrase(arg: Argument, value: str) -> str:
         return f"results are limited to {value}"
     if kind == "boolean":
         return f"{label} option is {'on' if value == 'yes' else 'off'}"
-    return f"{label} is {value}"
+    verb = "are" if label.endswith("s") and not label.endswith("ss") else "is"
+    return f"{label} {verb} {value}"
 
 
 def followup_fields(task: str, tools: Sequence[NormalizedTool]) -> list[str]:
@@ -382,10 +414,16 @@ def augment_complexity(
 
 def augment_persona(task: str, tpl: Templates, variant: int, rng: random.Random) -> tuple[str, str]:
     persona, template = tpl.personas[(variant + rng.randrange(len(tpl.personas))) % len(tpl.personas)]
-    if persona == "concise":
+    if persona == "concise":  # drop courtesy sentences and a leading "Please" (never inside quotes)
         text = task
         for filler in tpl.fillers:
-            text = re.sub(re.escape(filler), "", text, flags=re.IGNORECASE)
+            at = text.find(filler)
+            if (
+                at >= 0
+                and not any(a <= at < b for a, b in _spans(text))
+                and (at == 0 or text[at - 2 : at] == ". ")
+            ):
+                text = text[:at] + _capitalise_first(text[at + len(filler) :])
         text = re.sub(r"\s{2,}", " ", text).strip()
         return persona, (text if text != task else f"{task} {tpl.brief}")
     return persona, template.format(task=task)
@@ -393,7 +431,7 @@ def augment_persona(task: str, tpl: Templates, variant: int, rng: random.Random)
 
 def neutral(task: str, axis: str, tools: Sequence[NormalizedTool], rng: random.Random) -> AugmentedTask:
     """Language-neutral rewrites for languages without templates: layout and key=value notes."""
-    sentences = [s for s in re.split(r"(?<=[.!?。！？])\s*", task.strip()) if s]
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+|(?<=[。！？])", task.strip()) if s.strip()]
     listed = (
         "\n".join(f"{i}. {s}" for i, s in enumerate(sentences, 1))
         if len(sentences) > 1
@@ -401,8 +439,8 @@ def neutral(task: str, axis: str, tools: Sequence[NormalizedTool], rng: random.R
     )
     if axis == "diversity":
         return AugmentedTask(text=listed, persona=None)
-    if axis == "persona":
-        return AugmentedTask(text=listed if len(sentences) > 1 else f"→ {task.strip()}", persona="structured")
+    if axis == "persona":  # a terse writer: one bullet per sentence
+        return AugmentedTask(text="\n".join(f"- {s}" for s in sentences), persona="terse")
     found = constraint(task, tools, rng)
     if found is None:
         raise Undecidable("no language-neutral constraint to add: the tools have no open optional argument")
@@ -431,13 +469,18 @@ def augment_task(inputs: BaseModel, rng: random.Random) -> AugmentedTask:
 _VALUE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("email", re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")),
     ("url", re.compile(r"https?://\S+")),
-    ("date", re.compile(r"\b\d{4}-\d{2}-\d{2}\b")),
-    ("time", re.compile(r"\b\d{1,2}:\d{2}\b")),
+    ("date", re.compile(r"(?<!\d)\d{4}-\d{2}-\d{2}(?!\d)")),
+    ("time", re.compile(r"(?<![\d:])\d{1,2}:\d{2}(?![\d:])")),
     ("path", re.compile(r"(?:/[\w.*-]+){2,}")),
     ("quoted", re.compile(r"\"[^\"]{2,}\"|“[^”]{2,}”|«[^»]{2,}»")),
-    ("code", re.compile(r"\b[A-Z]{2,}[A-Z0-9]*(?:-\d+)?\b|\b[A-Za-z]+[-_]\d{3,}\b")),
-    ("number", re.compile(r"(?<![\w.-])-?\d+(?:[.,]\d+)?(?![\w-])")),
-    ("name", re.compile(r"(?<=[a-zà-ÿ,;:] )[A-ZÀ-Ý][a-zà-ÿ]+(?: [A-ZÀ-Ý][a-zà-ÿ]+)*")),
+    (
+        "code",
+        re.compile(
+            r"\b[A-Z]{2,}[A-Z0-9]*(?:-\d+)?\b|\b(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9]+(?:[-_][A-Za-z0-9]+)*\b"
+        ),
+    ),
+    ("number", re.compile(r"(?<![A-Za-z0-9_.-])-?\d+(?:[.,]\d+)?(?![A-Za-z0-9_-])")),
+    ("name", re.compile(r"(?<=[a-zà-ÿ,;] )[A-ZÀ-Ý][a-zà-ÿ]+(?: [A-ZÀ-Ý][a-zà-ÿ]+)*")),
     ("glob", re.compile(r"\*\.\w+")),
 )
 _REQUEST = {
@@ -445,6 +488,17 @@ _REQUEST = {
     "es": r"\b(por favor|puedes|podrías|necesito|quiero|me gustaría|ayúdame|dime)\b",
     "fr": r"\b(s'il (te|vous) pla[iî]t|peux-tu|pourriez-vous|pourrais-tu|je voudrais|j'aimerais|aide-moi|dis-moi)",
     "de": r"\b(bitte|kannst du|könntest du|könnten sie|ich möchte|ich brauche|hilf mir|sag mir|zeig mir)\b",
+}
+_IMPERATIVES = {
+    "es": frozenset(
+        "busca encuentra reserva dime muestra consulta calcula crea añade cancela obtén mira comprueba".split()
+    ),
+    "fr": frozenset(
+        "trouve cherche réserve donne montre calcule crée ajoute annule indique vérifie consulte".split()
+    ),
+    "de": frozenset(
+        "suche finde reserviere zeig zeige berechne erstelle füge storniere nenne gib prüfe".split()
+    ),
 }
 _GENERAL = re.compile(
     r"\b(what is|what are|explain|in general|define|definition of|how does .{1,40} work|usually work|"
@@ -461,11 +515,16 @@ _PERIOD = re.compile(
 )
 
 
+_NOT_NAMES = STOPWORDS | {"what", "please", "could", "can", "would", "hello", "hi", "thanks", "also", "then"}
+"""Capitalised words that start a clause, not a name."""
+
+
 @dataclass
 class Features:
     """What the scorer measures in a task text."""
 
     words: int
+    language: str
     values: dict[str, list[str]]
     request: float
     general: bool
@@ -484,6 +543,8 @@ def concrete_values(text: str) -> dict[str, list[str]]:
         for m in pattern.finditer(text):
             if any(a <= m.start() < b for a, b in taken):
                 continue
+            if kind == "name" and m.group(0).split()[0].lower() in _NOT_NAMES:
+                continue
             taken.append((m.start(), m.end()))
             found.setdefault(kind, []).append(m.group(0))
     return found
@@ -495,13 +556,15 @@ def features(text: str) -> Features:
     if "?" in text or "¿" in text:
         request = 1.0
     elif marker is not None:
-        first = fold(text.split()[0]).strip(".,!:") if text.split() else ""
-        request = 1.0 if re.search(marker, text, re.IGNORECASE) or first in VERBS else 0.0
+        firsts = {s.split()[0].strip(".,!:;").lower() for s in re.split(r"(?<=[.!?])\s+", text) if s.split()}
+        verbs = VERBS if lang == "en" else _IMPERATIVES.get(lang, frozenset())
+        request = 1.0 if re.search(marker, text, re.IGNORECASE) or firsts & verbs else 0.0
     else:
         request = 0.5  # no markers known for this language: neither credit nor blame
     problem = nonsense_problem(text)
     return Features(
-        words=len(text.split()),
+        words=count_words(text),
+        language=lang,
         values=concrete_values(text),
         request=request,
         general=bool(_GENERAL.search(text)),
@@ -584,12 +647,16 @@ def _out_of_range(text: str, tools: Sequence[NormalizedTool]) -> str | None:
 
 def tool_necessity(text: str, f: Features, tools: Sequence[NormalizedTool]) -> tuple[float, str]:
     stems = text_stems(text)
+    overlaps = {t.function.name: len(tool_terms(t) & stems) for t in tools}
+    # Across languages words cannot be matched: every tool's topic is then unknown (0.5),
+    # and the values the task gives decide.
+    foreign = not any(overlaps.values()) and f.language != docs_language(tools)
     best_topic, best_fit, best_tool = 0.0, 0.0, ""
     for tool in tools:
-        overlap = len(tool_terms(tool) & stems)
-        if not overlap:
+        overlap = overlaps[tool.function.name]
+        if not overlap and not foreign:
             continue
-        topic = min(1.0, overlap / 2)
+        topic = 0.5 if foreign else min(1.0, overlap / 2)
         fit = arguments_fit(tool, text, f)
         if (topic + fit, tool.function.name) > (best_topic + best_fit, best_tool):
             best_topic, best_fit, best_tool = topic, fit, tool.function.name
@@ -600,8 +667,14 @@ def tool_necessity(text: str, f: Features, tools: Sequence[NormalizedTool]) -> t
         score = min(score, 0.2)
     if not best_tool:
         return score, "nothing the tools act on is mentioned"
-    why = f"about what {best_tool} acts on; {best_fit:.0%} of its required inputs are given"
+    about = f"in {f.language}, read against {best_tool}" if foreign else f"about what {best_tool} acts on"
+    why = f"{about}; {best_fit:.0%} of its required inputs are given"
     return score, why + ("; reads as a general-knowledge question" if f.general else "")
+
+
+def docs_language(tools: Sequence[NormalizedTool]) -> str:
+    """Language the tool docs are written in."""
+    return detect_language(" ".join(t.function.description[:200] for t in tools[:8]))
 
 
 def arguments_fit(tool: NormalizedTool, text: str, f: Features) -> float:
@@ -618,14 +691,13 @@ def _has_value_for(arg: Argument, text: str, f: Features) -> bool:
         return bool(v.get("date"))
     if kind == "enum":
         return any(
-            re.search(rf"(?<![\w-]){re.escape(str(e))}(?![\w-])", text, re.I)
-            for e in arg.schema.get("enum", [])
+            re.search(rf"(?<![\w-]){re.escape(str(e))}(?![\w-])", text, re.I) for e in enum_values(arg.schema)
         )
     checks: dict[str, bool] = {
         "email": bool(v.get("email")),
         "time": bool(v.get("time")),
         "url": bool(v.get("url")),
-        "identifier": bool(v.get("code")) or bool(re.search(r"\b[\w-]*\d[\w-]*\b", text)),
+        "identifier": bool(v.get("code")),
         "path": bool(v.get("path")),
         "dir": bool(v.get("path")),
         "pattern": bool(v.get("glob") or v.get("quoted")),

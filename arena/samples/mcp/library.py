@@ -12,12 +12,12 @@ from __future__ import annotations
 from datetime import date, timedelta
 from typing import Annotated, Literal
 
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 from arena.hashing import content_hash
 from arena.samples.mcp import serve
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
 
 Branch = Literal["central", "riverside", "northgate"]
 BRANCHES: tuple[Branch, ...] = ("central", "riverside", "northgate")

@@ -1,0 +1,1 @@
+"""Bundled samples: tool docs and small MCP servers used by the demo and tests."""
