@@ -40,7 +40,9 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
     home = tmp_path_factory.mktemp("sft") / "home"
-    env = arena_env(home)
+    # A smaller run than the demo's defaults (fewer walks and server tasks) keeps the suite fast;
+    # with seed 0 it still drops records at the chain, task and sample gates.
+    env = arena_env(home, ARENA_SFT__WALKS="3", ARENA_SFT__SERVER_TASKS="1", ARENA_SFT__CHAIN_SYNTHESES="4")
     try:
         out = run_arena(["demo", "--timeout", "900"], env, timeout=1200)
         yield Demo(home, env, broker_of(home), out.stdout)
