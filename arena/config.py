@@ -46,7 +46,14 @@ class SftSettings(BaseModel):
     max_chain_length: Annotated[
         int, Field(default=4, ge=1, le=16, description="Longest random walk (tools).")
     ]
-    acyclic_walks: Annotated[bool, Field(default=True, description="Walks never revisit a tool when true.")]
+    acyclic_walks: Annotated[
+        bool,
+        Field(
+            default=False,
+            description="Walks never revisit a tool when true; when false, pointless repeats are "
+            "left to the task-chain coherence check.",
+        ),
+    ]
     server_tasks: Annotated[
         int, Field(default=2, ge=0, le=100, description="Server-only tasks generated per server (§2.1.3).")
     ]

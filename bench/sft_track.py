@@ -116,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=64, help="Timed gateway calls per run.")
     parser.add_argument("--latency", type=float, default=0.05, help="Server latency per request (s).")
     args = parser.parse_args(argv)
-    result = {"gateway": asyncio.run(gateway_figures(args.concurrency, args.requests, args.latency))}
+    from bench.sft_stages import stage_figures
+
+    result = {
+        "stages": asyncio.run(stage_figures()),
+        "gateway": asyncio.run(gateway_figures(args.concurrency, args.requests, args.latency)),
+    }
     print(json.dumps(result, indent=2))
     return 0
 

@@ -3,8 +3,10 @@ and every Arena command that docker-compose.yml runs works."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from kafka.admin import KafkaAdminClient
 
 from arena.cli import app as cli_app
 from streams.registry import WORKERS
-from tests.cli import ARENA, arena_env, broker_of, children_of, run_arena, stack_stopped_after
+from tests.cli import ARENA, arena_env, broker_of, children_of, read_all, run_arena, stack_stopped_after
 from tests.test_compose import COMPOSE_ARENA_COMMANDS
 
 PENDING_COMMANDS = {("train",)}
@@ -121,3 +123,17 @@ def test_stack_commands(tmp_path_factory: pytest.TempPathFactory, command: list[
     home = tmp_path_factory.getbasetemp() / "stack-commands"
     out = run_arena(command, arena_env(home)).stdout
     assert out.strip()
+
+
+def test_publish_mcp_errors_and_a_live_stdio_server(tmp_path: Path) -> None:
+    env = arena_env(tmp_path / "home")
+    assert_user_error(run_arena(["publish", "mcp"], env, check=None), "exactly one of --stdio")
+    unreachable = run_arena(["publish", "mcp", "--url", "http://127.0.0.1:9/mcp"], env, check=None)
+    assert_user_error(unreachable, "could not list tools", "127.0.0.1:9")
+    command = f"{sys.executable} -m arena.samples.mcp.notes --transport stdio"
+    with stack_stopped_after(env):
+        out = run_arena(["publish", "mcp", "--stdio", command, "--name", "notes"], env)
+        assert "published MCP server 'notes'" in out.stdout
+        (record,) = [json.loads(r.value) for r in read_all(broker_of(tmp_path / "home"), "tools.raw")]
+        assert record["endpoint"] == {"transport": "stdio", "command": command.split(), "url": None}
+        assert record["format"] == "mcp" and all("outputSchema" in e for e in record["entries"])

@@ -24,7 +24,7 @@ from lake.catalog import Catalog
 from streams.sft.dependencies import failed, verify_dependencies
 from tests.cli import arena_env, broker_of, lake_json, read_all, run_arena
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 SFT_TOPICS = ("chains", "tasks", "trajectories", "trajectories.scored", "samples.sft")
 
@@ -61,8 +61,10 @@ def test_demo_reports_every_stage_and_drops(demo: Demo) -> None:
         table: [r["gate"] for r in lake_json(f"select distinct gate from {table}", demo.env)]
         for table in ("chains_rejected", "tasks_rejected", "samples_sft_rejected")
     }
-    # The rules backend is not a filter that passes everything: every gate drops something.
-    assert all(gates.values()), gates
+    # The rules backend is not a filter that passes everything: the gates drop records.
+    assert {"dependency", "coherence"} <= set(gates["chains_rejected"]), gates
+    assert "task_score" in gates["tasks_rejected"], gates
+    assert gates["samples_sft_rejected"] == ["reward_threshold"], gates
 
 
 def test_chains_use_only_their_server_and_pass_dependency_checks(demo: Demo) -> None:
