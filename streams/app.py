@@ -125,6 +125,14 @@ def attach_stage(app: faust.App, stage: StageDef, settings: ArenaSettings) -> No
 
     bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
     seen = SeenKeys(bootstrap, stage.input) if stage.dedupe else None
+    if seen is not None:
+        keys = seen
+
+        def forget_revoked(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+            revoked: set[Any] = args[0] if args else set()  # Faust sends the revoked TPs
+            keys.forget(tp.partition for tp in revoked if tp.topic == stage.input)
+
+        app.on_partitions_revoked.connect(forget_revoked)  # type: ignore[arg-type]  # mode types receivers narrowly
 
     async def agent(stream: Any) -> None:
         async for event in stream.events():

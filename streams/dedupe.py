@@ -10,12 +10,14 @@ of processed keys is the set of keys before the committed offset, and the
 input topic itself is the changelog (the way Kafka Streams reuses a source
 topic). On the first event of a partition the set is rebuilt by reading the
 partition's keys up to that event's offset; later events add their key once
-handled. A crash loses only the in-memory set, which the next start rebuilds.
+handled. A crash loses only the in-memory set, which the next start rebuilds;
+a revoked partition's set is dropped and rebuilt when it is assigned again.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -38,6 +40,11 @@ class SeenKeys:
 
     def add(self, partition: int, key: str) -> None:
         self._seen.setdefault(partition, set()).add(key)
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop revoked partitions: another worker may handle keys there before they come back."""
+        for partition in partitions:
+            self._seen.pop(partition, None)
 
     async def _keys_before(self, partition: int, offset: int) -> set[str]:
         keys: set[str] = set()
