@@ -44,6 +44,17 @@ def outputs(emits: list[Emit], name: str) -> list[tuple[str, BaseModel]]:
     return [(e.key, e.value) for e in emits if e.topic == name]
 
 
+def figures(records_in: int, emits: list[Emit], produces: str, wall: float) -> dict[str, float]:
+    """One stage's row: records in and out, side-topic records, time and rate."""
+    return {
+        "records_in": records_in,
+        "records_out": len(outputs(emits, produces)),
+        "side_records": sum(1 for e in emits if e.topic != produces),
+        "seconds": round(wall, 3),
+        "records_per_s": round(records_in / wall, 2) if wall else 0.0,
+    }
+
+
 async def stage_figures(home: Path | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         settings = ArenaSettings(home=home or Path(tmp), llm="rules")
@@ -63,24 +74,12 @@ async def stage_figures(home: Path | None = None) -> dict[str, Any]:
         for stage, produces in plan:
             emits, wall = await run_stage(stage, current, settings)
             total_s += wall
-            per_stage[stage.name] = {
-                "records_in": len(current),
-                "records_out": len(outputs(emits, produces)),
-                "side_records": sum(1 for e in emits if e.topic != produces),
-                "seconds": round(wall, 3),
-                "records_per_s": round(len(current) / wall, 2) if wall else 0.0,
-            }
+            per_stage[stage.name] = figures(len(current), emits, produces, wall)
             current = outputs(emits, produces)
             if stage is tools_servers.STAGE:
                 servers = current
         emits, wall = await run_stage(tasks.SERVER_STAGE, servers, settings)
-        per_stage[tasks.SERVER_STAGE.name] = {
-            "records_in": len(servers),
-            "records_out": len(outputs(emits, "tasks")),
-            "side_records": sum(1 for e in emits if e.topic != "tasks"),
-            "seconds": round(wall, 3),
-            "records_per_s": round(len(servers) / wall, 2) if wall else 0.0,
-        }
+        per_stage[tasks.SERVER_STAGE.name] = figures(len(servers), emits, "tasks", wall)
         return {
             "backend": "rules",
             "stages": per_stage,

@@ -25,12 +25,9 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from arena.llm.backends.openai import OpenAIBackend
-from arena.llm.core import Role
 from arena.llm.gateway import Gateway
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,37 +36,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # --- gateway ------------------------------------------------------------------------------
 
 
-class BenchQuestion(BaseModel):
-    """Input of the benchmark role."""
-
-    text: Annotated[str, Field(description="A question.")]
-
-
-class BenchReply(BaseModel):
-    """Output of the benchmark role (what the scripted server answers by default)."""
-
-    answer: Annotated[str, Field(description="The answer.")]
-    score: Annotated[float, Field(ge=0, le=1, description="Confidence.")]
-
-
-BENCH_ROLE = Role(
-    name="bench_ask",
-    input=BenchQuestion,
-    output=BenchReply,
-    system='Answer the question. Reply with one JSON object {"answer": string, "score": number in [0, 1]}.',
-    template="Question:\n{input}",
-)
-
-
 async def _gateway_rps(base_url: str, concurrency: int, requests: int) -> float:
     """Requests per second of ``requests`` concurrent gateway calls at backend ``concurrency``."""
     backend = OpenAIBackend(base_url, "bench-model", concurrency=concurrency, timeout_s=60)
     gateway = Gateway(backend, max_attempts=1)
+    from tests.fixtures.openai_server import ASK, Question  # on sys.path via gateway_figures
+
     try:
-        await gateway.call(BENCH_ROLE, BenchQuestion(text="warm-up"))
+        await gateway.call(ASK, Question(text="warm-up"))
         started = time.perf_counter()
         answers = await asyncio.gather(
-            *(gateway.call(BENCH_ROLE, BenchQuestion(text=f"question {i}")) for i in range(requests))
+            *(gateway.call(ASK, Question(text=f"question {i}")) for i in range(requests))
         )
         elapsed = time.perf_counter() - started
     finally:

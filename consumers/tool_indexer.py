@@ -10,24 +10,14 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from arena.config import ArenaSettings
 from arena.records.tools import ToolServer
-from lake.tool_index import ToolIndex
+from streams.resources import tool_index_for
 from streams.runtime import Context, Emit, StageDef
-
-_indexes: dict[int, ToolIndex] = {}
-
-
-def _index(settings: ArenaSettings) -> ToolIndex:
-    """One index connection per settings object (one per worker process)."""
-    if id(settings) not in _indexes:
-        _indexes[id(settings)] = ToolIndex.from_settings(settings)
-    return _indexes[id(settings)]
 
 
 async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     assert isinstance(record, ToolServer)
-    index = _index(ctx.settings)
+    index = tool_index_for(ctx.settings)
     await asyncio.to_thread(index.upsert, record)
     return []
 

@@ -6,43 +6,27 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from typing import Annotated
 
 import pytest
-from pydantic import BaseModel, Field
 
 from arena.llm.backends import BackendError
 from arena.llm.backends.openai import OpenAIBackend
-from arena.llm.core import InvalidOutput, Role, Sampling
+from arena.llm.core import InvalidOutput, Sampling
 from arena.llm.gateway import Gateway
 from tests.fixtures import free_ports
-from tests.fixtures.openai_server import FailSpec, OpenAIServer, ServerScript, start_openai_server
+from tests.fixtures.openai_server import (
+    ASK,
+    FailSpec,
+    OpenAIServer,
+    Question,
+    Reply,
+    ServerScript,
+    start_openai_server,
+)
 
 pytestmark = pytest.mark.integration
 
 API_KEY = "sk-test-0123456789-secret"
-
-
-class Question(BaseModel):
-    """Input of the test role."""
-
-    text: Annotated[str, Field(description="A question.")]
-
-
-class Reply(BaseModel):
-    """Output of the test role."""
-
-    answer: Annotated[str, Field(description="The answer.")]
-    score: Annotated[float, Field(ge=0, le=1, description="Confidence.")]
-
-
-ASK = Role(
-    name="test_ask",
-    input=Question,
-    output=Reply,
-    system='Answer the question. Reply with one JSON object {"answer": string, "score": number in [0, 1]}.',
-    template="Question:\n{input}",
-)
 
 
 @pytest.fixture(scope="module")
