@@ -6,11 +6,19 @@ stages re-key records (content hashes) and write side topics with other
 partition counts, so we send through the transactional producer of the
 *input* partition: each input partition's outputs and its offset commit then
 land in one Kafka transaction, and a crash can neither lose nor duplicate.
+
+Faust also snapshots the acked offsets *before* it takes a transaction's lock
+to commit it, so an event handled in that gap would have its outputs committed
+without its offset, and a crash right after would replay it. `CommitGate`
+closes the gap: each event's sends plus its ack, and each whole commit, run
+under one lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +97,37 @@ async def send(app: faust.App, emit: Emit, *, stage: str, version: str, event: A
         await fut
 
 
+class CommitGate:
+    """Keeps an event's outputs and its offset on the same side of every commit."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self._gated: object | None = None
+
+    def install(self, consumer: Any) -> None:
+        """Make ``consumer``'s commits (timer, every-N, rebalance, error) wait on the gate."""
+        if self._gated is consumer:
+            return  # the agent restarted; the consumer is already gated
+        commit: Callable[..., Awaitable[bool]] = consumer.force_commit
+
+        async def gated_commit(*args: Any, **kwargs: Any) -> bool:
+            async with self.lock:
+                return await commit(*args, **kwargs)
+
+        # Faust has no hook around its commit; wrapping the one method every
+        # commit path goes through (Consumer.commit -> force_commit) is the
+        # narrowest change.
+        consumer.force_commit = gated_commit
+        self._gated = consumer
+
+
 async def process_event(
-    app: faust.App, stage: StageDef, settings: ArenaSettings, event: Any, seen: SeenKeys | None = None
+    app: faust.App,
+    stage: StageDef,
+    settings: ArenaSettings,
+    event: Any,
+    gate: CommitGate,
+    seen: SeenKeys | None = None,
 ) -> None:
     """Decode, handle, and send the outputs of one input event."""
     spec = topic(stage.input)
@@ -114,8 +151,10 @@ async def process_event(
         assert decoded.record is not None
         ctx = Context(stage.name, stage.version, spec, key, settings, message.value or b"")
         emits = await run_handler(stage, decoded.record, ctx, message.value or b"")
-    for emit in emits:
-        await send(app, emit, stage=stage.name, version=stage.version, event=event)
+    async with gate.lock:
+        for emit in emits:
+            await send(app, emit, stage=stage.name, version=stage.version, event=event)
+        event.ack()  # inside the gate; Faust's own ack after this is a no-op
     if seen is not None:
         seen.add(message.partition, key)
 
@@ -134,8 +173,11 @@ def attach_stage(app: faust.App, stage: StageDef, settings: ArenaSettings) -> No
 
         app.on_partitions_revoked.connect(forget_revoked)  # type: ignore[arg-type]  # mode types receivers narrowly
 
+    gate = CommitGate()
+
     async def agent(stream: Any) -> None:
+        gate.install(app.consumer)
         async for event in stream.events():
-            await process_event(app, stage, settings, event, seen)
+            await process_event(app, stage, settings, event, gate, seen)
 
     app.agent(raw_topic(app, stage.input), name=stage.name)(agent)
