@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from arena.config import ArenaSettings
+from sandbox.cli import app as sandbox_app
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -31,10 +32,13 @@ topics_app = typer.Typer(no_args_is_help=True, help="Create and list Arena's Kaf
 publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's topics.")
 lake_app = typer.Typer(no_args_is_help=True, help="Query and list the artifact lake.")
 export_app = typer.Typer(no_args_is_help=True, help="Export training data from the lake.")
+env_app = typer.Typer(no_args_is_help=True, help="Inspect and re-verify environment packages.")
 app.add_typer(topics_app, name="topics")
 app.add_typer(publish_app, name="publish")
 app.add_typer(lake_app, name="lake")
 app.add_typer(export_app, name="export")
+app.add_typer(env_app, name="env")
+app.add_typer(sandbox_app, name="sandbox")
 
 console = Console()
 err = Console(stderr=True)
@@ -227,6 +231,71 @@ def publish_mcp(
     )
 
 
+@publish_app.command("qa")
+def publish_qa(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Knowledge sources: Markdown/text corpora, JSON or CSV tables (files or folders)."
+        ),
+    ] = None,
+    builtin: Annotated[
+        list[str] | None,
+        typer.Option("--builtin", help="A built-in seeded knowledge base by domain (repeatable)."),
+    ] = None,
+    questions: Annotated[
+        Path | None,
+        typer.Option(
+            "--questions", help="Main questions (JSONL/JSON/one per line): question-conditional mode."
+        ),
+    ] = None,
+    hops: Annotated[int, typer.Option("--hops", min=1, max=8, help="Hop budget H.")] = 2,
+    count: Annotated[
+        int, typer.Option("--count", min=1, max=1000, help="Instances per source (unconditional mode).")
+    ] = 8,
+) -> None:
+    """Publish QA seeds to `qa.seeds`: knowledge sources plus hop budget, or main questions."""
+    from producers.knowledge import (
+        BUILTIN_DOMAINS,
+        KnowledgeError,
+        builtin_knowledge,
+        load_knowledge,
+        load_questions,
+        question_seeds,
+        unconditional_seed,
+    )
+    from producers.publish_qa import publish_seeds
+
+    cfg = settings()
+    unknown = [d for d in builtin or [] if d not in BUILTIN_DOMAINS]
+    if unknown:
+        raise UserError(
+            f"no built-in knowledge base {unknown[0]!r} (fix: use one of {', '.join(BUILTIN_DOMAINS)})"
+        )
+    if not paths and not builtin:
+        raise UserError("give knowledge sources (PATH...) or --builtin DOMAIN")
+    missing = [p for p in [*(paths or []), *([questions] if questions else [])] if not p.exists()]
+    if missing:
+        raise UserError(f"no such file or folder: {missing[0]} (fix: check the path)")
+    try:
+        sources = [(builtin_knowledge(d, cfg.seed), f"builtin:{d}") for d in builtin or []]
+        for path in paths or []:
+            sources += [(kb, str(path)) for kb in load_knowledge(path)]
+        asked = load_questions(questions) if questions else None
+    except KnowledgeError as exc:
+        raise UserError(str(exc)) from None
+    if asked is not None:
+        seeds = [s for kb, src in sources for s in question_seeds(kb, asked, hop_budget=hops, source=src)]
+    else:
+        seeds = [unconditional_seed(kb, hop_budget=hops, count=count, source=src) for kb, src in sources]
+    asyncio.run(publish_seeds(ready_broker(cfg), seeds))
+    table = Table("seed", "domain", "mode", "tables", "instances", "source", title="published to qa.seeds")
+    for seed in seeds:
+        n = str(seed.count) if seed.mode == "unconditional" else "1"
+        table.add_row(seed.seed_id, seed.domain, seed.mode, str(len(seed.knowledge.tables)), n, seed.source)
+    console.print(table)
+
+
 # --- export -------------------------------------------------------------
 
 
@@ -245,6 +314,104 @@ def export_sft_cmd(
         raise UserError(f"{path} is a folder (fix: give a file path, e.g. {path / ('sft.' + fmt)})")
     count = export_sft(open_store(settings()), path, fmt)  # type: ignore[arg-type]
     console.print(f"wrote {count} SFT samples to {path} ({fmt})")
+
+
+# --- environments ---------------------------------------------------------
+
+
+def _load_package(env_id: str | None, file: Path | None) -> tuple[Any, str]:
+    """A package from the catalog by id, or from a JSON file (`arena env show ID --json`)."""
+    from arena.records.envs import EnvPackage
+    from lake.env_packages import EnvPackageStore
+
+    if (env_id is None) == (file is None):
+        raise UserError("give exactly one of ENV_ID and --file PATH")
+    if file is not None:
+        try:
+            return EnvPackage.model_validate_json(file.read_bytes()), str(file)
+        except OSError as exc:
+            raise UserError(f"cannot read {file}: {exc.strerror} (fix: check the path)") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            raise UserError(
+                f"{file}: field {where}: {first['msg']} (fix: write it with `arena env show ID --json`)"
+            ) from None
+    store = EnvPackageStore(settings().catalog)
+    try:
+        found = store.get(env_id or "")
+    finally:
+        store.dispose()
+    if found is None:
+        raise UserError(
+            f"no environment package {env_id!r} in the catalog "
+            '(fix: list them with `arena lake query "select env_id, structure from envs_verified"`)'
+        )
+    package, split = found
+    return package, split
+
+
+@env_app.command("show")
+def env_show(
+    env_id: Annotated[str, typer.Argument(help="Package id (env-...).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole package as JSON.")] = False,
+) -> None:
+    """Show an environment package: question, tools, jobs, merging, lineage."""
+    package, split = _load_package(env_id, None)
+    if as_json:
+        print(package.model_dump_json(indent=1))
+        return
+    console.print(
+        f"[bold]{package.env_id}[/bold] v{package.version}  {package.domain} / {package.structure}  "
+        f"split={split}  qa={package.qa_id}"
+    )
+    console.print(f"Q: {package.question}\nA: {package.answer}")
+    tools = Table("tool", "parameters", "rows of data", title="tools")
+    for spec in package.tools:
+        fn = spec.get("function", spec)
+        params = ", ".join(fn.get("parameters", {}).get("properties", {}))
+        tools.add_row(fn["name"], params, str(len(package.data.get(fn["name"], []))))
+    console.print(tools)
+    jobs = Table("#", "sub-question", "answer", "invocation", title="jobs")
+    for job in package.jobs:
+        jobs.add_row(str(job.index), job.question, job.answer, job.invocation)
+    console.print(jobs)
+    console.print(
+        f"tools before merging: {package.tools_before_merge}, after: {len(package.tools)}; "
+        f"merged groups: {package.merged_groups or 'none'}"
+    )
+    for role, version in sorted(package.lineage.items()):
+        console.print(f"  {role}: {version}")
+
+
+@env_app.command("verify")
+def env_verify(
+    env_id: Annotated[str | None, typer.Argument(help="Package id (env-...).")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", help="Verify a package JSON file instead of a catalog id.")
+    ] = None,
+) -> None:
+    """Re-execute every job of a package in the sandbox; exit 1 if any fails."""
+    from sandbox import SandboxPool
+    from sandbox.env_runtime import verify_package
+
+    package, source = _load_package(env_id, file)
+    cfg = settings()
+
+    async def run() -> list[Any]:
+        async with SandboxPool(cfg.sandbox) as pool:
+            return await verify_package(package, pool)
+
+    outcomes = asyncio.run(run())
+    table = Table("#", "sub-question", "answer", "result", "detail", title=f"{package.env_id} ({source})")
+    for o in outcomes:
+        mark = "[green]pass[/green]" if o.passed else "[red]FAIL[/red]"
+        table.add_row(str(o.index), _cell(o.question, 60), o.answer, mark, _cell(o.error or "", 70))
+    console.print(table)
+    failed = sum(not o.passed for o in outcomes)
+    console.print(f"{len(outcomes) - failed}/{len(outcomes)} jobs passed")
+    if failed:
+        raise typer.Exit(1)
 
 
 # --- workers ------------------------------------------------------------

@@ -30,6 +30,73 @@ def _toml_path() -> Path:
     return Path(os.environ.get("ARENA_CONFIG", "arena.toml"))
 
 
+class SandboxSettings(BaseModel):
+    """Limits of the sandbox that runs generated code; env vars ``ARENA_SANDBOX__<FIELD>``."""
+
+    pool_size: Annotated[int, Field(default=2, ge=1, le=64, description="Warm worker processes kept ready.")]
+    timeout_s: Annotated[
+        float, Field(default=5.0, gt=0, le=600, description="Wall-clock limit per execution (seconds).")
+    ]
+    memory_mb: Annotated[
+        int, Field(default=512, ge=32, le=65536, description="Address-space cap per execution (MiB).")
+    ]
+    max_procs: Annotated[
+        int, Field(default=16, ge=1, le=4096, description="Processes the sandbox uid may run at once.")
+    ]
+    max_output_bytes: Annotated[
+        int, Field(default=65536, ge=1024, le=16 << 20, description="Captured stdout/stderr cap (bytes).")
+    ]
+    uid_base: Annotated[
+        int,
+        Field(
+            default=61000,
+            ge=1000,
+            le=2**31 - 70000,
+            description="First of the unprivileged uids given to sandbox slots (one uid per slot).",
+        ),
+    ]
+
+
+class EnvSettings(BaseModel):
+    """Knobs of the environment track (ASTRA §2.2); env vars ``ARENA_ENVS__<FIELD>``."""
+
+    qs_threshold: Annotated[
+        float,
+        Field(
+            default=0.8,
+            ge=0,
+            le=1,
+            description="Keep QA instances with QS >= this (eq. 21); above 0.75 so one failed "
+            "dimension (e.g. TC = 0) drops the instance.",
+        ),
+    ]
+    synthesis_attempts: Annotated[
+        int,
+        Field(
+            default=3, ge=1, le=20, description="Attempts per sub-environment, restarting at the invocation."
+        ),
+    ]
+    extra_params: Annotated[
+        int, Field(default=2, ge=0, le=8, description="Parameters added by complexity scaling per tool.")
+    ]
+    heldout_k: Annotated[
+        int, Field(default=10, ge=2, le=1000, description="Split modulus k: env hash mod k == 0 is held out.")
+    ]
+    flaw_rate: Annotated[
+        float,
+        Field(
+            default=0.15,
+            ge=0,
+            le=1,
+            description="rules backend: share of QA drafts made with a realistic flaw, so the gates have "
+            "something to catch (an LLM makes these mistakes on its own).",
+        ),
+    ]
+    demo_instances: Annotated[
+        int, Field(default=8, ge=1, le=1000, description="Instances per built-in knowledge base in the demo.")
+    ]
+
+
 class SftSettings(BaseModel):
     """Knobs of the SFT track (ASTRA §2.1); env vars ``ARENA_SFT__<FIELD>``."""
 
@@ -180,6 +247,14 @@ class ArenaSettings(BaseSettings):
     seed: Annotated[int, Field(default=0, ge=0, description="Global seed for every random choice.")]
     sft: Annotated[
         SftSettings, Field(default_factory=SftSettings, description="SFT-track knobs (ASTRA §2.1).")
+    ]
+    envs: Annotated[
+        EnvSettings,
+        Field(default_factory=EnvSettings, description="Environment-track knobs (ASTRA §2.2)."),
+    ]
+    sandbox: Annotated[
+        SandboxSettings,
+        Field(default_factory=SandboxSettings, description="Sandbox limits for generated code."),
     ]
     commit_interval_s: Annotated[
         float,

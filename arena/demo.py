@@ -1,8 +1,9 @@
 """`arena demo`: the main job on the embedded default.
 
 Publishes the bundled sample tool docs (good servers, servers the gates
-reject, malformed files), runs every stage until drained, then prints what
-landed where and how to look at it.
+reject, malformed files) and one QA seed per built-in knowledge base, runs
+every stage of both ASTRA tracks until drained, then prints what landed
+where and how to look at it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge, unconditional_seed
 from rich.console import Console
 from rich.table import Table
 
 from arena.config import ArenaSettings
+from arena.records.envs import QaSeed
 from arena.records.tools import McpEndpoint, RawToolServer
 from arena.topics import TOPICS, topic
 from arena.worker import run_workers
@@ -29,6 +32,7 @@ from lake.store import open_store
 from lake.tool_index import ToolIndex
 from producers.mcp_tools import fetch_mcp_server
 from producers.publish import publish
+from producers.publish_qa import publish_seeds
 from producers.publish_tools import outgoing, publish_tool_docs
 from streams.registry import WORKERS
 
@@ -38,6 +42,8 @@ EXAMPLE_QUERIES = (
     "select mode, augmentation, text from tasks",
     "select trajectory_id, overall, scores from trajectories_scored order by overall",
     "select gate, count(*) from tasks_rejected group by 1",
+    "select structure, count(*) as packages from envs_verified group by 1",
+    "select gate, count(*) from qa_traces_rejected group by 1",
 )
 
 MCP_PACKAGE = "arena.samples.mcp"
@@ -145,6 +151,19 @@ async def publish_demo_inputs(bootstrap: str, mcp: DemoMcp) -> tuple[int, int, i
     return len(report.servers), len(report.errors), len(deployed)
 
 
+def demo_seeds(settings: ArenaSettings) -> list[QaSeed]:
+    """One unconditional seed per built-in knowledge base (hop budget 2)."""
+    return [
+        unconditional_seed(
+            builtin_knowledge(domain, settings.seed),
+            hop_budget=2,
+            count=settings.envs.demo_instances,
+            source=f"builtin:{domain}",
+        )
+        for domain in BUILTIN_DOMAINS
+    ]
+
+
 def run_demo(settings: ArenaSettings, bootstrap: str, *, console: Console, timeout_s: float) -> int:
     """``bootstrap`` must have every topic created (`arena.cli.ready_broker`)."""
     mcp = start_demo_mcp(settings.home / "logs")
@@ -153,6 +172,12 @@ def run_demo(settings: ArenaSettings, bootstrap: str, *, console: Console, timeo
         console.print(
             f"published {docs} doc-only candidate servers and {deployed} deployed MCP servers to tools.raw; "
             f"{unreadable} unreadable files/entries to tools.raw.dlq"
+        )
+        seeds = demo_seeds(settings)
+        asyncio.run(publish_seeds(bootstrap, seeds))
+        console.print(
+            f"published {len(seeds)} QA seeds to qa.seeds ({', '.join(BUILTIN_DOMAINS)}; "
+            f"{settings.envs.demo_instances} instances each)"
         )
         code = run_workers(
             settings, bootstrap, list(WORKERS), until_drained=True, timeout_s=timeout_s, console=console
@@ -181,6 +206,7 @@ def summarise(settings: ArenaSettings, console: Console) -> None:
         reasons.add_row(row["topic"], row["why"], str(row["n"]), _short(row["example"], 90))
     console.print(reasons)
     print_rewards(query, console)
+    print_environments(query, console)
 
     index = ToolIndex.from_settings(settings)
     view = settings.public_view()
@@ -192,6 +218,7 @@ def summarise(settings: ArenaSettings, console: Console) -> None:
     for sql in EXAMPLE_QUERIES:
         console.print(f'  arena lake query "{sql}"')
     console.print("  arena export sft --format jsonl sft.jsonl")
+    console.print("  arena env show ENV_ID; arena env verify ENV_ID")
     console.print("  arena lag")
 
 
@@ -215,4 +242,37 @@ def print_rewards(query: LakeQuery, console: Console) -> None:
     names = ["overall", "QU", "QP", "TCU", "TCP", "TCS", "TC", "FA"]
     table = Table("trajectories", *names, title="7-dimension reward (means)")
     table.add_row(str(row["n"]), *[f"{row[k]:.2f}" for k in names])
+    console.print(table)
+
+
+ENVS_SQL = """
+select structure, count(*) as packages, sum(json_array_length(jobs)) as jobs,
+  sum(tools_before_merge) as tools_before, sum(json_array_length(tools)) as tools_after,
+  min(env_id) as example
+from envs_verified where _valid group by 1 order by 1
+"""
+
+
+def print_environments(query: LakeQuery, console: Console) -> None:
+    """Verified environment packages per structure, with the tool counts merging saved (ASTRA §2.2.4)."""
+    if "envs_verified" not in query.tables():
+        return
+    table = Table(
+        "structure",
+        "packages",
+        "jobs",
+        "tools before merging",
+        "after",
+        "example env_id",
+        title="verified environments",
+    )
+    for row in query.query(ENVS_SQL).to_pylist():
+        table.add_row(
+            row["structure"],
+            str(row["packages"]),
+            str(row["jobs"]),
+            str(row["tools_before"]),
+            str(row["tools_after"]),
+            row["example"],
+        )
     console.print(table)

@@ -13,8 +13,9 @@ import faust
 
 from arena.config import ArenaSettings
 from arena.topics import TOPICS
-from consumers import lake_sink, tool_indexer
+from consumers import tool_indexer
 from streams.app import attach_stage
+from streams.envs import envs_code, envs_verified, qa_traces, qa_validated, samples_verified
 from streams.runtime import Guarantee, StageDef
 from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
 
@@ -48,7 +49,19 @@ STAGES: tuple[StageDef, ...] = (
     trajectories.STAGE,
     trajectories_scored.STAGE,
     samples_sft.STAGE,
+    qa_traces.STAGE,
+    qa_validated.STAGE,
+    envs_code.STAGE,
+    envs_verified.STAGE,
+    samples_verified.STAGE,
 )
+
+def _attach_lake_sink(app: faust.App, settings: ArenaSettings) -> None:
+    # Imported here: the Parquet writer (pyarrow.dataset, ~1 s) is only the sink worker's cost.
+    from consumers.lake_sink import attach_lake_sink
+
+    attach_lake_sink(app, settings)
+
 
 WORKERS: dict[str, WorkerDef] = {
     **{stage.name: _stage_worker(stage) for stage in STAGES},
@@ -56,7 +69,7 @@ WORKERS: dict[str, WorkerDef] = {
         "lake-sink",
         tuple(TOPICS),
         "at_least_once",
-        lake_sink.attach_lake_sink,
+        _attach_lake_sink,
         "persist every topic to Parquet in the lake (idempotent by key)",
     ),
 }

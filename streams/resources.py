@@ -1,4 +1,4 @@
-"""Per-process resources stage handlers share: LLM gateway, chain-graph store, tool index.
+"""Per-process resources stage handlers share: LLM gateway, catalog stores, tool index, sandbox pool.
 
 Workers are one process per stage, so one instance per settings object is one
 per worker; tests that run handlers in-process get their own per settings.
@@ -6,14 +6,24 @@ per worker; tests that run handlers in-process get their own per settings.
 
 from __future__ import annotations
 
+import asyncio
+from typing import TYPE_CHECKING
+
 from arena.config import ArenaSettings
 from arena.llm.gateway import Gateway
 from lake.chain_graphs import ChainGraphStore
-from lake.tool_index import ToolIndex
+from lake.env_packages import EnvPackageStore
+from sandbox import SandboxPool
+
+if TYPE_CHECKING:  # lancedb takes ~1.5 s to import; only the stages that use the index pay for it
+    from lake.tool_index import ToolIndex
 
 _gateways: dict[int, Gateway] = {}
 _graphs: dict[int, ChainGraphStore] = {}
 _indexes: dict[int, ToolIndex] = {}
+_env_stores: dict[int, EnvPackageStore] = {}
+_pools: dict[int, SandboxPool] = {}
+_pool_starts: dict[int, asyncio.Future[None]] = {}
 
 
 def gateway_for(settings: ArenaSettings) -> Gateway:
@@ -29,6 +39,38 @@ def chain_graphs_for(settings: ArenaSettings) -> ChainGraphStore:
 
 
 def tool_index_for(settings: ArenaSettings) -> ToolIndex:
+    from lake.tool_index import ToolIndex
+
     if id(settings) not in _indexes:
         _indexes[id(settings)] = ToolIndex.from_settings(settings)
     return _indexes[id(settings)]
+
+
+def env_store_for(settings: ArenaSettings) -> EnvPackageStore:
+    if id(settings) not in _env_stores:
+        _env_stores[id(settings)] = EnvPackageStore(settings.catalog)
+    return _env_stores[id(settings)]
+
+
+async def sandbox_pool_for(settings: ArenaSettings) -> SandboxPool:
+    """The worker's warm sandbox pool, started once on first use (concurrent callers share the start)."""
+    key = id(settings)
+    if key not in _pools:
+        _pools[key] = SandboxPool(settings.sandbox)
+        _pool_starts[key] = asyncio.ensure_future(_pools[key].start())
+    await asyncio.shield(_pool_starts[key])
+    return _pools[key]
+
+
+def use_sandbox_pool(settings: ArenaSettings, pool: SandboxPool) -> None:
+    """Hand the stages run with ``settings`` an already-built pool (benchmarks compare pool kinds)."""
+    _pools[id(settings)] = pool
+    _pool_starts[id(settings)] = asyncio.ensure_future(pool.start())
+
+
+async def close_sandbox_pool(settings: ArenaSettings) -> None:
+    """Stop the pool of ``settings``, if one was started."""
+    pool = _pools.pop(id(settings), None)
+    _pool_starts.pop(id(settings), None)
+    if pool is not None:
+        await pool.close()

@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.broker",
     "tests.fixtures.s3",
     "tests.fixtures.postgres",
+    "tests.fixtures.demo",
 ]
 
 

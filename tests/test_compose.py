@@ -51,6 +51,15 @@ SFT_WORKER = (
     ),
 )
 
+ENV_WORKER = (
+    "worker",
+    *(
+        arg
+        for name in ("qa-traces", "qa-validated", "envs-code", "envs-verified", "samples-verified")
+        for arg in ("--stage", name)
+    ),
+)
+
 # Every `arena ...` command the deployment may run; the CLI tests must exercise each.
 ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
     {
@@ -58,6 +67,7 @@ ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
         ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         ("worker", "--stage", "lake-sink"),
         SFT_WORKER,
+        ENV_WORKER,
         ("train",),
     }
 )
@@ -169,12 +179,13 @@ def test_arena_services(raw: dict[str, Any]) -> None:
         "worker": ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         "lake-sink": ("worker", "--stage", "lake-sink"),
         "sft-worker": SFT_WORKER,
+        "env-worker": ENV_WORKER,
         "trainer": ("train",),
     }
     assert raw["services"]["trainer"]["profiles"] == ["train"]  # `arena train` lands later
     assert raw["services"]["vllm"]["profiles"] == ["gpu"]
     assert raw["services"]["topics"]["restart"] == "no"
-    for name in ("worker", "sft-worker", "lake-sink"):
+    for name in ("worker", "sft-worker", "env-worker", "lake-sink"):
         deps = raw["services"][name]["depends_on"]
         assert deps["topics"]["condition"] == "service_completed_successfully"
         assert deps["kafka"]["condition"] == "service_healthy"

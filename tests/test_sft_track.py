@@ -9,9 +9,7 @@ checks then read the committed topics and the lake.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,36 +20,25 @@ from arena.records.sft import Task, ToolChain
 from arena.records.tools import ToolServer
 from lake.catalog import Catalog
 from streams.sft.dependencies import failed, verify_dependencies
-from tests.cli import arena_env, broker_of, lake_json, read_all, run_arena
+from tests.cli import lake_json, read_all, run_arena
+from tests.fixtures.demo import Demo, values
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 SFT_TOPICS = ("chains", "tasks", "trajectories", "trajectories.scored", "samples.sft")
-
-
-@dataclass
-class Demo:
-    home: Path
-    env: dict[str, str]
-    bootstrap: str
-    stdout: str
+SFT_STAGES = (
+    "chains",
+    "tasks-from-chains",
+    "tasks-from-servers",
+    "trajectories",
+    "trajectories-scored",
+    "samples-sft",
+)
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    home = tmp_path_factory.mktemp("sft") / "home"
-    # A smaller run than the demo's defaults (fewer walks and server tasks) keeps the suite fast;
-    # with seed 0 it still drops records at the chain, task and sample gates.
-    env = arena_env(home, ARENA_SFT__WALKS="3", ARENA_SFT__SERVER_TASKS="1", ARENA_SFT__CHAIN_SYNTHESES="4")
-    try:
-        out = run_arena(["demo", "--timeout", "900"], env, timeout=1200)
-        yield Demo(home, env, broker_of(home), out.stdout)
-    finally:
-        run_arena(["down"], env, check=None)
-
-
-def values(bootstrap: str, name: str) -> list[dict[str, Any]]:
-    return [json.loads(r.value) for r in read_all(bootstrap, name)]
+def demo(demo_run: Demo) -> Demo:
+    return demo_run
 
 
 def test_demo_reports_every_stage_and_drops(demo: Demo) -> None:
@@ -140,7 +127,10 @@ def test_samples_reach_threshold_with_lineage_to_the_tool_doc(demo: Demo) -> Non
 def test_republishing_creates_no_duplicates_and_export_loads(demo: Demo, tmp_path: Path) -> None:
     before = {name: len(read_all(demo.bootstrap, name)) for name in SFT_TOPICS}
     run_arena(["publish", "tools", str(sample_tools_dir())], demo.env, check=1)
-    run_arena(["worker", "--until-drained", "--timeout", "600"], demo.env, timeout=900)
+    # The stages between tools.raw and samples.sft, and the lake sink (not the index or the env track).
+    stages = ["tools-servers", *SFT_STAGES, "lake-sink"]
+    argv = [arg for name in stages for arg in ("--stage", name)]
+    run_arena(["worker", *argv, "--until-drained", "--timeout", "600"], demo.env, timeout=900)
     after = {name: len(read_all(demo.bootstrap, name)) for name in SFT_TOPICS}
     assert after == before
     for name in ("chains", "tasks", "trajectories"):

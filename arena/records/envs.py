@@ -1,6 +1,9 @@
 """Environment-track records (ASTRA §2.2) and the verified-sample schema.
 
-Declared here so the topic registry is complete; the environment-track stages fill them.
+A knowledge base is a set of small relational tables; every tool-needing
+sub-question is grounded in one lookup (table, key, column), which is what
+lets the environment stage carry the table as the tool's data and lets
+verification detect a tampered table.
 """
 
 from __future__ import annotations
@@ -11,15 +14,60 @@ from pydantic import Field
 
 from arena.records.common import Record
 
+Cell = str | int | float
+Structure = Literal["single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop"]
+STRUCTURES: tuple[Structure, ...] = ("single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop")
+
+
+class KbTable(Record):
+    """One relation of a knowledge base."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", description="Table name, plural snake_case.")]
+    entity: Annotated[
+        str, Field(min_length=1, description="Singular noun used in questions, e.g. 'listing'.")
+    ]
+    key: Annotated[str, Field(description="Primary-key column; its values are unique.")]
+    columns: Annotated[list[str], Field(min_length=2, description="Column names, the key among them.")]
+    rows: Annotated[list[dict[str, Cell]], Field(description="Rows: column -> value.")]
+    links: dict[str, str] = Field(
+        default_factory=dict, description="Foreign keys: column -> name of the table whose key it holds."
+    )
+
+
+class KnowledgeBase(Record):
+    """A domain-specific knowledge source K: tables plus optional free text."""
+
+    domain: Annotated[str, Field(min_length=1, description="Domain, e.g. 'real_estate'.")]
+    tables: list[KbTable] = Field(default_factory=list, description="Relations the rules backend walks.")
+    passages: list[str] = Field(
+        default_factory=list, description="Free-text passages (text corpora) for LLM backends."
+    )
+
+
+class Grounding(Record):
+    """The one knowledge-base lookup that answers a tool-needing sub-question."""
+
+    table: Annotated[str, Field(description="Table looked up.")]
+    key_column: Annotated[str, Field(description="Column the lookup matches on (usually the key).")]
+    key: Annotated[str, Field(description="Value matched, as text.")]
+    column: Annotated[str, Field(description="Column whose value is the sub-answer.")]
+
 
 class SubQA(Record):
-    """One sub-question of a decomposed QA instance."""
+    """One sub-question (q_i, a_i, d_i) of a decomposed QA instance (eq. 13)."""
 
     index: Annotated[int, Field(ge=1, description="Position in the trace (1-based).")]
     question: Annotated[str, Field(description="Sub-question q_i.")]
     answer: Annotated[str, Field(description="Sub-answer a_i.")]
-    depends_on: list[int] = Field(default_factory=list, description="Indices of sub-questions d_i it needs.")
+    depends_on: list[int] = Field(default_factory=list, description="Indices d_i of sub-questions it needs.")
     needs_tool: Annotated[bool, Field(description="Whether answering needs a tool call.")] = True
+    grounding: Annotated[
+        Grounding | None, Field(description="Knowledge-base lookup behind a tool-needing sub-question.")
+    ] = None
+    operation: Annotated[
+        str | None,
+        Field(description="For a no-tool step, the linguistic operation (compare, count, sum, format...)."),
+    ] = None
 
 
 class QaSeed(Record):
@@ -29,13 +77,15 @@ class QaSeed(Record):
     domain: Annotated[str, Field(description="Domain of the knowledge source.")]
     mode: Annotated[
         Literal["question", "unconditional"],
-        Field(description="Question-conditional or knowledge-source mode."),
+        Field(description="Question-conditional (decompose q0) or unconditional (generate q0 from K)."),
     ]
-    question: Annotated[str | None, Field(description="Main question (question mode).")] = None
-    knowledge: dict[str, Any] = Field(
-        default_factory=dict, description="Knowledge source or a reference to it."
-    )
-    hop_budget: Annotated[int, Field(ge=1, le=16, description="Hop budget H.")] = 2
+    question: Annotated[str | None, Field(description="Main question q0 (question mode only).")] = None
+    knowledge: Annotated[KnowledgeBase, Field(description="Knowledge source K the instance is grounded in.")]
+    hop_budget: Annotated[int, Field(ge=1, le=8, description="Hop budget H: reasoning hops per chain.")] = 2
+    count: Annotated[
+        int, Field(ge=1, le=1000, description="Instances to synthesise (unconditional mode).")
+    ] = 1
+    source: Annotated[str, Field(description="Where the seed came from (file path or generator).")] = ""
 
 
 class QaTrace(Record):
@@ -44,28 +94,60 @@ class QaTrace(Record):
     qa_id: Annotated[str, Field(description="Content hash of the instance.")]
     seed_id: Annotated[str, Field(description="Seed it came from.")]
     domain: Annotated[str, Field(description="Domain.")]
-    structure: Annotated[
-        Literal["single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop"],
-        Field(description="Dependency structure."),
-    ]
+    structure: Annotated[Structure, Field(description="Dependency structure of the sub-QAs.")]
     question: Annotated[str, Field(description="Main question q0.")]
-    answer: Annotated[str, Field(description="Main answer a0.")]
-    sub_qas: Annotated[list[SubQA], Field(min_length=1, description="Sub-QAs forming a DAG.")]
-    scores: dict[str, float] = Field(default_factory=dict, description="DC, SA, SR, TC, QS once validated.")
+    answer: Annotated[str, Field(description="Main answer a0 = Phi(sub-answers, G) (eq. 12).")]
+    sub_qas: Annotated[list[SubQA], Field(min_length=1, description="Sub-QAs whose d_i form a DAG.")]
+    knowledge: Annotated[
+        KnowledgeBase, Field(description="The tables the groundings refer to (pruned from the seed's K).")
+    ]
+    scores: dict[str, float] = Field(
+        default_factory=dict, description="DC, SA, SR, TC and QS once validated."
+    )
+
+
+class EnvJob(Record):
+    """One verifiable sub-environment job: a sub-question, its answer, and the call that answers it."""
+
+    index: Annotated[int, Field(ge=1, description="Sub-question index in the QA trace.")]
+    question: Annotated[str, Field(description="Sub-question q_i.")]
+    answer: Annotated[str, Field(description="Sub-answer a_i the invocation's output must contain.")]
+    tool: Annotated[str, Field(description="Name of the tool the invocation calls.")]
+    invocation: Annotated[str, Field(description="One Python call expression, e.g. get_x(id='a').")]
 
 
 class EnvPackage(Record):
-    """An executable environment; value of ``envs.code`` and ``envs.verified``."""
+    """A self-contained executable environment; value of ``envs.code`` and ``envs.verified``.
+
+    Executing a job means running ``DATA = <data>``, then ``code``, then the
+    job's invocation as the final expression, in the sandbox; it passes when
+    the output contains the job's answer.
+    """
 
     env_id: Annotated[str, Field(description="Content hash of the package.")]
     qa_id: Annotated[str, Field(description="QA instance it implements.")]
+    seed_id: Annotated[str, Field(description="Seed of that instance.")]
     domain: Annotated[str, Field(description="Domain.")]
-    tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tool specs.")]
-    code: Annotated[str, Field(description="Python implementation of every tool.")]
-    jobs: Annotated[
-        list[dict[str, Any]], Field(description="Per sub-question: question, answer, invocation.")
-    ]
-    version: Annotated[int, Field(ge=1, description="Package version.")] = 1
+    structure: Annotated[Structure, Field(description="Dependency structure of the instance.")]
+    question: Annotated[str, Field(description="Main question q0.")]
+    answer: Annotated[str, Field(description="Main answer a0.")]
+    sub_qas: Annotated[list[SubQA], Field(description="The validated trace, no-tool leaves included.")]
+    tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tool specs, one per implemented tool.")]
+    code: Annotated[str, Field(description="Python module defining one function per tool; reads DATA.")]
+    data: dict[str, list[dict[str, Cell]]] = Field(
+        default_factory=dict, description="Per tool name: the table rows its implementation computes from."
+    )
+    jobs: Annotated[list[EnvJob], Field(description="One job per tool-needing sub-question.")]
+    version: Annotated[int, Field(ge=1, description="Package version: 1 as synthesised, 2 once merged.")] = 1
+    tools_before_merge: Annotated[
+        int, Field(ge=0, description="Tool count before homogeneous merging (equals len(tools) before).")
+    ] = 0
+    merged_groups: list[list[int]] = Field(
+        default_factory=list, description="Homogeneous sub-question groups that now share one tool."
+    )
+    lineage: dict[str, str] = Field(
+        default_factory=dict, description="Prompt versions and backend per role that built the package."
+    )
 
 
 class VerifiedSample(Record):
@@ -74,12 +156,14 @@ class VerifiedSample(Record):
     sample_id: Annotated[str, Field(description="Content hash of the sample.")]
     kind: Annotated[
         Literal["qa", "interactive"],
-        Field(description="QA environment (F1 reward) or interactive (verification function)."),
+        Field(description="QA environment (F1 reward over jobs) or interactive (verification function)."),
     ]
     prompt: Annotated[list[dict[str, Any]], Field(description="Initial OpenAI chat messages.")]
     tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tools offered.")]
     env_ref: Annotated[str, Field(description="Package or instance id to load the environment from.")]
     reward_spec: Annotated[
-        dict[str, Any], Field(description="Jobs (qa) or verification function reference (interactive).")
+        dict[str, Any],
+        Field(description="qa: {'jobs': [{question, answer}]} for the F1 reward; interactive: verifier ref."),
     ]
     domain: Annotated[str, Field(description="Domain.")]
+    split: Annotated[str, Field(description="Split name; held-out samples are never published.")] = "train"

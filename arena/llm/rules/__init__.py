@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from arena.llm.rules import agent, chains, emulation, judges, tasks
+from arena.llm.rules import agent, chains, emulation, envs, judges, qa, tasks
 
 RuleFn = Callable[[BaseModel, random.Random], BaseModel]
 
@@ -22,4 +22,6 @@ RULES: dict[str, RuleFn] = {
     **emulation.RULES,
     **agent.RULES,
     **judges.RULES,
+    **envs.RULES,
+    **qa.RULES,
 }

@@ -346,9 +346,11 @@ def _supported(value: str, kind: str, corpus: str) -> bool:
 # --------------------------------------------------------------------------- registry
 
 
-def _typed(
+def typed_rule(
     view_type: type[BaseModel], fn: Callable[[Any], BaseModel]
 ) -> Callable[[BaseModel, random.Random], BaseModel]:
+    """A rule from a deterministic function of one input type (judges need no randomness)."""
+
     def rule(inputs: BaseModel, rng: random.Random) -> BaseModel:
         if not isinstance(inputs, view_type):
             raise TypeError(f"expected {view_type.__name__}, got {type(inputs).__name__}")
@@ -358,11 +360,11 @@ def _typed(
 
 
 RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {
-    QUERY_UNDERSTANDING.name: _typed(TrajectoryView, query_understanding),
-    QUERY_PLANNING.name: _typed(TrajectoryView, query_planning),
-    ROUND_UNDERSTANDING.name: _typed(RoundView, round_understanding),
-    ROUND_PLANNING.name: _typed(RoundView, round_planning),
-    CALL_CONCISENESS.name: _typed(CallView, call_conciseness),
-    ANSWER_CORRELATION.name: _typed(AnswerView, answer_correlation),
-    ANSWER_SUMMARY.name: _typed(TrajectoryView, answer_summary),
+    QUERY_UNDERSTANDING.name: typed_rule(TrajectoryView, query_understanding),
+    QUERY_PLANNING.name: typed_rule(TrajectoryView, query_planning),
+    ROUND_UNDERSTANDING.name: typed_rule(RoundView, round_understanding),
+    ROUND_PLANNING.name: typed_rule(RoundView, round_planning),
+    CALL_CONCISENESS.name: typed_rule(CallView, call_conciseness),
+    ANSWER_CORRELATION.name: typed_rule(AnswerView, answer_correlation),
+    ANSWER_SUMMARY.name: typed_rule(TrajectoryView, answer_summary),
 }

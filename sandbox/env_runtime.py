@@ -1,0 +1,140 @@
+"""The environment runtime: how an ``EnvPackage`` becomes a program, and how a job is judged.
+
+Execution contract. A job (or an agent's tool call) runs, in the sandbox, the
+program::
+
+    import json
+    DATA = json.loads(<json.dumps(package.data)>)
+    <package.code>
+    <invocation>          # final expression statement; its value is the return value
+
+The sandbox returns the trailing expression's value as ``return_value``. A job
+passes when the run is ok and the normalised answer (casefolded, whitespace
+collapsed) occurs in the normalised output text: stdout followed by the JSON of
+the return value (the "output contains a_i" rule of ASTRA §2.2.3).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from arena.records.envs import Cell, EnvJob, EnvPackage
+from sandbox.pool import SandboxResult
+
+EXCERPT_CHARS = 400
+
+
+class Runner(Protocol):
+    """What runs a program: ``sandbox.SandboxPool`` (or anything with its ``run``)."""
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> SandboxResult: ...
+
+
+class JobOutcome(BaseModel):
+    """The verdict on one job of a package."""
+
+    index: Annotated[int, Field(description="Sub-question index of the job.")]
+    question: Annotated[str, Field(description="Sub-question q_i.")]
+    answer: Annotated[str, Field(description="Answer a_i the output had to contain.")]
+    invocation: Annotated[str, Field(description="The call that was run.")]
+    passed: Annotated[bool, Field(description="Run ok and output contains the answer.")]
+    error: Annotated[
+        str | None, Field(description="Why it failed: the sandbox error, or the answer missing.")
+    ] = None
+    output: Annotated[str, Field(description="Excerpt of the output text (stdout + return value JSON).")] = ""
+    wall_s: Annotated[float, Field(description="Sandbox wall time of the run (seconds).")] = 0.0
+
+
+def check_invocation(invocation: str) -> str:
+    """``invocation`` stripped if it is one expression (so it is the program's last statement)."""
+    text = invocation.strip()
+    try:
+        ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"invocation is not one Python expression: {exc.msg}: {text[:120]!r}") from exc
+    return text
+
+
+def program(data: Mapping[str, Sequence[Mapping[str, Cell]]], code: str, invocation: str) -> str:
+    """The program of the execution contract (data loaded from JSON so no value is Python source)."""
+    payload = json.dumps(data, ensure_ascii=False, sort_keys=True)
+    return f"import json\nDATA = json.loads({payload!r})\n{code.rstrip()}\n{check_invocation(invocation)}\n"
+
+
+def job_program(package: EnvPackage, job: EnvJob) -> str:
+    """The program that runs ``job`` against ``package``."""
+    return program(package.data, package.code, job.invocation)
+
+
+def call_program(package: EnvPackage, tool: str, arguments: Mapping[str, Any]) -> str:
+    """The program that runs one agent tool call: ``tool(**arguments)`` against ``package``."""
+    names = {t.get("function", t).get("name") for t in package.tools}
+    if tool not in names or not tool.isidentifier():
+        raise ValueError(f"package {package.env_id} has no tool {tool!r} (tools: {sorted(map(str, names))})")
+    args = json.dumps(dict(arguments), ensure_ascii=False)
+    # Arguments travel as a JSON string literal: model-written values never become code.
+    return program(package.data, package.code, f"{tool}(**json.loads({args!r}))")
+
+
+def normalise(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def output_text(result: SandboxResult) -> str:
+    """stdout followed by the return value as JSON (non-ASCII kept, so 'Zürich' matches)."""
+    return result.stdout + json.dumps(result.return_value, ensure_ascii=False, default=repr)
+
+
+def contains_answer(result: SandboxResult, answer: str) -> bool:
+    """The run is ok and its output text contains ``answer`` (normalised); an empty answer never does."""
+    wanted = normalise(answer)
+    return result.ok and bool(wanted) and wanted in normalise(output_text(result))
+
+
+def judge(job: EnvJob, result: SandboxResult) -> JobOutcome:
+    """The outcome of ``job`` given its run."""
+    text = output_text(result)
+    error: str | None = None
+    if not result.ok:
+        error = f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
+    elif not contains_answer(result, job.answer):
+        error = f"output does not contain the answer {job.answer!r}"
+    return JobOutcome(
+        index=job.index,
+        question=job.question,
+        answer=job.answer,
+        invocation=job.invocation,
+        passed=error is None,
+        error=error,
+        output=text[:EXCERPT_CHARS],
+        wall_s=result.wall_s,
+    )
+
+
+async def run_job(package: EnvPackage, job: EnvJob, pool: Runner) -> JobOutcome:
+    """Run one job; an invocation that is not an expression fails without a sandbox run."""
+    try:
+        source = job_program(package, job)
+    except ValueError as exc:
+        return JobOutcome(
+            index=job.index,
+            question=job.question,
+            answer=job.answer,
+            invocation=job.invocation,
+            passed=False,
+            error=str(exc),
+        )
+    return judge(job, await pool.run(source))
+
+
+async def verify_package(package: EnvPackage, pool: Runner) -> list[JobOutcome]:
+    """Every job of ``package``, run concurrently (the pool bounds how many at once), in job order."""
+    return list(await asyncio.gather(*(run_job(package, job, pool) for job in package.jobs)))

@@ -1,0 +1,178 @@
+"""Sub-environment merging (ASTRA §2.2.4): homogeneous sub-questions share one tool.
+
+The ``homogeneous_groups`` role groups sub-questions with the same functional
+intent. Per group a base is drawn (seeded); every other member is inserted in
+turn: its rows join the base tool's data (duplicates dropped), its own tool and
+function leave the package, and ``merge_invocation`` writes its call on the
+base tool. After each insertion ALL jobs run again; an insertion that breaks
+any job is undone and the member keeps its own tool, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from arena.hashing import content_hash
+from arena.llm.core import Answer, InvalidOutput
+from arena.llm.gateway import Gateway
+from arena.llm.roles.envs import (
+    HOMOGENEOUS_GROUPS,
+    MERGE_INVOCATION,
+    HomogeneousInput,
+    MergeInvocationInput,
+    SubQuestionView,
+    ToolSpec,
+)
+from arena.records.envs import Cell, EnvJob, EnvPackage
+from sandbox.env_runtime import Runner, verify_package
+from streams.envs.synthesis import lineage, with_id
+
+
+@dataclass
+class MergeResult:
+    """The merged package (version 2) and what happened to each group member."""
+
+    package: EnvPackage
+    kept: dict[int, str] = field(default_factory=dict)
+    """Members that keep their own tool, and why (the insertion broke a job, or no valid invocation)."""
+    answers: list[Answer[Any]] = field(default_factory=list)
+
+
+def tool_name(tool: dict[str, Any]) -> str:
+    return str(tool.get("function", tool).get("name"))
+
+
+def dedupe_rows(rows: list[dict[str, Cell]]) -> list[dict[str, Cell]]:
+    seen: set[str] = set()
+    out: list[dict[str, Cell]] = []
+    for row in rows:
+        key = json.dumps(row, sort_keys=True, ensure_ascii=False)
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
+def drop_function(code: str, name: str) -> str:
+    """``code`` without its top-level function(s) ``name`` (decorators included)."""
+    lines = code.splitlines(keepends=True)
+    spans = [
+        (min([n.lineno, *(d.lineno for d in n.decorator_list)]), n.end_lineno or n.lineno)
+        for n in ast.parse(code).body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
+    ]
+    for start, end in sorted(spans, reverse=True):
+        del lines[start - 1 : end]
+    return "".join(lines)
+
+
+def clean_groups(groups: list[list[int]], indices: set[int]) -> list[list[int]]:
+    """Groups restricted to job indices, each index once, two members or more."""
+    seen: set[int] = set()
+    out: list[list[int]] = []
+    for group in groups:
+        members = [i for i in dict.fromkeys(group) if i in indices and i not in seen]
+        if len(members) > 1:
+            seen |= set(members)
+            out.append(members)
+    return out
+
+
+def insert(package: EnvPackage, base: EnvJob, member: EnvJob, invocation: str) -> EnvPackage:
+    """``member`` answered by ``base``'s tool: rows joined, member's tool and function dropped."""
+    jobs = [
+        j.model_copy(update={"tool": base.tool, "invocation": invocation}) if j.index == member.index else j
+        for j in package.jobs
+    ]
+    data = dict(package.data)
+    data[base.tool] = dedupe_rows([*data.get(base.tool, []), *data.get(member.tool, [])])
+    tools, code = package.tools, package.code
+    if member.tool != base.tool and all(j.tool != member.tool for j in jobs):
+        data.pop(member.tool, None)
+        tools = [t for t in tools if tool_name(t) != member.tool]
+        code = drop_function(code, member.tool)
+    return package.model_copy(update={"jobs": jobs, "data": data, "tools": tools, "code": code})
+
+
+async def find_groups(package: EnvPackage, gw: Gateway) -> tuple[list[list[int]], list[Answer[Any]]]:
+    if len(package.jobs) < 2:
+        return [], []
+    by_index = {q.index: q for q in package.sub_qas}
+    tools = {tool_name(t): t for t in package.tools}
+    views = [
+        SubQuestionView(
+            index=j.index,
+            question=j.question,
+            answer=j.answer,
+            grounding=by_index[j.index].grounding if j.index in by_index else None,
+            tool=tools.get(j.tool, {"name": j.tool}),
+        )
+        for j in package.jobs
+    ]
+    answer = await gw.call(HOMOGENEOUS_GROUPS, HomogeneousInput(sub_questions=views))
+    return clean_groups(answer.output.groups, {j.index for j in package.jobs}), [answer]
+
+
+def base_of(package: EnvPackage, group: list[int], seed: int) -> int:
+    """The seeded random base of ``group`` (stable for a package and group)."""
+    key = content_hash({"seed": seed, "env": package.env_id, "group": group}, length=16)
+    return random.Random(int(key, 16)).choice(group)
+
+
+async def merge_package(package: EnvPackage, gw: Gateway, pool: Runner, *, seed: int = 0) -> MergeResult:
+    """Version 2 of ``package`` with homogeneous sub-environments merged; every job still passes.
+
+    Raises ``InvalidOutput`` when the grouping role gives no valid answer.
+    """
+    groups, answers = await find_groups(package, gw)
+    state = package
+    kept: dict[int, str] = {}
+    merged: list[list[int]] = []
+    by_index = {q.index: q for q in package.sub_qas}
+    for group in groups:
+        base_index = base_of(package, group, seed)
+        accepted = [base_index]
+        for index in (i for i in group if i != base_index):
+            jobs = {j.index: j for j in state.jobs}
+            base, member = jobs[base_index], jobs[index]
+            base_tool = next((t for t in state.tools if tool_name(t) == base.tool), None)
+            if base_tool is None:
+                kept[index] = f"the base tool {base.tool!r} is not among the package's tools"
+                continue
+            spec = ToolSpec.from_openai(base_tool)
+            grounding = by_index[index].grounding if index in by_index else None
+            try:
+                call = await gw.call(
+                    MERGE_INVOCATION,
+                    MergeInvocationInput(
+                        base=spec, base_example=base.invocation, question=member.question, grounding=grounding
+                    ),
+                )
+            except InvalidOutput as exc:
+                kept[index] = f"no valid merge invocation: {'; '.join(exc.errors[-1:])}"
+                continue
+            answers.append(call)
+            candidate = insert(state, base, member, call.output.invocation)
+            failing = [o for o in await verify_package(candidate, pool) if not o.passed]
+            if failing:
+                kept[index] = (
+                    f"inserting it into {base.tool} breaks job {failing[0].index}: {failing[0].error}"
+                )
+                continue
+            state, accepted = candidate, [*accepted, index]
+        if len(accepted) > 1:
+            merged.append(sorted(accepted))
+    before = package.tools_before_merge or len(package.tools)
+    v2 = state.model_copy(
+        update={
+            "version": 2,
+            "tools_before_merge": before,
+            "merged_groups": merged,
+            "lineage": {**package.lineage, **lineage(answers)},
+        }
+    )
+    return MergeResult(with_id(v2), kept, answers)

@@ -1,0 +1,334 @@
+"""Environment synthesis (ASTRA §2.2.3): a validated QA trace -> an executable ``EnvPackage``.
+
+Every tool-needing sub-question (no-tool leaves are skipped) becomes a
+sub-environment: tool spec -> complexity scaling -> [invocation ->
+implementation -> sandbox verification], the bracket retried from the
+invocation up to ``envs.synthesis_attempts`` times with the last failure as
+feedback. Verification runs the execution contract of
+``sandbox.env_runtime`` and then a tamper check: with the grounded row's
+answer cell changed, the output must no longer contain the answer, so an
+implementation that writes the answer as a literal never passes. The
+sub-environments are then assembled into one package, which must pass every
+job again as a whole.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import copy
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from arena.config import ArenaSettings, EnvSettings
+from arena.hashing import content_hash
+from arena.llm.core import Answer, InvalidOutput
+from arena.llm.gateway import Gateway
+from arena.llm.roles.envs import (
+    TOOL_IMPLEMENTATION,
+    TOOL_INVOCATION,
+    TOOL_SCALING,
+    TOOL_SPEC,
+    DependencyContext,
+    ToolImplementationInput,
+    ToolInvocationInput,
+    ToolScalingInput,
+    ToolSpec,
+    ToolSpecInput,
+)
+from arena.records.envs import Cell, EnvJob, EnvPackage, Grounding, KbTable, QaTrace, SubQA
+from sandbox.env_runtime import Runner, contains_answer, judge, normalise, program, verify_package
+
+T = TypeVar("T")
+Rows = list[dict[str, Cell]]
+SAMPLE_ROWS = 3
+TAMPERED = "<changed by the tamper check>"
+
+
+@dataclass
+class SubEnvironment:
+    """One verified sub-environment: a tool, its implementation, its data and the job it answers."""
+
+    sub_qa: SubQA
+    spec: ToolSpec
+    invocation: str
+    code: str
+    rows: Rows
+
+
+@dataclass
+class Built:
+    """What building one sub-environment gave: the sub-environment or the last failure."""
+
+    env: SubEnvironment | None
+    attempts: int
+    failure: str | None = None
+    answers: list[Answer[Any]] = field(default_factory=list)
+
+
+@dataclass
+class SynthesisResult:
+    """The package, or which sub-question failed and why; answers for lineage either way."""
+
+    package: EnvPackage | None
+    reason: str = ""
+    """Why there is no package (empty when there is one)."""
+    failed_index: int | None = None
+    """The sub-question whose sub-environment failed every attempt, if one did."""
+    attempts: dict[int, int] = field(default_factory=dict)
+    """Attempts used per tool-needing sub-question index."""
+    answers: list[Answer[Any]] = field(default_factory=list)
+
+
+async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """All results in order; on the first exception the others are cancelled (no orphaned sandbox runs)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def package_id(package: EnvPackage) -> str:
+    """Content hash of the package without its ``env_id``."""
+    return content_hash(package.model_dump(mode="json", exclude={"env_id"}), prefix="env-")
+
+
+def with_id(package: EnvPackage) -> EnvPackage:
+    return package.model_copy(update={"env_id": package_id(package)})
+
+
+def lineage(answers: list[Answer[Any]]) -> dict[str, str]:
+    """Prompt version per role, plus the backend and model that answered."""
+    out = {a.role: a.prompt_version for a in answers}
+    if answers:
+        out |= {"backend": answers[0].backend, "model": answers[0].model}
+    return dict(sorted(out.items()))
+
+
+def env_settings(settings: ArenaSettings | EnvSettings) -> EnvSettings:
+    return settings.envs if isinstance(settings, ArenaSettings) else settings
+
+
+def table_for(trace: QaTrace, grounding: Grounding | None) -> KbTable | None:
+    if grounding is None:
+        return None
+    return next((t for t in trace.knowledge.tables if t.name == grounding.table), None)
+
+
+def unique_names(specs: list[ToolSpec]) -> list[ToolSpec]:
+    """Specs renamed ``name_2``, ``name_3``... where an earlier spec already took the name."""
+    taken: set[str] = set()
+    out: list[ToolSpec] = []
+    for spec in specs:
+        name, n = spec.name, 1
+        while name in taken:
+            n += 1
+            name = f"{spec.name[:60]}_{n}"
+        taken.add(name)
+        out.append(spec if name == spec.name else spec.model_copy(update={"name": name}))
+    return out
+
+
+async def design(
+    trace: QaTrace, qa: SubQA, gw: Gateway, extra_params: int
+) -> tuple[ToolSpec, list[Answer[Any]]]:
+    """Tool spec, then complexity scaling (name and required parameters kept whatever the role says)."""
+    table = table_for(trace, qa.grounding)
+    by_index = {q.index: q for q in trace.sub_qas}
+    spec_in = ToolSpecInput(
+        domain=trace.domain,
+        question=qa.question,
+        answer=qa.answer,
+        dependencies=[
+            DependencyContext(index=d, question=by_index[d].question, answer=by_index[d].answer)
+            for d in qa.depends_on
+            if d in by_index
+        ],
+        grounding=qa.grounding,
+        entity=table.entity if table else None,
+        columns=list(table.columns) if table else [],
+        sample_rows=list(table.rows[:SAMPLE_ROWS]) if table else [],
+    )
+    spec = await gw.call(TOOL_SPEC, spec_in)
+    scale_in = ToolScalingInput(
+        spec=spec.output, extra_params=extra_params, columns=list(table.columns) if table else []
+    )
+    scaled = await gw.call(TOOL_SCALING, scale_in)
+    return keep_contract(spec.output, scaled.output), [spec, scaled]
+
+
+def keep_contract(base: ToolSpec, scaled: ToolSpec) -> ToolSpec:
+    """``scaled`` with the base name, required list and every base parameter (scaling only adds)."""
+    properties = {**base.properties, **scaled.properties}
+    for name, schema in base.properties.items():
+        wider = scaled.properties.get(name, {}).get("enum")
+        widened = isinstance(wider, list) and set(map(str, schema.get("enum", []))) <= set(map(str, wider))
+        properties[name] = {**schema, "enum": wider} if "enum" in schema and widened else schema
+    parameters = {**scaled.parameters, "properties": properties, "required": base.required}
+    return ToolSpec(name=base.name, description=scaled.description, parameters=parameters)
+
+
+def static_problem(spec: ToolSpec, code: str, invocation: str) -> str | None:
+    """What is wrong before running anything: the function missing, or a call of another tool."""
+    defined = {n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    if spec.name not in defined:
+        return f"the code defines no top-level function {spec.name!r} (defines: {sorted(defined)})"
+    call = ast.parse(invocation, mode="eval").body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == spec.name):
+        return f"the invocation must call {spec.name}(...), got {invocation!r}"
+    return None
+
+
+def tampered(rows: Rows, grounding: Grounding | None, answer: str) -> Rows | None:
+    """``rows`` with the grounded answer cell changed, or None when that cell cannot be found."""
+    if grounding is None or normalise(answer) in normalise(TAMPERED):
+        return None
+    out = copy.deepcopy(rows)
+    hit = False
+    for row in out:
+        if grounding.column in row and normalise(str(row.get(grounding.key_column, ""))) == normalise(
+            grounding.key
+        ):
+            row[grounding.column] = TAMPERED
+            hit = True
+    return out if hit else None
+
+
+async def sandbox_problem(
+    qa: SubQA, spec: ToolSpec, code: str, invocation: str, rows: Rows, pool: Runner
+) -> str | None:
+    """Run the job; then run it on a tampered table, where the answer must disappear."""
+    job = EnvJob(
+        index=qa.index, question=qa.question, answer=qa.answer, tool=spec.name, invocation=invocation
+    )
+    outcome = judge(job, await pool.run(program({spec.name: rows}, code, invocation)))
+    if not outcome.passed:
+        return f"{outcome.error}; output: {outcome.output[:200]!r}"
+    changed = tampered(rows, qa.grounding, qa.answer)
+    if changed is not None and contains_answer(
+        await pool.run(program({spec.name: changed}, code, invocation)), qa.answer
+    ):
+        return (
+            f"the output still contains {qa.answer!r} after the row's {qa.grounding and qa.grounding.column} "
+            f"cell was changed: compute the answer from DATA[{spec.name!r}], never write it"
+        )
+    return None
+
+
+async def build(trace: QaTrace, qa: SubQA, spec: ToolSpec, gw: Gateway, pool: Runner, attempts: int) -> Built:
+    """[invocation -> implementation -> sandbox] up to ``attempts`` times, each after the last failure."""
+    table = table_for(trace, qa.grounding)
+    rows: Rows = [dict(r) for r in table.rows] if table else []
+    answers: list[Answer[Any]] = []
+    feedback: str | None = None
+    invalid: InvalidOutput | None = None
+    checked = False  # whether any attempt got as far as a check (else it is an LLM-output failure)
+    for attempt in range(1, attempts + 1):
+        try:
+            inv = await gw.call(
+                TOOL_INVOCATION,
+                ToolInvocationInput(
+                    question=qa.question,
+                    spec=spec,
+                    grounding=qa.grounding,
+                    attempt=attempt,
+                    feedback=feedback,
+                ),
+            )
+            answers.append(inv)
+            impl = await gw.call(
+                TOOL_IMPLEMENTATION,
+                ToolImplementationInput(
+                    question=qa.question,
+                    answer=qa.answer,
+                    spec=spec,
+                    invocation=inv.output.invocation,
+                    data_key=spec.name,
+                    grounding=qa.grounding,
+                    columns=list(table.columns) if table else [],
+                    rows=rows,
+                    attempt=attempt,
+                    feedback=feedback,
+                ),
+            )
+            answers.append(impl)
+        except InvalidOutput as exc:
+            invalid, feedback = exc, f"no valid {exc.role} output: {'; '.join(exc.errors[-1:])}"
+            continue
+        checked = True
+        data = rows or [dict(r) for r in impl.output.rows]  # an ungrounded tool brings its own records
+        code, invocation = impl.output.code, inv.output.invocation
+        feedback = static_problem(spec, code, invocation) or await sandbox_problem(
+            qa, spec, code, invocation, data, pool
+        )
+        if feedback is None:
+            return Built(SubEnvironment(qa, spec, invocation, code, data), attempt, None, answers)
+    if invalid is not None and not checked:
+        raise invalid  # the model never produced usable output: dead-letter, not a sandbox rejection
+    return Built(None, attempts, feedback, answers)
+
+
+def assemble(trace: QaTrace, envs: list[SubEnvironment], answers: list[Answer[Any]]) -> EnvPackage:
+    """One package: every tool function, its rows under DATA[name], one job per sub-environment."""
+    package = EnvPackage(
+        env_id="",
+        qa_id=trace.qa_id,
+        seed_id=trace.seed_id,
+        domain=trace.domain,
+        structure=trace.structure,
+        question=trace.question,
+        answer=trace.answer,
+        sub_qas=list(trace.sub_qas),
+        tools=[e.spec.openai() for e in envs],
+        code="\n\n".join(e.code.strip() + "\n" for e in envs),
+        data={e.spec.name: e.rows for e in envs},
+        jobs=[
+            EnvJob(
+                index=e.sub_qa.index,
+                question=e.sub_qa.question,
+                answer=e.sub_qa.answer,
+                tool=e.spec.name,
+                invocation=e.invocation,
+            )
+            for e in envs
+        ],
+        version=1,
+        tools_before_merge=len(envs),
+        lineage=lineage(answers),
+    )
+    return with_id(package)
+
+
+async def synthesize_package(
+    trace: QaTrace, gw: Gateway, pool: Runner, settings: ArenaSettings | EnvSettings
+) -> SynthesisResult:
+    """The verified package for ``trace``; raises ``InvalidOutput`` when a role never gave usable output."""
+    cfg = env_settings(settings)
+    steps = [qa for qa in trace.sub_qas if qa.needs_tool]
+    if not steps:
+        return SynthesisResult(None, reason="the trace has no tool-needing sub-question")
+    designed = await gather_all(design(trace, qa, gw, cfg.extra_params) for qa in steps)
+    answers = [a for _, got in designed for a in got]
+    specs = unique_names([spec for spec, _ in designed])
+    built = await gather_all(
+        build(trace, qa, spec, gw, pool, cfg.synthesis_attempts)
+        for qa, spec in zip(steps, specs, strict=True)
+    )
+    answers += [a for b in built for a in b.answers]
+    attempts = {qa.index: b.attempts for qa, b in zip(steps, built, strict=True)}
+    for qa, b in zip(steps, built, strict=True):
+        if b.env is None:
+            reason = f"sub-question {qa.index} failed all {b.attempts} attempt(s); last: {b.failure}"
+            return SynthesisResult(None, reason, qa.index, attempts, answers)
+    package = assemble(trace, [b.env for b in built if b.env is not None], answers)
+    failing = [o for o in await verify_package(package, pool) if not o.passed]
+    if failing:
+        first = failing[0]
+        reason = f"assembled package: job {first.index} fails ({first.error}) though it passed alone"
+        return SynthesisResult(None, reason, first.index, attempts, answers)
+    return SynthesisResult(package, attempts=attempts, answers=answers)

@@ -1,0 +1,358 @@
+"""The sandbox contains hostile programs: each attack ends with a clear error within its
+timeout + 1 s, the parent survives, no process of the sandbox uids is left and nothing is
+written outside the job's own directory. Real processes, namespaces and limits (no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from arena.config import SandboxSettings
+from sandbox import SandboxPool, SandboxResult
+from sandbox.cli import app
+from sandbox.pool import _pids_of
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root (CI runs as root)"),
+    pytest.mark.timeout(60),
+]
+
+TIMEOUT = 1.5
+ESCAPE = "arena-sandbox-escape"
+HOST_WRITABLE = [
+    p for p in (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/run/lock"), Path.cwd()) if p.is_dir()
+]
+"""Where a job might leave files on the host (world-writable dirs, the working directory)."""
+SETTINGS = SandboxSettings.model_validate(
+    {"pool_size": 2, "timeout_s": TIMEOUT, "memory_mb": 256, "max_procs": 8}
+)
+
+
+def sandboxed(scenario: Callable[[SandboxPool], Awaitable[Any]], settings: SandboxSettings = SETTINGS) -> Any:
+    """Run ``scenario`` with a fresh pool; afterwards the pool still works and nothing leaked."""
+
+    async def main() -> Any:
+        async with SandboxPool(settings) as pool:
+            value = await scenario(pool)
+            for uid in pool.uids:
+                assert _pids_of(uid) == [], f"processes of sandbox uid {uid} survived the job"
+            after = await pool.run("'still here'")  # the parent and the pool survived
+            assert after.ok and after.return_value == "still here", after
+            return value
+
+    value = asyncio.run(main())
+    for folder in HOST_WRITABLE:
+        assert not list(folder.glob(f"{ESCAPE}*")), f"the sandbox wrote into {folder}"
+    return value
+
+
+async def timed(pool: SandboxPool, code: str, **limits: Any) -> tuple[SandboxResult, float]:
+    start = time.monotonic()
+    result = await pool.run(code, **limits)
+    return result, time.monotonic() - start
+
+
+def assert_contained(result: SandboxResult, elapsed: float, *kinds: str, timeout: float = TIMEOUT) -> None:
+    assert not result.ok, result
+    assert result.error_type in kinds, result
+    assert result.error and "\n" not in result.error, result
+    assert elapsed <= timeout + 1.0, (elapsed, result)
+
+
+# -- normal runs -------------------------------------------------------------------------------
+
+
+def test_normal_run_returns_its_value() -> None:
+    code = (
+        "import json\n"
+        'DATA = json.loads(\'{"get_price": [{"id": "L1", "price": 420000}]}\')\n'
+        "def get_price(id):\n"
+        "    return next(r['price'] for r in DATA['get_price'] if r['id'] == id)\n"
+        "print('looking up L1')\n"
+        "{'price': get_price('L1'), 'ids': {1, 2} and [1, 2]}\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        result = await pool.run(code)
+        assert result.ok, result
+        assert result.return_value == {"price": 420000, "ids": [1, 2]}
+        assert result.stdout == "looking up L1\n"
+        assert result.error_type is None and result.error is None and not result.truncated
+        assert 0 < result.wall_s < TIMEOUT and result.cpu_s > 0
+        non_json = await pool.run("object()")
+        assert non_json.ok and str(non_json.return_value).startswith("<object object")
+        no_value = await pool.run("x = 1")
+        assert no_value.ok and no_value.return_value is None
+
+    sandboxed(scenario)
+
+
+def test_failed_or_timed_out_job_is_never_ok() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        failed = await pool.run("def f():\n    raise ValueError('boom')\nf()")
+        assert not failed.ok and failed.error_type == "exception"
+        assert failed.error == "ValueError: boom"
+        assert "Traceback" in failed.stderr and "worker.py" not in failed.stderr
+        exited = await pool.run("import sys\nsys.exit(3)")
+        assert not exited.ok and exited.error == "SystemExit: 3"
+        syntax = await pool.run("def (:")
+        assert not syntax.ok and syntax.error_type == "exception" and "SyntaxError" in (syntax.error or "")
+        slow, elapsed = await timed(pool, "import time\ntime.sleep(10)\n'never'", timeout_s=0.5)
+        assert_contained(slow, elapsed, "timeout", timeout=0.5)
+        assert slow.error == "wall-clock timeout after 0.5 s" and slow.return_value is None
+
+    sandboxed(scenario)
+
+
+# -- attacks -----------------------------------------------------------------------------------
+
+
+def test_infinite_loop() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, "while True:\n    pass")
+        assert_contained(result, elapsed, "timeout", "cpu_time")
+
+    sandboxed(scenario)
+
+
+def test_fork_bomb() -> None:
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, code)
+        assert_contained(result, elapsed, "timeout", "cpu_time")
+
+    sandboxed(scenario)
+
+
+def test_fork_bomb_hits_the_process_limit() -> None:
+    code = "import os, time\npids = []\nwhile True:\n    pids.append(os.fork() or time.sleep(30))\n"
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, code)
+        assert_contained(result, elapsed, "exception")
+        assert "BlockingIOError" in (result.error or ""), result
+
+    sandboxed(scenario)
+
+
+def test_memory_bomb() -> None:
+    code = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))\n"
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, code, memory_mb=128)
+        assert_contained(result, elapsed, "memory")
+        assert result.error == "MemoryError"
+
+    sandboxed(scenario)
+
+
+def test_write_outside_its_dir() -> None:
+    targets = [f"{d}/{ESCAPE}" for d in HOST_WRITABLE] + [f"/{ESCAPE}", f"/root/{ESCAPE}", f"/etc/{ESCAPE}"]
+    code = (
+        "import os\n"
+        f"targets = {targets!r}\n"
+        "open(os.path.join(os.environ['HOME'], 'mine.txt'), 'w').write('fine')\n"
+        "escaped = []\n"
+        "for t in targets:\n"
+        "    try:\n"
+        "        open(t, 'w').write('x')\n"
+        "        escaped.append(t)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('escaped', escaped)\n"
+        "open(targets[0], 'w')\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, code)
+        assert_contained(result, elapsed, "exception")
+        assert "escaped []" in result.stdout, result
+        assert result.error and result.error.startswith(("PermissionError", "OSError")), result
+
+    sandboxed(scenario)
+
+
+def test_read_another_rollouts_state() -> None:
+    writer = (
+        "import builtins, os, time\n"
+        "open(os.path.join(os.environ['HOME'], 'secret.txt'), 'w').write('rollout-a-state')\n"
+        "builtins.LEFT_BEHIND = 'rollout-a-state'\n"
+        "time.sleep(1.0)\n"
+        "os.environ['HOME']\n"
+    )
+    reader = (
+        "import builtins, glob, os\n"
+        "found = glob.glob('/tmp/**/secret.txt', recursive=True)\n"
+        "found += glob.glob('/proc/*/root/tmp/*/secret.txt') + glob.glob('/proc/*/cwd/secret.txt')\n"
+        "print('found', found, getattr(builtins, 'LEFT_BEHIND', None))\n"
+        "open(found[0] if found else HOME_OF_A + '/secret.txt').read()\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        first = asyncio.create_task(pool.run(writer))
+        await asyncio.sleep(0.3)  # the writer is now sleeping on its state
+        concurrent = await pool.run("HOME_OF_A = '/tmp/job-unknown'\n" + reader)
+        a = await first
+        assert a.ok, a
+        later, elapsed = await timed(pool, f"HOME_OF_A = {a.return_value!r}\n" + reader)
+        for result in (concurrent, later):
+            assert_contained(result, elapsed, "exception")
+            assert "found [] None" in result.stdout, result
+            assert "FileNotFoundError" in (result.error or ""), result
+            assert "rollout-a-state" not in result.stdout + result.stderr
+
+    sandboxed(scenario)
+
+
+def test_read_host_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-fake-arena-secret-1234"
+    monkeypatch.setenv("ARENA_FAKE_SECRET", secret)
+    code = (
+        "import glob, os\n"
+        "seen = [str(dict(os.environ))]\n"
+        "for path in glob.glob('/proc/*/environ') + [f'/proc/{PARENT}/environ']:\n"
+        "    try:\n"
+        "        seen.append(open(path, 'rb').read().decode(errors='replace'))\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(seen)\n"
+        "os.environ['ARENA_FAKE_SECRET']\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, f"PARENT = {os.getpid()}\n" + code)
+        assert_contained(result, elapsed, "exception")
+        assert result.error == "KeyError: 'ARENA_FAKE_SECRET'"
+        assert secret not in result.stdout + result.stderr
+        assert "HOME" in result.stdout  # it did see its own, scrubbed environment
+
+    sandboxed(scenario)
+
+
+def test_socket_to_a_host_listener() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n"
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, code)
+        assert_contained(result, elapsed, "exception")
+        assert "unreachable" in (result.error or "").lower(), result
+
+    try:
+        sandboxed(scenario)
+        readable, _, _ = select.select([listener], [], [], 0)
+        assert not readable, "a sandboxed job reached the host listener"
+    finally:
+        listener.close()
+
+
+def test_huge_output() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, "while True:\n    print('x' * 10000)")
+        assert_contained(result, elapsed, "output_limit")
+        assert result.truncated and 0 < len(result.stdout) <= SETTINGS.max_output_bytes
+
+    sandboxed(scenario)
+
+
+def test_kill_the_parent() -> None:
+    code = (
+        "import os, signal\n"
+        "for pid in (os.getppid(), -1, 1):\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError as exc:\n"
+        "        print(pid, type(exc).__name__)\n"
+        "os.kill(PARENT, signal.SIGKILL)\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, f"PARENT = {os.getpid()}\n" + code)
+        # kill(-1) may take the job itself down; either way the parent is untouched.
+        assert_contained(result, elapsed, "exception", "killed")
+
+    sandboxed(scenario)
+
+
+def test_ctypes_crash() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, "import ctypes\nctypes.string_at(0)")
+        assert_contained(result, elapsed, "crash")
+        assert result.error == "killed by SIGSEGV"
+
+    sandboxed(scenario)
+
+
+def test_spawn_a_shell() -> None:
+    code = (
+        "import os, subprocess\n"
+        f"print('system', os.system('touch /tmp/{ESCAPE}-shell'))\n"
+        "subprocess.run(['/bin/sh', '-c', 'echo escaped'], check=True)\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, code)
+        assert_contained(result, elapsed, "exception")
+        assert result.error == "PermissionError: [Errno 1] Operation not permitted: '/bin/sh'", result
+        assert "escaped" not in result.stdout
+
+    sandboxed(scenario)
+
+
+def test_detached_child_is_killed() -> None:
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.1)\n"
+        "'parent done'\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        result, elapsed = await timed(pool, code)
+        assert result.ok and result.return_value == "parent done", result
+        assert elapsed <= TIMEOUT + 1.0
+        # sandboxed() then checks that no process of the sandbox uids survived.
+
+    sandboxed(scenario)
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_run(tmp_path: Path) -> None:
+    runner = CliRunner()
+    good = tmp_path / "good.py"
+    good.write_text("print('hi')\n6 * 7\n")
+    done = runner.invoke(app, ["run", str(good), "--timeout", "2"])
+    assert done.exit_code == 0, done.output
+    payload = json.loads(done.stdout)
+    assert payload["ok"] and payload["return_value"] == 42 and payload["stdout"] == "hi\n"
+
+    bad = tmp_path / "bad.py"
+    bad.write_text("while True:\n    pass\n")
+    failed = runner.invoke(app, ["run", str(bad), "--timeout", "0.5", "--memory-mb", "128"])
+    assert failed.exit_code == 1
+    assert json.loads(failed.stdout)["error_type"] in ("timeout", "cpu_time")
+
+    missing = runner.invoke(app, ["run", str(tmp_path / "nope.py")])
+    assert missing.exit_code == 2
+    assert "nope.py" in missing.stderr and "Traceback" not in missing.output
+    assert len(missing.stderr.strip().splitlines()) == 1
