@@ -56,6 +56,7 @@ STAGES: tuple[StageDef, ...] = (
     samples_verified.STAGE,
 )
 
+
 def _attach_lake_sink(app: faust.App, settings: ArenaSettings) -> None:
     # Imported here: the Parquet writer (pyarrow.dataset, ~1 s) is only the sink worker's cost.
     from consumers.lake_sink import attach_lake_sink

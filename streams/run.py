@@ -15,6 +15,7 @@ import time
 import faust
 
 from arena.config import ArenaSettings
+from streams import fetch_pacing
 from streams.app import make_app
 from streams.registry import worker
 
@@ -39,6 +40,7 @@ def main(argv: list[str]) -> None:
     if not settings.broker:
         raise SystemExit("ARENA_BROKER is not set; start workers with `arena worker`")
     spec = worker(argv[0])
+    fetch_pacing.install()
     if os.environ.get("ARENA_SUPERVISED") == "1":
         exit_with_parent()
     app = make_app(
