@@ -67,7 +67,7 @@ def gate_shares(records_in: int, emits: list[Emit]) -> dict[str, float]:
 
 async def pipeline(settings: ArenaSettings, cold: bool) -> dict[str, Any]:
     if cold:
-        resources.use_sandbox_pool(settings, ColdPool(settings))  # type: ignore[arg-type]  # same interface
+        resources.use_sandbox_pool(settings, ColdPool(settings))
     current: list[tuple[str, BaseModel]] = [(s.seed_id, s) for s in demo_seeds(settings)]
     stages: dict[str, Any] = {}
     total = 0.0

@@ -7,22 +7,32 @@ per worker; tests that run handlers in-process get their own per settings.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from arena.config import ArenaSettings
 from arena.llm.gateway import Gateway
 from lake.chain_graphs import ChainGraphStore
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
+from sandbox.env_runtime import Runner
 
 if TYPE_CHECKING:  # lancedb takes ~1.5 s to import; only the stages that use the index pay for it
     from lake.tool_index import ToolIndex
+
+
+class SandboxService(Runner, Protocol):
+    """A runner with a lifecycle: the warm ``SandboxPool``, or a benchmark's baseline."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
 
 _gateways: dict[int, Gateway] = {}
 _graphs: dict[int, ChainGraphStore] = {}
 _indexes: dict[int, ToolIndex] = {}
 _env_stores: dict[int, EnvPackageStore] = {}
-_pools: dict[int, SandboxPool] = {}
+_pools: dict[int, SandboxService] = {}
 _pool_starts: dict[int, asyncio.Future[None]] = {}
 
 
@@ -52,7 +62,7 @@ def env_store_for(settings: ArenaSettings) -> EnvPackageStore:
     return _env_stores[id(settings)]
 
 
-async def sandbox_pool_for(settings: ArenaSettings) -> SandboxPool:
+async def sandbox_pool_for(settings: ArenaSettings) -> SandboxService:
     """The worker's warm sandbox pool, started once on first use (concurrent callers share the start)."""
     key = id(settings)
     if key not in _pools:
@@ -62,7 +72,7 @@ async def sandbox_pool_for(settings: ArenaSettings) -> SandboxPool:
     return _pools[key]
 
 
-def use_sandbox_pool(settings: ArenaSettings, pool: SandboxPool) -> None:
+def use_sandbox_pool(settings: ArenaSettings, pool: SandboxService) -> None:
     """Hand the stages run with ``settings`` an already-built pool (benchmarks compare pool kinds)."""
     _pools[id(settings)] = pool
     _pool_starts[id(settings)] = asyncio.ensure_future(pool.start())
