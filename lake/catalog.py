@@ -137,24 +137,63 @@ def _make_engine(url: str) -> Engine:
     return create_engine(parsed, pool_size=4, max_overflow=4, pool_pre_ping=True, pool_recycle=1800)
 
 
+def create_tables(engine: Engine, tables: Sequence[Any]) -> None:
+    """Create ``tables`` if missing; every store in the catalog database starts with this."""
+    try:
+        SQLModel.metadata.create_all(engine, tables=tables)
+    except (IntegrityError, ProgrammingError, OperationalError):
+        # Two processes creating the same tables at once: the loser retries and sees them.
+        SQLModel.metadata.create_all(engine, tables=tables)
+
+
+def insert_ignore(
+    engine: Engine, table: Any, rows: list[dict[str, Any]], conflict: list[str], *, atomic: bool = False
+) -> int:
+    """Insert rows, skipping those whose ``conflict`` columns already exist; returns rows added.
+
+    SQLite and PostgreSQL skip duplicates row by row in one transaction. Other
+    dialects have no portable ON CONFLICT: with ``atomic`` the batch goes in
+    one transaction and a duplicate rejects all of it, otherwise each row is
+    its own transaction.
+    """
+    if not rows:
+        return 0
+    dialect = engine.dialect.name
+    added = 0
+    if dialect in ("sqlite", "postgresql"):
+        mod = sqlite if dialect == "sqlite" else postgresql
+        with engine.begin() as conn:  # one transaction for the whole batch
+            for row in rows:
+                stmt = mod.insert(table).values(**row).on_conflict_do_nothing(index_elements=conflict)
+                added += conn.execute(stmt).rowcount or 0
+        return added
+    if atomic:
+        try:
+            with engine.begin() as conn:
+                conn.execute(table.insert(), rows)
+            return len(rows)
+        except IntegrityError:
+            return 0
+    for row in rows:
+        try:
+            with engine.begin() as conn:
+                conn.execute(table.insert().values(**row))
+            added += 1
+        except IntegrityError:
+            pass
+    return added
+
+
 class Catalog:
     """Runs, artifacts, lineage and prompt versions in one SQL database."""
 
     def __init__(self, url: str) -> None:
         self.url = redact_url(url)  # what may be shown; the engine keeps the real one
         self.engine = _make_engine(url)
-        self._dialect = self.engine.dialect.name
-        self._create_tables()
+        create_tables(self.engine, _TABLES)
 
     def __repr__(self) -> str:
         return f"Catalog({self.url!r})"
-
-    def _create_tables(self) -> None:
-        try:
-            SQLModel.metadata.create_all(self.engine, tables=_TABLES)
-        except (IntegrityError, ProgrammingError, OperationalError):
-            # Two processes creating the same tables at once: the loser retries and sees them.
-            SQLModel.metadata.create_all(self.engine, tables=_TABLES)
 
     def dispose(self) -> None:
         """Close pooled connections (call in a forked child before using the catalog)."""
@@ -162,27 +201,6 @@ class Catalog:
 
     def _session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
-
-    def _insert_ignore(self, table: Any, rows: list[dict[str, Any]], conflict: list[str]) -> int:
-        """Insert rows, skipping those whose ``conflict`` columns already exist; returns rows added."""
-        if not rows:
-            return 0
-        added = 0
-        if self._dialect in ("sqlite", "postgresql"):
-            mod = sqlite if self._dialect == "sqlite" else postgresql
-            with self.engine.begin() as conn:  # one transaction for the whole batch
-                for row in rows:
-                    stmt = mod.insert(table).values(**row).on_conflict_do_nothing(index_elements=conflict)
-                    added += conn.execute(stmt).rowcount or 0
-            return added
-        for row in rows:  # other dialects: one transaction per row, duplicates rejected
-            try:
-                with self.engine.begin() as conn:
-                    conn.execute(table.insert().values(**row))
-                added += 1
-            except IntegrityError:
-                pass
-        return added
 
     # Runs ---------------------------------------------------------------
     def start_run(self, kind: str, name: str, params: dict[str, Any] | None = None) -> str:
@@ -249,7 +267,7 @@ class Catalog:
             "created_at": _now(),
             "run_id": run_id,
         }
-        return self._insert_ignore(Artifact.__table__, [row], ["path"]) == 1  # type: ignore[attr-defined]
+        return insert_ignore(self.engine, Artifact.__table__, [row], ["path"]) == 1  # type: ignore[attr-defined]
 
     def artifacts(self, topic: str | None = None) -> list[Artifact]:
         """Registered lake files, optionally of one topic, by topic then path."""
@@ -263,7 +281,8 @@ class Catalog:
     def record_lineage(self, edges: Iterable[LineageEdge]) -> int:
         """Store edges (duplicates of child/parent/topic are ignored); returns edges added."""
         rows = [e.model_dump(exclude={"id"}) for e in edges]
-        return self._insert_ignore(
+        return insert_ignore(
+            self.engine,
             LineageEdge.__table__,  # type: ignore[attr-defined]
             rows,
             ["child_topic", "child_key", "parent_key"],

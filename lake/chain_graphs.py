@@ -17,15 +17,12 @@ Synchronous (SQLAlchemy): stages call it through ``asyncio.to_thread``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from sqlalchemy import Text, UniqueConstraint, func
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from lake.catalog import _make_engine
+from lake.catalog import _make_engine, create_tables, insert_ignore
 from streams.sft.chain_graph import TransitionGraph
 
 
@@ -51,12 +48,7 @@ class ChainGraphStore:
     def __init__(self, catalog: str | Engine) -> None:
         """``catalog``: the catalog's SQLAlchemy URL (same database, own table) or an engine."""
         self.engine = catalog if isinstance(catalog, Engine) else _make_engine(catalog)
-        self._dialect = self.engine.dialect.name
-        try:
-            SQLModel.metadata.create_all(self.engine, tables=_TABLES)
-        except (IntegrityError, ProgrammingError, OperationalError):
-            # Two workers creating the table at once: the loser retries and finds it.
-            SQLModel.metadata.create_all(self.engine, tables=_TABLES)
+        create_tables(self.engine, _TABLES)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -67,25 +59,10 @@ class ChainGraphStore:
             {"server_name": server_key, "chain_id": chain_id, "position": i, "tool": tool}
             for i, tool in enumerate(tools)
         ]
-        return bool(rows) and self._insert_ignore(rows) > 0
-
-    def _insert_ignore(self, rows: list[dict[str, Any]]) -> int:
         table = ChainGraphStep.__table__  # type: ignore[attr-defined]
         conflict = ["server_name", "chain_id", "position"]
-        added = 0
-        if self._dialect in ("sqlite", "postgresql"):
-            mod = sqlite if self._dialect == "sqlite" else postgresql
-            with self.engine.begin() as conn:  # a chain is written whole or not at all
-                for row in rows:
-                    stmt = mod.insert(table).values(**row).on_conflict_do_nothing(index_elements=conflict)
-                    added += conn.execute(stmt).rowcount or 0
-            return added
-        try:  # other dialects: all or nothing, a duplicate chain rejects the batch
-            with self.engine.begin() as conn:
-                conn.execute(table.insert(), rows)
-            return len(rows)
-        except IntegrityError:
-            return 0
+        # atomic: a chain is written whole or not at all
+        return insert_ignore(self.engine, table, rows, conflict, atomic=True) > 0
 
     def chains(self, server_key: str) -> dict[str, list[str]]:
         """Every stored chain of ``server_key``: chain id -> tools in order."""

@@ -15,14 +15,12 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from sqlalchemy import Text
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from arena.hashing import content_hash
 from arena.records.envs import EnvPackage
-from lake.catalog import _make_engine
+from lake.catalog import _make_engine, create_tables, insert_ignore
 
 Split = Literal["train", "heldout"]
 
@@ -58,10 +56,7 @@ class EnvPackageStore:
 
     def __init__(self, catalog: str | Engine) -> None:
         self.engine = catalog if isinstance(catalog, Engine) else _make_engine(catalog)
-        try:
-            SQLModel.metadata.create_all(self.engine, tables=_TABLES)
-        except (IntegrityError, ProgrammingError, OperationalError):
-            SQLModel.metadata.create_all(self.engine, tables=_TABLES)  # another worker won the race
+        create_tables(self.engine, _TABLES)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -81,11 +76,7 @@ class EnvPackageStore:
             "recorded_at": datetime.now(UTC),
         }
         table = EnvPackageRow.__table__  # type: ignore[attr-defined]
-        dialect = self.engine.dialect.name
-        mod = postgresql if dialect == "postgresql" else sqlite
-        with self.engine.begin() as conn:
-            stmt = mod.insert(table).values(**row).on_conflict_do_nothing(index_elements=["env_id"])
-            return conn.execute(stmt).rowcount > 0
+        return insert_ignore(self.engine, table, [row], ["env_id"]) == 1
 
     def get(self, env_id: str) -> tuple[EnvPackage, Split] | None:
         with Session(self.engine) as session:
