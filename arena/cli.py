@@ -316,6 +316,19 @@ def export_sft_cmd(
     console.print(f"wrote {count} SFT samples to {path} ({fmt})")
 
 
+@export_app.command("verl")
+def export_verl_cmd(
+    path: Annotated[Path, typer.Argument(help="Output folder (created).")],
+) -> None:
+    """Write verified environments in verl's multi-turn format: parquet, tool config, tool class, reward."""
+    from trainer.export_verl import export_verl
+
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file (fix: give a folder path, e.g. {path.with_suffix('')}/)")
+    summary = export_verl(settings(), path)
+    console.print_json(summary.model_dump_json())
+
+
 # --- environments ---------------------------------------------------------
 
 
@@ -442,6 +455,82 @@ def worker_cmd(
         cfg, ready_broker(cfg), names, until_drained=until_drained, timeout_s=timeout, console=err
     )
     raise typer.Exit(code)
+
+
+# --- training -----------------------------------------------------------
+
+
+@app.command("train")
+def train_cmd(
+    tiny: Annotated[
+        bool, typer.Option("--tiny", help="Build a tiny local model (tokenizer trained on the lake's text).")
+    ] = False,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="Stop once the run reaches this many optimizer steps.")
+    ] = None,
+    until_drained: Annotated[
+        bool, typer.Option("--until-drained", help="Stop when samples.sft and samples.verified are drained.")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Fail unless the run has a checkpoint (it always resumes one).")
+    ] = False,
+    run: Annotated[str | None, typer.Option(help="Run name (default: ARENA_TRAIN__RUN).")] = None,
+) -> None:
+    """Train continuously: SFT on samples.sft, then online GRPO on samples.verified; resumes after a crash."""
+    from trainer.service import NoCheckpoint, TrainerService, TrainOptions
+
+    cfg = settings()
+    if run is not None:
+        try:
+            cfg.train = cfg.train.model_copy(update={"run": type(cfg.train).model_validate({"run": run}).run})
+        except ValidationError:
+            raise UserError(f"--run {run!r}: use letters, digits, '_', '.', '-' (at most 64)") from None
+    options = TrainOptions(tiny=tiny, steps=steps, until_drained=until_drained, resume=resume)
+    service = TrainerService(cfg, ready_broker(cfg), options, console)
+    try:
+        code = asyncio.run(service.run())
+    except (NoCheckpoint, FileNotFoundError) as exc:
+        raise UserError(str(exc)) from None
+    raise typer.Exit(code)
+
+
+@app.command("eval")
+def eval_cmd(
+    k: Annotated[int, typer.Option(min=1, help="k of pass^k and pass@k.")] = 4,
+    trials: Annotated[int | None, typer.Option(min=1, help="Trials per package (n >= k; default k).")] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="Model folder to evaluate (default: the run's newest weights).")
+    ] = None,
+    run: Annotated[str | None, typer.Option(help="Run whose newest weights to evaluate.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """pass^k and pass@k of a policy on the held-out environment packages, per domain."""
+    import tempfile
+
+    from trainer.checkpoint import Checkpoints
+    from trainer.evaluate import report_table, run_eval
+
+    cfg = settings()
+    n = trials if trials is not None else k
+    if n < k:
+        raise UserError(f"--trials {n} < --k {k} (fix: pass^k needs at least k trials per package)")
+    with tempfile.TemporaryDirectory(prefix="arena-eval-") as tmp:
+        if model is None:
+            from lake.store import open_store
+
+            name = run or cfg.train.run
+            checkpoints = Checkpoints(open_store(cfg), cfg.catalog, name)
+            steps = checkpoints.weights_steps()
+            if not steps:
+                raise UserError(f"run {name!r} has no weights yet (fix: `arena train` first, or pass --model)")
+            model = checkpoints.weights_folder(steps[-1], Path(tmp))
+        elif not (model / "config.json").is_file():
+            raise UserError(f"--model {model}: no config.json there (fix: a Hugging Face model folder)")
+        report = run_eval(cfg, str(model), k=k, trials=n)
+    if as_json:
+        console.print_json(report.model_dump_json())
+    else:
+        console.print(report_table(report))
 
 
 # --- lag ----------------------------------------------------------------

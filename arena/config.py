@@ -166,6 +166,129 @@ class SftSettings(BaseModel):
         return self
 
 
+class TrainSettings(BaseModel):
+    """Knobs of the training service (ASTRA §3, EigenData §5); env vars ``ARENA_TRAIN__<FIELD>``."""
+
+    run: Annotated[
+        str,
+        Field(
+            default="default",
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+            description="Run name: checkpoints live under trainer/<run>/ in the lake; restarts resume it.",
+        ),
+    ]
+    model: Annotated[
+        str | None,
+        Field(default=None, description="Local path of the base model (HF format); `--tiny` builds one."),
+    ]
+    backend: Annotated[
+        Literal["hf", "vllm"],
+        Field(default="hf", description="Rollout backend: transformers generate (CPU) or vLLM (GPU extra)."),
+    ]
+    group_id: Annotated[
+        str, Field(default="arena-trainer", description="Consumer group the trainer commits offsets under.")
+    ]
+    # --- SFT (ASTRA §3.1 cold start) ---
+    sft_steps: Annotated[
+        int,
+        Field(
+            default=50,
+            ge=0,
+            le=1_000_000,
+            description="SFT steps on samples.sft before GRPO (fewer if the topic runs dry first).",
+        ),
+    ]
+    sft_batch: Annotated[int, Field(default=8, ge=1, le=4096, description="Conversations per SFT step.")]
+    sft_lr: Annotated[float, Field(default=1e-5, gt=0, le=1, description="Peak SFT learning rate (cosine).")]
+    warmup_ratio: Annotated[
+        float, Field(default=0.05, ge=0, lt=1, description="Share of SFT steps with linear warmup.")
+    ]
+    # --- GRPO (ASTRA §3.2, eq. 23/32; EigenData §5) ---
+    lr: Annotated[float, Field(default=1e-6, ge=0, le=1, description="GRPO learning rate (constant).")]
+    group_size: Annotated[
+        int, Field(default=4, ge=2, le=256, description="G: trajectories rolled out per prompt.")
+    ]
+    batch_groups: Annotated[
+        int, Field(default=4, ge=1, le=4096, description="n: valid groups every GRPO step trains on.")
+    ]
+    delta: Annotated[
+        float,
+        Field(
+            default=0.0,
+            ge=-1,
+            le=1,
+            description="A group is valid when Std(R) > delta (0: EigenData's dynamic filtering; "
+            "negative: keep every group, an ablation).",
+        ),
+    ]
+    max_rounds: Annotated[
+        int,
+        Field(
+            default=4,
+            ge=1,
+            le=1000,
+            description="Rollout rounds per step before it trains on what it has (shortfall logged).",
+        ),
+    ]
+    clip_low: Annotated[float, Field(default=0.2, ge=0, le=1, description="PPO clip epsilon below 1.")]
+    clip_high: Annotated[
+        float, Field(default=0.2, ge=0, le=10, description="PPO clip epsilon above 1 (clip-higher).")
+    ]
+    loss_agg: Annotated[
+        Literal["token-mean", "group-token-mean", "seq-mean-token-mean"],
+        Field(
+            default="token-mean",
+            description="Loss aggregation: batch-level token-mean, per-group token-mean (eq. 32), "
+            "or seq-mean-token-mean.",
+        ),
+    ]
+    adv_std: Annotated[
+        Literal["unbiased", "biased", "none"],
+        Field(default="unbiased", description="Std in (R - mean)/(std + 1e-6); unbiased as verl."),
+    ]
+    micro_batch: Annotated[
+        int, Field(default=4, ge=1, le=4096, description="Sequences per forward/backward pass.")
+    ]
+    max_grad_norm: Annotated[float, Field(default=1.0, gt=0, description="Gradient clipping norm.")]
+    reward: Annotated[
+        Literal["f1", "recall", "precision"],
+        Field(default="f1", description="QA reward: F1 (eq. 31), or recall-/precision-only for ablation."),
+    ]
+    mixing: Annotated[
+        Literal["bands", "none", "random"],
+        Field(default="bands", description="Irrelevant-tool mixing (§3.2.2) or an ablation."),
+    ]
+    k_per_band: Annotated[
+        int, Field(default=2, ge=0, le=64, description="K: most mixed-in tools per similarity band.")
+    ]
+    # --- rollouts (§3.1) ---
+    max_turns: Annotated[int, Field(default=32, ge=1, le=256, description="Assistant turns per rollout.")]
+    max_seq_len: Annotated[
+        int, Field(default=4096, ge=64, le=1 << 20, description="Longest rollout (prompt + response tokens).")
+    ]
+    max_new_tokens: Annotated[
+        int, Field(default=256, ge=1, le=1 << 16, description="Most tokens one assistant turn generates.")
+    ]
+    temperature: Annotated[float, Field(default=1.0, gt=0, le=5, description="Rollout sampling temperature.")]
+    # --- checkpoints ---
+    weights_every: Annotated[
+        int, Field(default=10, ge=1, le=1_000_000, description="Save model weights every N steps.")
+    ]
+    state_every: Annotated[
+        int,
+        Field(
+            default=5,
+            ge=1,
+            le=1_000_000,
+            description="Save the full training state (weights, optimizer, scheduler, RNG, batch buffer, "
+            "consumer offsets) every N steps.",
+        ),
+    ]
+    keep_states: Annotated[
+        int, Field(default=2, ge=1, le=2, description="Full training states kept (the last 1-2).")
+    ]
+
+
 class ArenaSettings(BaseSettings):
     """Everything a worker, the CLI or a test needs to find the stack."""
 
@@ -251,6 +374,9 @@ class ArenaSettings(BaseSettings):
     envs: Annotated[
         EnvSettings,
         Field(default_factory=EnvSettings, description="Environment-track knobs (ASTRA §2.2)."),
+    ]
+    train: Annotated[
+        TrainSettings, Field(default_factory=TrainSettings, description="Training-service knobs.")
     ]
     sandbox: Annotated[
         SandboxSettings,

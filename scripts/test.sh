@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+# verl in a second virtualenv: tests/test_verl_parity.py compares the GRPO math with verl's core_algos.
+bash scripts/install_verl.sh
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   echo "installing Debian's PostgreSQL server for the catalog tests"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

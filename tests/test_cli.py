@@ -18,8 +18,8 @@ from streams.registry import WORKERS
 from tests.cli import ARENA, arena_env, broker_of, children_of, read_all, run_arena, stack_stopped_after
 from tests.test_compose import COMPOSE_ARENA_COMMANDS
 
-PENDING_COMMANDS = {("train",)}
-"""Compose runs `arena train` behind the `train` profile; the command lands with the trainer issue."""
+PENDING_COMMANDS: set[tuple[str, ...]] = set()
+"""Commands compose runs that the CLI does not have yet (none since `arena train` landed)."""
 
 
 def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -90,6 +90,9 @@ def test_every_compose_command_runs(tmp_path: Path) -> None:
             if argv in PENDING_COMMANDS:
                 assert argv[0] not in cli_commands, f"`arena {argv[0]}` exists now: exercise it here"
                 continue
+            if argv[0] == "train":
+                _train_runs_until_sigterm(argv, env, home)
+                continue
             if argv[0] != "worker":
                 run_arena(list(argv), env)
                 continue
@@ -116,6 +119,28 @@ def test_every_compose_command_runs(tmp_path: Path) -> None:
                 if proc.poll() is None:
                     proc.kill()
             assert proc.returncode == 0, (argv, err[-2000:])
+
+
+def _train_runs_until_sigterm(argv: tuple[str, ...], env: dict[str, str], home: Path) -> None:
+    """The trainer is a service: it starts (building its tiny model), waits for samples, stops on SIGTERM."""
+    proc = subprocess.Popen(
+        [ARENA, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        manifest = home / "lake" / "trainer" / "default" / "base" / "_manifest.json"
+        while not manifest.is_file():
+            assert time.monotonic() < deadline, f"arena {' '.join(argv)} never saved its base model"
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.5)
+        time.sleep(3)  # into its wait for samples
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (argv, err[-2000:])
 
 
 @pytest.mark.parametrize("command", [["up"], ["status"], ["topics", "list"], ["down"]])

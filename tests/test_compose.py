@@ -68,7 +68,7 @@ ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
         ("worker", "--stage", "lake-sink"),
         SFT_WORKER,
         ENV_WORKER,
-        ("train",),
+        ("train", "--tiny"),
     }
 )
 
@@ -180,9 +180,9 @@ def test_arena_services(raw: dict[str, Any]) -> None:
         "lake-sink": ("worker", "--stage", "lake-sink"),
         "sft-worker": SFT_WORKER,
         "env-worker": ENV_WORKER,
-        "trainer": ("train",),
+        "trainer": ("train", "--tiny"),
     }
-    assert raw["services"]["trainer"]["profiles"] == ["train"]  # `arena train` lands later
+    assert raw["services"]["trainer"]["profiles"] == ["train"]
     assert raw["services"]["vllm"]["profiles"] == ["gpu"]
     assert raw["services"]["topics"]["restart"] == "no"
     for name in ("worker", "sft-worker", "env-worker", "lake-sink"):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from arena.llm.rules import agent, chains, emulation, envs, judges, qa, tasks
+from arena.llm.rules import agent, chains, emulation, envs, judges, qa, tasks, user_sim
 
 RuleFn = Callable[[BaseModel, random.Random], BaseModel]
 
@@ -24,4 +24,5 @@ RULES: dict[str, RuleFn] = {
     **judges.RULES,
     **envs.RULES,
     **qa.RULES,
+    **user_sim.RULES,
 }

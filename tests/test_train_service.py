@@ -1,0 +1,120 @@
+"""`arena train --tiny` on the real stack: kill -9 mid-run, restart, every consumed sample trained once.
+
+Runs on the session's demo home (tests/fixtures/demo.py): its ``samples.sft``
+and ``samples.verified`` topics and its catalog of verified packages are the
+trainer's input. The first run is killed with SIGKILL (its whole process
+group: the trainer and its sandbox workers) once it has written a full
+training state and gone past it; the second run resumes from that state and
+drains both topics. The step records in the lake then describe one history in
+which every sample of both topics appears exactly once, and every consumed
+GRPO sample was trained, filtered, dropped or skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.cli import ARENA, run_arena
+from tests.fixtures.demo import Demo, values
+
+pytestmark = pytest.mark.integration
+
+RUN = "it"
+
+
+def _train_env(demo: Demo) -> dict[str, str]:
+    return demo.env | {
+        "ARENA_TRAIN__RUN": RUN,
+        "ARENA_TRAIN__SFT_STEPS": "3",
+        "ARENA_TRAIN__SFT_BATCH": "6",
+        "ARENA_TRAIN__SFT_LR": "1e-3",
+        "ARENA_TRAIN__LR": "1e-4",
+        "ARENA_TRAIN__GROUP_SIZE": "2",
+        "ARENA_TRAIN__BATCH_GROUPS": "2",
+        "ARENA_TRAIN__MAX_ROUNDS": "2",
+        # A random tiny model scores 0 everywhere; -1 keeps every group so GRPO steps update.
+        "ARENA_TRAIN__DELTA": "-1",
+        "ARENA_TRAIN__MAX_TURNS": "2",
+        "ARENA_TRAIN__MAX_NEW_TOKENS": "16",
+        "ARENA_TRAIN__MAX_SEQ_LEN": "6144",
+        "ARENA_TRAIN__STATE_EVERY": "2",
+        "ARENA_TRAIN__WEIGHTS_EVERY": "3",
+        "ARENA_TRAIN__MICRO_BATCH": "2",
+    }
+
+
+def _lake(demo: Demo) -> Path:
+    return demo.home / "lake" / "trainer" / RUN
+
+
+def _steps(demo: Demo) -> list[dict]:
+    folder = _lake(demo) / "steps"
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("step-*.json"))]
+
+
+def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> None:
+    env = _train_env(demo_run)
+    argv = [ARENA, "train", "--tiny", "--until-drained"]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    states = _lake(demo_run) / "state"
+    try:
+        deadline = time.monotonic() + 400
+        # Kill once a full state exists and at least one step after it has been recorded.
+        while True:
+            assert proc.poll() is None, f"trainer exited early:\n{proc.communicate()[0][-4000:]}"
+            assert time.monotonic() < deadline, "no training state after 400 s"
+            saved = sorted(states.glob("step-*.pt")) if states.is_dir() else []
+            if saved and len(_steps(demo_run)) > int(saved[-1].stem.split("-")[1]):
+                break
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    steps_at_kill = len(_steps(demo_run))
+
+    out = run_arena(["train", "--tiny", "--until-drained"], env, timeout=900)
+    assert "resumed" in out.stdout, out.stdout[-3000:]
+
+    records = _steps(demo_run)
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+    assert len(records) >= steps_at_kill
+    consumed = Counter(i for r in records for i in r["consumed"])
+    assert max(consumed.values()) == 1, [i for i, c in consumed.items() if c > 1]
+
+    sft_ids = {v["sample_id"] for v in values(demo_run.bootstrap, "samples.sft")}
+    rl_ids = {v["sample_id"] for v in values(demo_run.bootstrap, "samples.verified")}
+    sft_steps = [r for r in records if r["phase"] == "sft"]
+    grpo_steps = [r for r in records if r["phase"] == "grpo"]
+    assert len(sft_steps) == 3
+    # SFT: every consumed sample is trained in its step; GRPO consumed the whole topic.
+    assert all(r["trained"] == r["consumed"] for r in sft_steps)
+    assert {i for r in sft_steps for i in r["consumed"]} <= sft_ids
+    grpo_consumed = {i for r in grpo_steps for i in r["consumed"]}
+    assert grpo_consumed == rl_ids
+    outcomes = Counter(
+        i for r in grpo_steps for i in r["trained"] + r["filtered"] + r["dropped"] + list(r["skipped"])
+    )
+    assert set(outcomes) == rl_ids and max(outcomes.values()) == 1
+    assert sum(len(r["trained"]) for r in grpo_steps) > 0
+
+    # Decoupled checkpoints: at most 2 full states, weights folders on their cadence, catalog rows.
+    assert 1 <= len(list(states.glob("step-*.pt"))) <= 2
+    weights = sorted(p.name for p in (_lake(demo_run) / "weights").iterdir())
+    assert "step-00000003" in weights
+    metrics = [v for v in values(demo_run.bootstrap, "trainer.metrics") if v["run_id"] == RUN]
+    assert {m["step"] for m in metrics} == {r["step"] for r in records}
+    grpo_metric = next(m for m in metrics if m["metrics"]["phase_grpo"] == 1.0)
+    for key in ("reward_mean", "reward_std", "fill_ratio", "loss", "step_s", "turns_mean", "tool_calls_mean"):
+        assert key in grpo_metric["metrics"], key

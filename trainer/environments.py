@@ -1,0 +1,448 @@
+"""Per-instance environments a rollout acts in (ASTRA §3.1, EigenData §5), run in the sandbox.
+
+An environment offers tools, executes one tool call at a time in the sandbox and turns whatever
+happens into an ``Observation`` (a failure is an observation with ``ok=False``, never an
+exception), answers agent messages through a simulated user (interactive samples), and scores a
+finished trajectory. One instance per rollout: nothing is shared between instances.
+
+- ``QaEnvironment`` (``kind="qa"``): the sample's ``EnvPackage`` -- lookup functions over a
+  data table -- plus mixed-in tools from other packages, each run against its own package.
+  Reward: F1 over the trajectory's tool outputs (ASTRA eq. 30-31), or recall/precision only.
+- ``InteractiveEnvironment`` (``kind="interactive"``): an ``InteractiveSpec`` -- a JSON state,
+  tool functions that read and change it, a user simulator with private instructions, and a
+  verification function. Reward: 1 when ``verify(initial, final, calls)`` passes, else 0.
+
+Interactive execution contract. Each call runs the program::
+
+    import json
+    STATE = json.loads(<current state JSON>)
+    <spec.code>
+    _arena_value = <tool>(**json.loads(<arguments JSON>))
+    {"value": <_arena_value as JSON>, "state": <STATE as JSON>}
+
+so the state travels in and out as JSON and the environment keeps it between calls. A call that
+raises leaves the state as it was (calls are atomic). Verification runs::
+
+    import json
+    <spec.verify>
+    verify(json.loads(<initial>), json.loads(<final>), json.loads(<calls>))
+
+which must return ``{"pass": bool, "reward": float, "components": {name: number}}``; ``calls`` is
+the list of executed calls as ``CallRecord`` dicts (name, arguments, actor, ok, changed_state).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from arena.llm.core import InvalidOutput, Sampling
+from arena.llm.gateway import Gateway
+from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSignal, UserSimInput
+from arena.records.envs import EnvPackage, VerifiedSample
+from sandbox.env_runtime import Runner, call_program, output_text
+from sandbox.pool import SandboxResult, SandboxUnavailable
+from trainer.rewards import RewardMode, f1_reward, reward_value
+
+if TYPE_CHECKING:
+    from trainer.rollout import Trajectory
+
+MAX_OUTPUT_CHARS = 8192
+"""Observations are cut to this many characters (the sandbox caps output at 64 KiB)."""
+
+
+class Observation(BaseModel):
+    """What the agent sees after one tool call."""
+
+    text: Annotated[str, Field(description="Tool output (stdout + return value JSON), or the error text.")]
+    ok: Annotated[bool, Field(description="The call ran and returned; False for any failure.")]
+    tool: Annotated[str, Field(description="Name of the tool called (as the model wrote it).")]
+
+
+class Environment(Protocol):
+    """One isolated environment instance for one rollout."""
+
+    tools: list[dict[str, Any]]
+    """OpenAI tool specs offered to the agent (mixed-in tools included)."""
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Observation:
+        """Execute one tool call; failures come back as ``ok=False`` observations."""
+        ...
+
+    async def user_turn(self, assistant_text: str) -> str | None:
+        """The user's reply to an agent message (a turn without tool calls); None: the user stops."""
+        ...
+
+    async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
+        """Scalar reward of a finished trajectory of this instance, and its parts."""
+        ...
+
+
+def tool_name(spec: Mapping[str, Any]) -> str:
+    """Name of an OpenAI tool spec (``{"type": "function", "function": {...}}`` or the bare function)."""
+    return str(spec.get("function", spec).get("name", ""))
+
+
+def argument_error(spec: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+    """Why ``arguments`` cannot be a call of ``spec`` (missing required or unknown names), else None.
+
+    Types are left to the tool code: it runs in the sandbox, and a wrong type fails there.
+    """
+    params = spec.get("function", spec).get("parameters") or {}
+    properties = params.get("properties") or {}
+    missing = [p for p in params.get("required") or [] if p not in arguments]
+    if missing:
+        return f"missing required argument(s) {', '.join(map(repr, missing))}"
+    if properties and params.get("additionalProperties") is not True:
+        unknown = [a for a in arguments if a not in properties]
+        if unknown:
+            return f"unknown argument(s) {', '.join(map(repr, unknown))}; parameters: {sorted(properties)}"
+    return None
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [cut at {limit} characters]"
+
+
+def _failure(result: SandboxResult) -> str:
+    return f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
+
+
+async def _run(runner: Runner, program: str, timeout_s: float | None) -> SandboxResult | str:
+    """Run a program; a sandbox that cannot run it is an error text, not an exception."""
+    try:
+        return await runner.run(program, timeout_s=timeout_s)
+    except SandboxUnavailable as exc:
+        return f"sandbox_error: {exc}"
+
+
+# --------------------------------------------------------------------------- QA environments
+
+
+class QaEnvironment:
+    """A QA sample's package (and mixed-in tools from other packages) behind the Environment Protocol."""
+
+    def __init__(
+        self,
+        sample: VerifiedSample,
+        package: EnvPackage,
+        runner: Runner,
+        extras: Mapping[str, EnvPackage] | None = None,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        mode: RewardMode = "f1",
+        timeout_s: float | None = None,
+        max_output_chars: int = MAX_OUTPUT_CHARS,
+    ) -> None:
+        """``extras``: mixed-in tool name -> the package implementing it; ``tools``: the offered list
+        (default: the sample's tools plus the extras' specs, in that order)."""
+        if sample.kind != "qa":
+            raise ValueError(f"QaEnvironment needs a qa sample, got {sample.kind!r}")
+        self.sample = sample
+        self.package = package
+        self.runner = runner
+        self.extras = dict(extras or {})
+        self.mode: RewardMode = mode
+        self.timeout_s = timeout_s
+        self.max_output_chars = max_output_chars
+        self.jobs: list[dict[str, Any]] = list(sample.reward_spec.get("jobs") or [])
+        own = {tool_name(t): t for t in package.tools}
+        self._routes: dict[str, tuple[EnvPackage, dict[str, Any]]] = {n: (package, t) for n, t in own.items()}
+        for name, extra in self.extras.items():
+            spec = next((t for t in extra.tools if tool_name(t) == name), None)
+            if spec is None:
+                raise ValueError(f"mixed-in tool {name!r} is not a tool of package {extra.env_id}")
+            self._routes.setdefault(name, (extra, spec))
+        if tools is None:
+            offered = list(sample.tools)
+            names = {tool_name(t) for t in offered}
+            offered += [spec for n, (_pkg, spec) in self._routes.items() if n not in names]
+            tools = offered
+        self.tools: list[dict[str, Any]] = list(tools)
+        self._offered = {tool_name(t) for t in self.tools}
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Observation:
+        route = self._routes.get(name) if name in self._offered else None
+        if route is None:
+            return Observation(
+                text=f"error: unknown tool {name!r}; available: {sorted(self._offered)}", ok=False, tool=name
+            )
+        package, spec = route
+        problem = argument_error(spec, arguments)
+        if problem is not None:
+            return Observation(text=f"error: {name}: {problem}", ok=False, tool=name)
+        result = await _run(self.runner, call_program(package, name, arguments), self.timeout_s)
+        if isinstance(result, str):
+            return Observation(text=f"error: {result}", ok=False, tool=name)
+        if not result.ok:
+            return Observation(text=f"error: {_failure(result)}", ok=False, tool=name)
+        return Observation(text=_cut(output_text(result), self.max_output_chars), ok=True, tool=name)
+
+    async def user_turn(self, assistant_text: str) -> str | None:
+        return None  # a QA sample has no user after the question: a final answer ends the rollout
+
+    async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
+        """F1 (or recall / precision) over the successful tool outputs; c = every emitted call."""
+        parts = f1_reward(self.jobs, trajectory.tool_outputs, trajectory.tool_calls)
+        return reward_value(parts, self.mode), {k: float(v) for k, v in parts.model_dump().items()}
+
+
+# --------------------------------------------------------------------------- interactive
+
+
+class InteractiveSpec(BaseModel):
+    """``VerifiedSample.reward_spec`` of an interactive sample (EigenData §4.2 outputs)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    initial_state: Annotated[
+        dict[str, Any], Field(description="The database before the dialogue, a JSON object (STATE).")
+    ]
+    code: Annotated[
+        str,
+        Field(
+            description="Python source defining one function per agent (and user) tool; the functions read "
+            "and change the global dict STATE, return JSON-able values and raise on refused actions."
+        ),
+    ]
+    verify: Annotated[
+        str,
+        Field(
+            description="Python source defining verify(initial_state, final_state, calls) -> "
+            "{'pass': bool, 'reward': float, 'components': {name: number}}."
+        ),
+    ]
+    user_instructions: Annotated[
+        str, Field(description="The simulated user's private instructions (objective, known info).")
+    ]
+    requirements: list[str] = Field(
+        default_factory=list,
+        description="The instructions' requirements in the order the user raises them; the sample's "
+        "opening user message states the first. Empty: the sentences of user_instructions.",
+    )
+    goal_actions: list[str] = Field(
+        default_factory=list,
+        description="Names of the state-changing agent tools the user wants called (the user stops once "
+        "all are done).",
+    )
+    user_tools: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="OpenAI specs of tools only the user can call (dual control), implemented in code.",
+    )
+    max_user_turns: Annotated[int, Field(ge=1, le=64, description="Most user replies per dialogue.")] = 16
+
+
+class CallRecord(BaseModel):
+    """One executed call of an interactive dialogue, as ``verify`` receives it."""
+
+    name: Annotated[str, Field(description="Tool name.")]
+    arguments: Annotated[dict[str, Any], Field(description="Arguments as called.")]
+    actor: Annotated[Literal["agent", "user"], Field(description="Who called it.")]
+    ok: Annotated[bool, Field(description="It ran without raising.")]
+    changed_state: Annotated[bool, Field(description="STATE differs after the call.")]
+
+
+class Verdict(BaseModel):
+    """What a verification function returns."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    passed: Annotated[bool, Field(alias="pass", description="The final state and calls meet the task.")]
+    reward: Annotated[float, Field(description="The function's own reward (informational).")] = 0.0
+    components: dict[str, float] = Field(default_factory=dict, description="Component scores.")
+
+
+def state_program(state: Mapping[str, Any], code: str, tool: str, arguments: Mapping[str, Any]) -> str:
+    """The program that runs ``tool(**arguments)`` against ``state`` (see the module docstring)."""
+    if not tool.isidentifier():
+        raise ValueError(f"not a tool name: {tool!r}")
+    payload = json.dumps(dict(state), ensure_ascii=False)
+    args = json.dumps(dict(arguments), ensure_ascii=False)
+    # State and arguments travel as JSON string literals: model-written values never become code.
+    return (
+        f"import json\nSTATE = json.loads({payload!r})\n{code.rstrip()}\n"
+        f"_arena_value = {tool}(**json.loads({args!r}))\n"
+        "{'value': json.loads(json.dumps(_arena_value, default=repr)), "
+        "'state': json.loads(json.dumps(STATE))}\n"
+    )
+
+
+def verify_program(
+    verify: str, initial: Mapping[str, Any], final: Mapping[str, Any], calls: Sequence[Mapping[str, Any]]
+) -> str:
+    """The program that runs ``verify(initial, final, calls)``."""
+    literals = [json.dumps(v, ensure_ascii=False) for v in (dict(initial), dict(final), list(calls))]
+    loads = ", ".join(f"json.loads({v!r})" for v in literals)
+    return f"import json\n{verify.rstrip()}\nverify({loads})\n"
+
+
+class InteractiveEnvironment:
+    """An interactive sample: stateful tools in the sandbox, a simulated user, a verification function."""
+
+    def __init__(
+        self,
+        sample: VerifiedSample,
+        runner: Runner,
+        gateway: Gateway,
+        *,
+        sampling: Sampling | None = None,
+        timeout_s: float | None = None,
+        max_output_chars: int = MAX_OUTPUT_CHARS,
+    ) -> None:
+        if sample.kind != "interactive":
+            raise ValueError(f"InteractiveEnvironment needs an interactive sample, got {sample.kind!r}")
+        self.sample = sample
+        self.spec = InteractiveSpec.model_validate(sample.reward_spec)
+        self.runner = runner
+        self.gateway = gateway
+        self.sampling = sampling
+        self.timeout_s = timeout_s
+        self.max_output_chars = max_output_chars
+        self.tools: list[dict[str, Any]] = list(sample.tools)
+        self._agent_tools = {tool_name(t): t for t in self.tools}
+        self._user_tools = {tool_name(t): t for t in self.spec.user_tools}
+        self.initial_state: dict[str, Any] = copy.deepcopy(self.spec.initial_state)
+        self.state: dict[str, Any] = copy.deepcopy(self.spec.initial_state)
+        self.calls: list[CallRecord] = []
+        self.dialogue: list[DialogueMessage] = [
+            DialogueMessage(role="user", content=str(m.get("content") or ""))
+            for m in sample.prompt
+            if m.get("role") == "user"
+        ]
+        self.user_replies = 0
+        self.signal: UserSignal | None = None
+        """The user's last control signal (None until the user has replied)."""
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Observation:
+        return await self._execute(name, arguments, "agent")
+
+    async def _execute(
+        self, name: str, arguments: dict[str, Any], actor: Literal["agent", "user"]
+    ) -> Observation:
+        offered = self._agent_tools if actor == "agent" else self._user_tools
+        spec = offered.get(name)
+        if spec is None or not name.isidentifier():
+            return Observation(
+                text=f"error: unknown tool {name!r}; available: {sorted(offered)}", ok=False, tool=name
+            )
+        problem = argument_error(spec, arguments)
+        if problem is not None:
+            return self._record(name, arguments, actor, f"error: {name}: {problem}")
+        result = await _run(
+            self.runner, state_program(self.state, self.spec.code, name, arguments), self.timeout_s
+        )
+        if isinstance(result, str):
+            return self._record(name, arguments, actor, f"error: {result}")
+        if not result.ok:
+            return self._record(name, arguments, actor, f"error: {_failure(result)}")
+        out = result.return_value
+        if not isinstance(out, dict) or not isinstance(out.get("state"), dict):
+            return self._record(name, arguments, actor, "error: the tool left STATE not a JSON object")
+        changed = out["state"] != self.state
+        self.state = out["state"]
+        text = result.stdout + json.dumps(out.get("value"), ensure_ascii=False)
+        self.calls.append(
+            CallRecord(name=name, arguments=arguments, actor=actor, ok=True, changed_state=changed)
+        )
+        return Observation(text=_cut(text, self.max_output_chars), ok=True, tool=name)
+
+    def _record(
+        self, name: str, arguments: dict[str, Any], actor: Literal["agent", "user"], error: str
+    ) -> Observation:
+        """A failed call of an offered tool: logged for ``verify`` (attempts matter), state unchanged."""
+        self.calls.append(
+            CallRecord(name=name, arguments=arguments, actor=actor, ok=False, changed_state=False)
+        )
+        return Observation(text=error, ok=False, tool=name)
+
+    @property
+    def completed_actions(self) -> list[str]:
+        """Agent calls that changed the state, in order."""
+        return [c.name for c in self.calls if c.actor == "agent" and c.changed_state]
+
+    async def user_turn(self, assistant_text: str) -> str | None:
+        """Ask the user simulator; its user-tool calls run first; a control signal ends the dialogue."""
+        if self.signal not in (None, "continue"):
+            return None
+        self.dialogue.append(DialogueMessage(role="assistant", content=assistant_text))
+        inputs = UserSimInput(
+            instructions=self.spec.user_instructions,
+            requirements=self.spec.requirements,
+            goal_actions=self.spec.goal_actions,
+            completed_actions=self.completed_actions,
+            dialogue=self.dialogue,
+            user_tools=self.spec.user_tools,
+            turn=self.user_replies,
+            max_turns=self.spec.max_user_turns,
+        )
+        try:
+            answer = await self.gateway.call(USER_SIMULATOR, inputs, self.sampling)
+        except InvalidOutput:
+            self.signal = "stop"  # a simulator that cannot answer ends the dialogue; verify still decides
+            return None
+        turn = answer.output
+        self.signal = turn.signal
+        if turn.signal != "continue":
+            return None
+        for action in turn.tool_calls:
+            await self._execute(action.name, action.arguments, "user")
+        self.user_replies += 1
+        self.dialogue.append(DialogueMessage(role="user", content=turn.message))
+        return turn.message
+
+    async def verdict(self) -> Verdict | str:
+        """Run ``verify`` on (initial state, current state, calls); an error text when it cannot."""
+        calls = [c.model_dump() for c in self.calls]
+        result = await _run(
+            self.runner,
+            verify_program(self.spec.verify, self.initial_state, self.state, calls),
+            self.timeout_s,
+        )
+        if isinstance(result, str):
+            return result
+        if not result.ok:
+            return _failure(result)
+        try:
+            return Verdict.model_validate(result.return_value)
+        except ValidationError as exc:
+            return f"verify returned {str(result.return_value)[:200]!r}: {exc.error_count()} error(s)"
+
+    async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
+        """1.0 when the verification function passes on this instance's final state, else 0.0.
+
+        The trajectory is not read: this instance's own state and call log are what it produced.
+        """
+        verdict = await self.verdict()
+        if isinstance(verdict, str):
+            return 0.0, {"pass": 0.0, "verify_error": 1.0}
+        value = 1.0 if verdict.passed else 0.0
+        return value, {"pass": value, "verify_reward": verdict.reward, **verdict.components}
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def environment_for(
+    sample: VerifiedSample,
+    runner: Runner,
+    *,
+    package: EnvPackage | None = None,
+    extras: Mapping[str, EnvPackage] | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
+    gateway: Gateway | None = None,
+    mode: RewardMode = "f1",
+    sampling: Sampling | None = None,
+    timeout_s: float | None = None,
+) -> QaEnvironment | InteractiveEnvironment:
+    """A fresh environment instance for ``sample`` (qa: needs its package; interactive: a gateway)."""
+    if sample.kind == "qa":
+        if package is None:
+            raise ValueError(f"qa sample {sample.sample_id} needs its EnvPackage ({sample.env_ref})")
+        return QaEnvironment(sample, package, runner, extras, tools=tools, mode=mode, timeout_s=timeout_s)
+    if gateway is None:
+        raise ValueError(f"interactive sample {sample.sample_id} needs an LLM gateway for its user")
+    return InteractiveEnvironment(sample, runner, gateway, sampling=sampling, timeout_s=timeout_s)

@@ -1,0 +1,168 @@
+"""Episodes: a verified sample -> an isolated environment -> G rollouts -> one ``Group``.
+
+For a ``qa`` sample the environment is its package from the catalog plus
+irrelevant tools mixed in from other verified packages (each runs against its
+own package, so every offered tool is executable); for an ``interactive``
+sample it is the instance's state machine with the user simulator in the
+loop. Each trajectory runs in its own environment instance in the sandbox.
+Seeds derive from (global seed, step, round, sample, trajectory index), so a
+step redone after a crash rolls out the same trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from arena.config import ArenaSettings
+from arena.hashing import content_hash
+from arena.records.envs import EnvPackage, VerifiedSample
+from lake.env_packages import EnvPackageStore
+from sandbox import SandboxPool
+from trainer.batching import Group
+from trainer.environments import environment_for
+from trainer.learner import Learner
+from trainer.mixing import ToolMixer, pool_from_store
+from trainer.rollout import Trajectory, rollout
+
+# Trajectory fields the update needs; messages and raw outputs stay out of the checkpointed buffer.
+KEEP = (
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "logprobs",
+    "reward",
+    "reward_parts",
+    "turns",
+    "tool_calls",
+    "stop",
+)
+
+
+def seed_of(*parts: object) -> int:
+    return int(content_hash([str(p) for p in parts], length=8), 16)
+
+
+class Episodes:
+    """Runs group rollouts for the service; owns the sandbox pool, package store and tool mixer."""
+
+    def __init__(self, settings: ArenaSettings, learner: Learner) -> None:
+        self.settings = settings
+        self.cfg = settings.train
+        self.learner = learner
+        self.store = EnvPackageStore(settings.catalog)
+        self.pool: SandboxPool | None = None
+        self._mixer: ToolMixer | None = None
+        self._mixer_size = -1
+        self._gateway: Any = None
+
+    async def start(self) -> None:
+        self.pool = SandboxPool(self.settings.sandbox)
+        await self.pool.start()
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+        if self._gateway is not None:
+            await self._gateway.aclose()
+        self.store.dispose()
+
+    def _mixer_for_now(self) -> ToolMixer | None:
+        """The mixer over the current pool (rebuilt when new verified packages have landed)."""
+        if self.cfg.mixing == "none":
+            return None
+        size = len(self.store.rows("train"))
+        if self._mixer is None or size != self._mixer_size:
+            from lake.tool_index import s3_storage_options
+
+            options = (
+                s3_storage_options(self.settings.s3_credentials()) if self.settings.s3_endpoint else None
+            )
+            self._mixer = ToolMixer(
+                pool_from_store(self.store),
+                self.settings.lancedb,
+                k_per_band=self.cfg.k_per_band,
+                seed=self.settings.seed,
+                storage_options=options,
+            )
+            self._mixer_size = size
+        return self._mixer
+
+    def _gateway_for(self) -> Any:
+        if self._gateway is None:
+            from arena.llm.gateway import Gateway
+
+            self._gateway = Gateway.from_settings(self.settings)
+        return self._gateway
+
+    def _prepare(self, sample: VerifiedSample) -> dict[str, Any] | str:
+        """Keyword arguments for ``environment_for``, or why the sample cannot be rolled out."""
+        if sample.kind == "interactive":
+            return {"gateway": self._gateway_for()}
+        found = self.store.get(sample.env_ref)
+        if found is None:
+            return f"package {sample.env_ref} is not in the catalog"
+        package = found[0]
+        mixer = self._mixer_for_now()
+        if mixer is None:
+            return {"package": package}
+        mixed = mixer.mix(sample.tools, sample.domain, self.cfg.mixing, rng_key=sample.sample_id)
+        extras: dict[str, EnvPackage] = {}
+        for tool in mixed.mixed:
+            other = self.store.get(tool.env_id)
+            if other is not None:
+                extras[tool.name] = other[0]
+        tools = [t for t in mixed.tools if _name(t) in extras or _name(t) in _names(sample.tools)]
+        return {"package": package, "extras": extras, "tools": tools}
+
+    async def groups(
+        self, samples: list[VerifiedSample], *, step: int, round_: int
+    ) -> tuple[list[Group], dict[str, str]]:
+        """One group of G trajectories per usable sample, and why the others were skipped."""
+        skipped: dict[str, str] = {}
+        jobs = []
+        for sample in samples:
+            prepared = await asyncio.to_thread(self._prepare, sample)
+            if isinstance(prepared, str):
+                skipped[sample.sample_id] = prepared
+                continue
+            jobs.append(self._group(sample, prepared, step=step, round_=round_))
+        return list(await asyncio.gather(*jobs)), skipped
+
+    async def _group(
+        self, sample: VerifiedSample, env_kwargs: dict[str, Any], *, step: int, round_: int
+    ) -> Group:
+        assert self.pool is not None
+        cfg = self.cfg
+        trajectories: list[Trajectory] = []
+        for index in range(cfg.group_size):
+            env = environment_for(sample, self.pool, mode=cfg.reward, **env_kwargs)
+            trajectories.append(
+                await rollout(
+                    self.learner.backend,
+                    self.learner.tokenizer,
+                    env,
+                    sample,
+                    max_turns=cfg.max_turns,
+                    max_seq_len=cfg.max_seq_len,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature,
+                    seed=seed_of(self.settings.seed, step, round_, sample.sample_id, index),
+                )
+            )
+        rows = [t.model_dump(include=set(KEEP)) for t in trajectories]
+        return Group(
+            sample_id=sample.sample_id,
+            rewards=[t.reward for t in trajectories],
+            rollouts=rows,
+            born_step=step,
+        )
+
+
+def _name(spec: dict[str, Any]) -> str:
+    return str(spec.get("function", spec).get("name", ""))
+
+
+def _names(specs: list[dict[str, Any]]) -> set[str]:
+    return {_name(s) for s in specs}

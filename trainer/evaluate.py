@@ -1,0 +1,430 @@
+"""``arena eval``: pass^k and pass@k of a policy on held-out environments (issue 5 item 8, issue 6 item 6).
+
+Every case (a held-out sample and how to build a fresh environment for it) is rolled out ``trials``
+times (n >= k) with distinct seeds. A trial succeeds when
+
+- ``qa``: the final assistant message contains the main answer a0 (``reward_spec["answer"]``,
+  normalised as ``sandbox.env_runtime.normalise``; an empty answer never counts); the trial's F1
+  reward (ASTRA eq. 30-31) is kept alongside;
+- ``interactive``: the verification function passed (reward 1, EigenData §5).
+
+With c successes out of n trials, per case (unbiased estimators, both from ``math.comb``):
+
+    pass^k = C(c, k) / C(n, k)          all of k trials succeed (tau-bench)
+    pass@k = 1 - C(n - c, k) / C(n, k)  at least one of k trials succeeds (Chen et al. 2021)
+
+Per domain and overall, each metric is the mean over cases, with a 95% confidence interval from a
+percentile bootstrap over cases (2000 resamples, numpy ``default_rng(seed)``); a group of one case
+has a zero-width interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+from rich.markup import escape
+from rich.table import Table
+
+from arena.config import ArenaSettings
+from arena.hashing import content_hash
+from arena.records.envs import EnvPackage, VerifiedSample
+from lake.env_packages import EnvPackageStore
+from sandbox.env_runtime import normalise
+from streams.envs.samples_verified import sample_of
+
+if TYPE_CHECKING:
+    from sandbox.env_runtime import Runner
+    from trainer.environments import Environment
+    from trainer.policy import RolloutBackend
+    from trainer.rollout import Trajectory
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_RESAMPLES = 2000
+CI_METHOD = f"95% percentile bootstrap over cases ({BOOTSTRAP_RESAMPLES} resamples, seeded)"
+
+
+# --- estimators ----------------------------------------------------------------------------------
+def _check(n: int, c: int, k: int) -> None:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if n < k:
+        raise ValueError(f"need n >= k trials, got n={n}, k={k}")
+    if not 0 <= c <= n:
+        raise ValueError(f"successes c={c} must lie in [0, n={n}]")
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """tau-bench's pass^k: the chance that k trials drawn without replacement from n all succeed."""
+    _check(n, c, k)
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al.'s pass@k: the chance that at least one of k trials drawn from n succeeds."""
+    _check(n, c, k)
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+# --- trials --------------------------------------------------------------------------------------
+def final_answer(trajectory: Trajectory) -> str:
+    """Content of the trajectory's last assistant message ('' when it has none)."""
+    for message in reversed(trajectory.messages):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, list):
+                return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+            return str(content or "")
+    return ""
+
+
+def answer_given(answer: str, text: str) -> bool:
+    """``text`` contains ``answer`` after normalisation; an empty answer never counts."""
+    wanted = normalise(answer)
+    return bool(wanted) and wanted in normalise(text)
+
+
+def trial_success(sample: VerifiedSample, trajectory: Trajectory) -> bool:
+    """qa: the final message states a0; interactive: the verification function passed (reward 1)."""
+    if sample.kind == "qa":
+        return answer_given(str(sample.reward_spec.get("answer") or ""), final_answer(trajectory))
+    return trajectory.reward >= 1.0 - 1e-9
+
+
+def trial_seed(seed: int, sample_id: str, trial: int) -> int:
+    """Distinct per trial of a case (consecutive from a per-case base), stable across runs."""
+    base = int(content_hash({"seed": seed, "sample": sample_id}, length=8), 16) % (1 << 30)
+    return base + trial
+
+
+# --- models --------------------------------------------------------------------------------------
+class EvalCase(BaseModel):
+    """A held-out sample and a factory of fresh environment instances for it (one per trial)."""
+
+    sample: Annotated[VerifiedSample, Field(description="The sample rolled out.")]
+    make_env: Annotated[
+        Callable[[], Any], Field(description="Returns a new Environment (trainer.environments) per call.")
+    ]
+
+
+class HeldOut(BaseModel):
+    """A held-out package from the catalog and its qa sample."""
+
+    sample: Annotated[VerifiedSample, Field(description="sample_of(package), split heldout.")]
+    package: Annotated[EnvPackage, Field(description="The package the environment runs.")]
+
+
+class Metric(BaseModel):
+    """A mean over cases and its 95% confidence interval."""
+
+    mean: Annotated[float, Field(description="Mean over cases.")]
+    ci_low: Annotated[float, Field(description="Lower end of the 95% interval.")]
+    ci_high: Annotated[float, Field(description="Upper end of the 95% interval.")]
+
+
+class CaseResult(BaseModel):
+    """The trials of one case."""
+
+    sample_id: Annotated[str, Field(description="Sample id.")]
+    env_ref: Annotated[str, Field(description="Package or instance id.")]
+    domain: Annotated[str, Field(description="Domain.")]
+    kind: Annotated[str, Field(description="qa or interactive.")]
+    trials: Annotated[int, Field(description="n: trials run.")]
+    successes: Annotated[int, Field(description="c: successful trials.")]
+    pass_hat: Annotated[dict[int, float], Field(description="j -> pass^j for j = 1..k.")]
+    pass_at_k: Annotated[float, Field(description="pass@k.")]
+    f1: Annotated[list[float], Field(description="F1 reward per trial (qa; empty for interactive).")]
+    rewards: Annotated[list[float], Field(description="Training reward per trial.")]
+    turns: Annotated[list[int], Field(description="Assistant turns per trial.")]
+    tool_calls: Annotated[list[int], Field(description="Emitted tool calls per trial.")]
+    errors: list[str] = Field(default_factory=list, description="Trials that raised (counted as failures).")
+
+
+class GroupReport(BaseModel):
+    """Metrics of one domain, or of all cases."""
+
+    name: Annotated[str, Field(description="Domain, or 'all'.")]
+    cases: Annotated[int, Field(description="Cases in the group.")]
+    trials: Annotated[int, Field(description="Trials run in the group.")]
+    pass_hat: Annotated[dict[int, Metric], Field(description="j -> mean pass^j over cases, j = 1..k.")]
+    pass_at_k: Annotated[Metric, Field(description="Mean pass@k over cases.")]
+    f1: Annotated[Metric | None, Field(description="Mean over qa cases of the mean trial F1.")]
+    mean_turns: Annotated[float, Field(description="Mean assistant turns per trial.")]
+    mean_tool_calls: Annotated[float, Field(description="Mean emitted tool calls per trial.")]
+
+
+class EvalReport(BaseModel):
+    """What ``arena eval`` prints (``--json``: ``model_dump_json()``)."""
+
+    model: Annotated[str | None, Field(description="Policy evaluated.")] = None
+    k: Annotated[int, Field(description="k of pass^k / pass@k.")]
+    trials: Annotated[int, Field(description="n: trials per case (>= k).")]
+    seed: Annotated[int, Field(description="Base seed of the trials and the bootstrap.")]
+    ci_method: Annotated[str, Field(description="How the intervals were computed.")] = CI_METHOD
+    domains: Annotated[list[GroupReport], Field(description="One group per domain, sorted.")]
+    overall: Annotated[GroupReport, Field(description="All cases.")]
+    cases: Annotated[list[CaseResult], Field(description="Per-case results.")]
+    wall_s: Annotated[float, Field(description="Seconds the evaluation took.")] = 0.0
+
+
+# --- aggregation ---------------------------------------------------------------------------------
+def bootstrap_ci(values: Sequence[float], rng: np.random.Generator) -> Metric:
+    """Mean of ``values`` and its 95% percentile-bootstrap interval (resampling the values)."""
+    data = np.asarray(values, dtype=float)
+    mean = float(data.mean())
+    if len(data) < 2:
+        return Metric(mean=mean, ci_low=mean, ci_high=mean)
+    picks = rng.integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))
+    means = data[picks].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return Metric(mean=mean, ci_low=float(low), ci_high=float(high))
+
+
+def case_result(sample: VerifiedSample, trajectories: Sequence[Trajectory | str], k: int) -> CaseResult:
+    """Count the successes of one case's trials (a string is a trial that raised) and apply the estimators."""
+    done = [t for t in trajectories if not isinstance(t, str)]
+    n = len(trajectories)
+    c = sum(trial_success(sample, t) for t in done)
+    return CaseResult(
+        sample_id=sample.sample_id,
+        env_ref=sample.env_ref,
+        domain=sample.domain,
+        kind=sample.kind,
+        trials=n,
+        successes=c,
+        pass_hat={j: pass_hat_k(n, c, j) for j in range(1, k + 1)},
+        pass_at_k=pass_at_k(n, c, k),
+        f1=[float(t.reward_parts.get("f1", 0.0)) for t in done] if sample.kind == "qa" else [],
+        rewards=[float(t.reward) for t in done],
+        turns=[int(t.turns) for t in done],
+        tool_calls=[int(t.tool_calls) for t in done],
+        errors=[t for t in trajectories if isinstance(t, str)],
+    )
+
+
+def group_report(name: str, cases: Sequence[CaseResult], k: int, seed: int) -> GroupReport:
+    """Means over cases with bootstrap intervals (seeded per group name, so groups do not share draws)."""
+    rng = np.random.default_rng([seed, int(content_hash(name, length=8), 16)])
+    qa = [c for c in cases if c.kind == "qa"]
+    turns = [t for c in cases for t in c.turns]
+    calls = [t for c in cases for t in c.tool_calls]
+    return GroupReport(
+        name=name,
+        cases=len(cases),
+        trials=sum(c.trials for c in cases),
+        pass_hat={j: bootstrap_ci([c.pass_hat[j] for c in cases], rng) for j in range(1, k + 1)},
+        pass_at_k=bootstrap_ci([c.pass_at_k for c in cases], rng),
+        f1=bootstrap_ci([sum(c.f1) / len(c.f1) if c.f1 else 0.0 for c in qa], rng) if qa else None,
+        mean_turns=sum(turns) / len(turns) if turns else 0.0,
+        mean_tool_calls=sum(calls) / len(calls) if calls else 0.0,
+    )
+
+
+def aggregate(results: Sequence[CaseResult], *, k: int, trials: int, seed: int) -> EvalReport:
+    if not results:
+        raise ValueError("no cases to evaluate")
+    domains = sorted({r.domain for r in results})
+    return EvalReport(
+        k=k,
+        trials=trials,
+        seed=seed,
+        domains=[group_report(d, [r for r in results if r.domain == d], k, seed) for d in domains],
+        overall=group_report("all", results, k, seed),
+        cases=list(results),
+    )
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+async def evaluate(
+    backend: RolloutBackend,
+    tokenizer: Any,
+    cases: Sequence[EvalCase],
+    *,
+    k: int,
+    trials: int | None = None,
+    max_turns: int = 32,
+    max_seq_len: int = 4096,
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    seed: int = 0,
+    concurrency: int = 4,
+    on_trial: Callable[[], None] | None = None,
+) -> EvalReport:
+    """Roll every case out ``trials`` (default k) times and report pass^1..pass^k and pass@k.
+
+    At most ``concurrency`` rollouts are in flight (tool calls of one overlap generation of
+    another). A trial that raises is logged, recorded in ``CaseResult.errors`` and counts as a
+    failure, so one broken environment cannot stop the evaluation.
+    """
+    from trainer.rollout import rollout
+
+    n = k if trials is None else trials
+    if n < k:
+        raise ValueError(f"trials ({n}) must be >= k ({k})")
+    gate = asyncio.Semaphore(concurrency)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def trial(case: EvalCase, t: int) -> Trajectory | str:
+        async with gate:
+            try:
+                env: Environment = case.make_env()
+                return await rollout(
+                    backend,
+                    tokenizer,
+                    env,
+                    case.sample,
+                    max_turns=max_turns,
+                    max_seq_len=max_seq_len,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    seed=trial_seed(seed, case.sample.sample_id, t),
+                )
+            except Exception as exc:
+                log.exception("eval trial %d of %s failed", t, case.sample.sample_id)
+                return f"{type(exc).__name__}: {exc}"
+            finally:
+                if on_trial is not None:
+                    on_trial()
+
+    per_case = await asyncio.gather(*(asyncio.gather(*(trial(c, t) for t in range(n))) for c in cases))
+    results = [case_result(c.sample, trajs, k) for c, trajs in zip(cases, per_case, strict=True)]
+    report = aggregate(results, k=k, trials=n, seed=seed)
+    report.wall_s = round(loop.time() - start, 3)
+    return report
+
+
+def heldout_cases(settings: ArenaSettings | EnvPackageStore) -> list[HeldOut]:
+    """The held-out packages of the catalog (never published to samples.verified), with their qa samples."""
+    store = settings if isinstance(settings, EnvPackageStore) else EnvPackageStore(settings.catalog)
+    try:
+        rows = store.rows("heldout")
+    finally:
+        if store is not settings:
+            store.dispose()
+    packages = sorted((EnvPackage.model_validate_json(row.package) for row in rows), key=lambda p: p.env_id)
+    return [HeldOut(sample=sample_of(p).model_copy(update={"split": "heldout"}), package=p) for p in packages]
+
+
+def qa_cases(heldout: Sequence[HeldOut], runner: Runner, *, timeout_s: float | None = None) -> list[EvalCase]:
+    """One case per held-out package: a fresh ``QaEnvironment`` (no mixed-in tools) per trial."""
+    from trainer.environments import QaEnvironment
+
+    def factory(h: HeldOut) -> Callable[[], Any]:
+        return lambda: QaEnvironment(h.sample, h.package, runner, timeout_s=timeout_s)
+
+    return [EvalCase(sample=h.sample, make_env=factory(h)) for h in heldout]
+
+
+def run_eval(
+    settings: ArenaSettings,
+    model_path: str,
+    *,
+    k: int = 4,
+    trials: int | None = None,
+    max_turns: int | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    concurrency: int = 4,
+    progress: bool = True,
+) -> EvalReport:
+    """``arena eval``: load the policy, roll out every held-out package in the sandbox, report.
+
+    Rollout limits default to ``settings.train`` (max_turns, max_seq_len, max_new_tokens,
+    temperature); ``settings.train.backend`` picks transformers (CPU) or vLLM. ``limit`` caps the
+    number of held-out packages (the first by env_id).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sandbox import SandboxPool
+
+    heldout = heldout_cases(settings)[:limit]
+    if not heldout:
+        raise ValueError("no held-out packages in the catalog (run the environment track first)")
+    n = k if trials is None else trials
+    cfg = settings.train
+    backend, tokenizer = _backend(settings, model_path)
+
+    async def main() -> EvalReport:
+        pool = SandboxPool(settings.sandbox)
+        await pool.start()
+        try:
+            cases = qa_cases(heldout, pool)
+            with Progress(
+                TextColumn("eval"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                disable=not progress,
+            ) as bar:
+                task = bar.add_task("trials", total=len(cases) * n)
+                report = await evaluate(
+                    backend,
+                    tokenizer,
+                    cases,
+                    k=k,
+                    trials=n,
+                    max_turns=max_turns or cfg.max_turns,
+                    max_seq_len=cfg.max_seq_len,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature,
+                    seed=seed,
+                    concurrency=concurrency,
+                    on_trial=lambda: bar.advance(task),
+                )
+        finally:
+            await pool.close()
+        report.model = model_path
+        return report
+
+    return asyncio.run(main())
+
+
+def _backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, Any]:
+    from trainer.policy import HfBackend, VllmBackend, load_policy, stop_ids_of
+
+    if settings.train.backend == "vllm":
+        from transformers import AutoTokenizer
+
+        vllm_tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        return VllmBackend(model_path, stop_ids=stop_ids_of(vllm_tokenizer)), vllm_tokenizer
+    model, tokenizer = load_policy(model_path)
+    model.eval()
+    return HfBackend(model, tokenizer, stop_ids_of(tokenizer)), tokenizer
+
+
+# --- display -------------------------------------------------------------------------------------
+def _cell(metric: Metric | None) -> str:
+    if metric is None:
+        return "-"
+    return f"{metric.mean:.3f} [{metric.ci_low:.2f}, {metric.ci_high:.2f}]"
+
+
+def report_table(report: EvalReport) -> Table:
+    """Per-domain rows and an 'all' row: cases, trials, pass^1..pass^k, pass@k, mean F1 (95% CI)."""
+    table = Table(title=f"held-out evaluation: n={report.trials} trials per case, k={report.k}")
+    table.caption = escape(f"each cell: mean [95% CI low, high]; {report.ci_method}")
+    for column in ("domain", "cases", "trials"):
+        table.add_column(column, justify="left" if column == "domain" else "right")
+    for j in range(1, report.k + 1):
+        table.add_column(f"pass^{j}", justify="right")
+    table.add_column(f"pass@{report.k}", justify="right")
+    table.add_column("mean F1", justify="right")
+    for i, group in enumerate([*report.domains, report.overall]):
+        table.add_row(
+            group.name,
+            str(group.cases),
+            str(group.trials),
+            *(_cell(group.pass_hat[j]) for j in range(1, report.k + 1)),
+            _cell(group.pass_at_k),
+            _cell(group.f1),
+            style="bold" if i == len(report.domains) else None,
+            end_section=i == len(report.domains) - 1,
+        )
+    return table

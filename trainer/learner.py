@@ -1,0 +1,103 @@
+"""The learner: the policy's weights, its optimizer and schedule, and the rollout backend synced to it.
+
+SFT uses AdamW with a cosine schedule and warmup over ``sft_steps``; GRPO
+starts a fresh AdamW at a constant learning rate (the RL phase is a new
+optimisation problem; SFT's moments would only bias it). After every GRPO
+update the rollout backend gets the new weights (a no-op for the ``hf``
+backend, which generates with the trained module itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch.optim import AdamW
+from torch.optim.lr_scheduler import LambdaLR
+
+from arena.config import TrainSettings
+from trainer.batching import Group
+from trainer.policy import HfBackend, RolloutBackend, load_policy, stop_ids_of
+from trainer.policy_update import grpo_update
+from trainer.sft import cosine_schedule
+
+Phase = Literal["sft", "grpo"]
+
+
+class Learner:
+    """Model + tokenizer + optimizer + scheduler + rollout backend of one run."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: TrainSettings, backend: RolloutBackend) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.backend = backend
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        self.optimizer: AdamW | None = None
+        self.scheduler: LambdaLR | None = None
+
+    @classmethod
+    def load(cls, folder: Path, cfg: TrainSettings) -> Learner:
+        model, tokenizer = load_policy(str(folder))
+        model.train()
+        backend: RolloutBackend
+        if cfg.backend == "vllm":
+            from trainer.policy import VllmBackend
+
+            backend = VllmBackend(str(folder))
+        else:
+            backend = HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer))
+        return cls(model, tokenizer, cfg, backend)
+
+    def new_optimizer(self, phase: Phase) -> None:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if phase == "sft":
+            self.optimizer = AdamW(params, lr=self.cfg.sft_lr, weight_decay=0.0)
+            self.scheduler = cosine_schedule(self.optimizer, self.cfg.sft_steps, self.cfg.warmup_ratio)
+        else:
+            self.optimizer = AdamW(params, lr=self.cfg.lr, weight_decay=0.0)
+            self.scheduler = LambdaLR(self.optimizer, lambda _step: 1.0)
+
+    def optimizer_step(self) -> float:
+        """Clip, step, schedule, zero grads; returns the learning rate that was used."""
+        assert self.optimizer is not None and self.scheduler is not None
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr
+
+    def grpo_step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Backward of the GRPO loss, an optimizer step, and a weight sync to the rollout backend."""
+        metrics = grpo_update(
+            self.model,
+            groups,
+            pad_id=self.pad_id,
+            micro=self.cfg.micro_batch,
+            clip_low=self.cfg.clip_low,
+            clip_high=self.cfg.clip_high,
+            agg=self.cfg.loss_agg,
+            adv_std=self.cfg.adv_std,
+        )
+        metrics["lr"] = self.optimizer_step()
+        self.backend.load_weights(self.model)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.optimizer is not None and self.scheduler is not None
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any], phase: Phase) -> None:
+        self.model.load_state_dict(state["model"])
+        self.new_optimizer(phase)
+        assert self.optimizer is not None and self.scheduler is not None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.backend.load_weights(self.model)

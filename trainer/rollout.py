@@ -1,0 +1,402 @@
+"""The multi-turn rollout (ASTRA §3.1, EigenData §5) as an explicit state machine.
+
+    GENERATE --tool calls--------> TOOLS --room left, turns left--> GENERATE
+        |                            '--> DONE (max_turns | max_length)
+        |--no tool call, qa--------> DONE (no_tool_call)
+        |--no tool call, interactive-> USER --reply, room left--> GENERATE
+        |                                '--> DONE (user_stop | max_turns | max_length)
+        '--budget spent------------> DONE (max_length | max_turns)
+
+Token layout (``trainer.render``; ``render(final messages)`` reproduces it):
+``prompt_ids = render(prompt, tools) + generation_header``; each assistant turn is generated up to
+and including ``<|im_end|>`` (mask 1, the backend's log-probs); then ``turn_suffix`` (the message
+separator), and -- when the dialogue goes on -- the observation segment (tool outputs) or the user
+segment, and the next ``generation_header`` (all mask 0, log-prob 0).
+
+Decisions worth knowing:
+
+- A turn cut at ``max_new_tokens`` with sequence budget left is closed with a forced
+  ``<|im_end|>`` (mask 0: the model did not choose it) and then parsed like any turn. A turn
+  cut by the sequence budget ends the rollout (``max_length``) and stays open.
+- Every emitted call counts in ``tool_calls`` (the ``c`` of the F1 reward); an unparseable
+  ``<tool_call>`` block gets an error observation. Calls of the last turn allowed by
+  ``max_turns`` are still executed (they count in ``c``, so their outputs count too).
+- An observation or user segment that does not fit in ``max_seq_len`` is dropped (neither in
+  the ids, nor the messages, nor ``tool_outputs``) and the rollout stops with ``max_length``.
+- ``tool_outputs`` holds the outputs of successful calls only (as the environment verification
+  counts only ok runs), in call order.
+- The assistant message of a turn is the OpenAI form of its parse when that renders back to the
+  generated text; otherwise (invalid call blocks, odd spacing, garbage) the raw text is the
+  content, so rendering the messages gives the generated ids again as long as the tokenizer's
+  encoding of that text is the one the model sampled.
+- Generation on one backend is serialised (one call at a time per event loop: the HF backend
+  seeds torch's global RNG, vLLM's offline engine is not reentrant); sandbox and user-simulator
+  calls of concurrent rollouts overlap it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from arena.records.envs import VerifiedSample
+from trainer.environments import Environment, Observation
+from trainer.render import (
+    ParsedTurn,
+    Tokenizer,
+    assistant_text,
+    generation_header,
+    im_end_id,
+    observation_ids,
+    parse_assistant,
+    render,
+    turn_suffix_ids,
+    user_ids,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from trainer.policy import Generation, RolloutBackend
+
+Stop = Literal["no_tool_call", "max_turns", "max_length", "user_stop"]
+
+
+class Trajectory(BaseModel):
+    """One finished rollout: ids for the update, messages for people and exporters, the reward."""
+
+    sample_id: Annotated[str, Field(description="Verified sample rolled out.")]
+    seed: Annotated[int, Field(description="Seed the rollout's generation seeds derive from.")]
+    messages: Annotated[
+        list[dict[str, Any]], Field(description="OpenAI messages: the prompt, then every turn.")
+    ]
+    tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tools offered (mixed-in included).")]
+    prompt_ids: Annotated[list[int], Field(description="render(prompt, tools) + generation header.")]
+    response_ids: Annotated[list[int], Field(description="Everything after the prompt.")]
+    response_mask: Annotated[list[int], Field(description="1 on generated tokens, 0 elsewhere.")]
+    logprobs: Annotated[
+        list[float], Field(description="Rollout log-prob per response token (0 where mask 0).")
+    ]
+    turns: Annotated[int, Field(ge=0, description="Assistant turns generated.")]
+    tool_calls: Annotated[int, Field(ge=0, description="Calls emitted, invalid ones included (c).")]
+    invalid_calls: Annotated[int, Field(ge=0, description="Emitted <tool_call> blocks that did not parse.")]
+    failed_calls: Annotated[
+        int,
+        Field(ge=0, description="Parsed calls whose observation is an error (unknown tool, bad args...)."),
+    ]
+    user_turns: Annotated[int, Field(ge=0, description="User-simulator replies (interactive samples).")]
+    tool_outputs: Annotated[list[str], Field(description="Outputs of the successful calls, in order.")]
+    stop: Annotated[Stop, Field(description="Why the rollout ended.")]
+    reward: Annotated[float, Field(description="Environment reward.")] = 0.0
+    reward_parts: dict[str, float] = Field(default_factory=dict, description="Reward components.")
+
+
+class State(enum.Enum):
+    GENERATE = "generate"
+    TOOLS = "tools"
+    USER = "user"
+    DONE = "done"
+
+
+@dataclass
+class _Run:
+    """The mutable state of one rollout."""
+
+    messages: list[dict[str, Any]]
+    prompt_ids: list[int]
+    max_seq_len: int
+    response_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    invalid_calls: int = 0
+    failed_calls: int = 0
+    user_turns: int = 0
+    tool_outputs: list[str] = field(default_factory=list)
+    parsed: ParsedTurn | None = None
+    stop: Stop | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def room(self) -> int:
+        return self.max_seq_len - self.length
+
+    def generated(self, ids: list[int], logprobs: list[float]) -> None:
+        self.response_ids += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += logprobs
+
+    def context(self, ids: list[int]) -> None:
+        self.response_ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def done(self, stop: Stop) -> State:
+        self.stop = stop
+        return State.DONE
+
+
+def derive_seed(seed: int, *path: int | str) -> int:
+    """A 31-bit seed from ``seed`` and a path (group index, turn): stable across runs and processes."""
+    text = ":".join(str(p) for p in (seed, *path))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % (2**31 - 1)
+
+
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _generation_lock(backend: object) -> asyncio.Lock:
+    locks = _locks.setdefault(asyncio.get_running_loop(), {})
+    return locks.setdefault(id(backend), asyncio.Lock())
+
+
+class _Rollout:
+    """One rollout's transitions; ``run`` drives them until DONE."""
+
+    def __init__(
+        self,
+        backend: RolloutBackend,
+        tokenizer: Tokenizer,
+        env: Environment,
+        sample: VerifiedSample,
+        *,
+        max_turns: int,
+        max_seq_len: int,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+    ) -> None:
+        self.backend = backend
+        self.tok = tokenizer
+        self.env = env
+        self.sample = sample
+        self.max_turns = max_turns
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.seed = seed
+        self.im_end = im_end_id(tokenizer)
+        self.header = generation_header(tokenizer)
+        self.suffix = turn_suffix_ids(tokenizer)
+        messages = [dict(m) for m in sample.prompt]
+        prompt = render(tokenizer, messages, env.tools).input_ids + self.header
+        self.run_ = _Run(messages=messages, prompt_ids=prompt, max_seq_len=max_seq_len)
+
+    async def run(self) -> _Run:
+        state = State.GENERATE if self.run_.room() > 0 else self.run_.done("max_length")
+        while state is not State.DONE:
+            if state is State.GENERATE:
+                state = await self.generate()
+            elif state is State.TOOLS:
+                state = await self.tools()
+            else:
+                state = await self.user()
+        return self.run_
+
+    async def generate(self) -> State:
+        """One assistant turn: sample it, close it, parse it."""
+        run = self.run_
+        budget = min(self.max_new_tokens, run.room())
+        async with _generation_lock(self.backend):
+            gen: Generation = (
+                await asyncio.to_thread(
+                    self.backend.generate,
+                    [run.prompt_ids + run.response_ids],
+                    max_new_tokens=budget,
+                    temperature=self.temperature,
+                    seed=derive_seed(self.seed, "turn", run.turns),
+                )
+            )[0]
+        ids, logprobs = list(gen.token_ids[:budget]), list(gen.logprobs[:budget])
+        run.generated(ids, logprobs)
+        run.turns += 1
+        closed = bool(ids) and ids[-1] == self.im_end
+        body = ids[:-1] if closed else ids
+        if not closed and run.room() <= 0:
+            # Cut by the sequence budget: the turn stays open and the rollout ends.
+            run.messages.append({"role": "assistant", "content": self._decode(body)})
+            return run.done("max_length")
+        if not closed:
+            run.context([self.im_end])  # cut at max_new_tokens: close the message (not the model's token)
+        text = self._decode(body)
+        parsed = parse_assistant(text)
+        run.messages.append(self._message(parsed, text, run.turns))
+        run.tool_calls += parsed.emitted
+        run.invalid_calls += len(parsed.invalid_calls)
+        run.parsed = parsed
+        if parsed.emitted:
+            return State.TOOLS
+        if self.sample.kind == "interactive":
+            return State.USER
+        self._separator()
+        return run.done("no_tool_call")
+
+    async def tools(self) -> State:
+        """Execute the turn's calls in order (invalid blocks get an error observation)."""
+        run = self.run_
+        assert run.parsed is not None
+        observations: list[tuple[str, Observation]] = []
+        for i, call in enumerate(run.parsed.tool_calls):
+            observations.append(
+                (f"call_{run.turns}_{i}", await self.env.call(call.name, dict(call.arguments)))
+            )
+        for j, raw in enumerate(run.parsed.invalid_calls):
+            text = f"error: invalid tool call (need JSON {{'name': str, 'arguments': object}}): {raw[:200]}"
+            observations.append((f"call_{run.turns}_invalid_{j}", Observation(text=text, ok=False, tool="")))
+        obs_ids = observation_ids(self.tok, [o.text for _, o in observations])
+        if run.room() < len(self.suffix) + len(obs_ids):
+            self._separator()
+            return run.done("max_length")
+        run.context(self.suffix + obs_ids)
+        for call_id, obs in observations:
+            message = {"role": "tool", "tool_call_id": call_id, "content": obs.text}
+            run.messages.append(message | ({"name": obs.tool} if obs.tool else {}))
+            if obs.ok:
+                run.tool_outputs.append(obs.text)
+            elif obs.tool:
+                run.failed_calls += 1
+        return self._next_turn()
+
+    async def user(self) -> State:
+        """Interactive: the simulated user answers the agent's message, or ends the dialogue."""
+        run = self.run_
+        assert run.parsed is not None
+        if run.turns >= self.max_turns:
+            self._separator()
+            return run.done("max_turns")
+        reply = await self.env.user_turn(run.parsed.content)
+        if reply is None:
+            self._separator()
+            return run.done("user_stop")
+        ids = user_ids(self.tok, reply)
+        if run.room() < len(self.suffix) + len(ids):
+            self._separator()
+            return run.done("max_length")
+        run.context(self.suffix + ids)
+        run.messages.append({"role": "user", "content": reply})
+        run.user_turns += 1
+        return self._next_turn()
+
+    def _next_turn(self) -> State:
+        """After an observation or user segment: open the next assistant turn if turns and room remain."""
+        run = self.run_
+        if run.turns >= self.max_turns:
+            return run.done("max_turns")
+        if run.room() < len(self.header) + 1:
+            return run.done("max_length")
+        run.context(self.header)
+        return State.GENERATE
+
+    def _separator(self) -> None:
+        """The ``\\n`` after a closed final message, when it fits (so render(messages) matches)."""
+        if self.run_.room() >= len(self.suffix):
+            self.run_.context(self.suffix)
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    @staticmethod
+    def _message(parsed: ParsedTurn, text: str, turn: int) -> dict[str, Any]:
+        """The OpenAI message of a turn; the raw text when the parse does not render back to it."""
+        message = parsed.to_message()
+        for i, call in enumerate(message.get("tool_calls", [])):
+            call["id"] = f"call_{turn}_{i}"
+        if assistant_text(message) == text:
+            return message
+        return {"role": "assistant", "content": text}
+
+
+async def rollout(
+    backend: RolloutBackend,
+    tokenizer: Tokenizer,
+    env: Environment,
+    sample: VerifiedSample,
+    *,
+    max_turns: int = 32,
+    max_seq_len: int = 8192,
+    max_new_tokens: int = 1024,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> Trajectory:
+    """Roll ``sample`` out in ``env`` (a fresh instance) and score it with ``env.reward``."""
+    if max_turns < 1 or max_new_tokens < 1:
+        raise ValueError("max_turns and max_new_tokens must be at least 1")
+    run = await _Rollout(
+        backend,
+        tokenizer,
+        env,
+        sample,
+        max_turns=max_turns,
+        max_seq_len=max_seq_len,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+    ).run()
+    assert run.stop is not None
+    trajectory = Trajectory(
+        sample_id=sample.sample_id,
+        seed=seed,
+        messages=run.messages,
+        tools=list(env.tools),
+        prompt_ids=run.prompt_ids,
+        response_ids=run.response_ids,
+        response_mask=run.mask,
+        logprobs=run.logprobs,
+        turns=run.turns,
+        tool_calls=run.tool_calls,
+        invalid_calls=run.invalid_calls,
+        failed_calls=run.failed_calls,
+        user_turns=run.user_turns,
+        tool_outputs=run.tool_outputs,
+        stop=run.stop,
+    )
+    reward, parts = await env.reward(trajectory)
+    return trajectory.model_copy(update={"reward": reward, "reward_parts": parts})
+
+
+async def rollout_group(
+    backend: RolloutBackend,
+    tokenizer: Tokenizer,
+    make_env: Callable[[], Environment],
+    sample: VerifiedSample,
+    *,
+    g: int,
+    seed: int,
+    max_turns: int = 32,
+    max_seq_len: int = 8192,
+    max_new_tokens: int = 1024,
+    temperature: float = 1.0,
+) -> list[Trajectory]:
+    """G rollouts of one sample, each in its own environment from ``make_env``, run concurrently.
+
+    Trajectory i uses seed ``derive_seed(seed, "group", i)``; generation is serialised per backend,
+    so the result does not depend on how the rollouts interleave.
+    """
+    return list(
+        await asyncio.gather(
+            *(
+                rollout(
+                    backend,
+                    tokenizer,
+                    make_env(),
+                    sample,
+                    max_turns=max_turns,
+                    max_seq_len=max_seq_len,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    seed=derive_seed(seed, "group", i),
+                )
+                for i in range(g)
+            )
+        )
+    )

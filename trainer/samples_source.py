@@ -1,0 +1,159 @@
+"""Where the trainer's samples come from: a committed-read of ``samples.sft`` / ``samples.verified``.
+
+The checkpoint's offsets are the source of truth, not the broker's committed
+offsets: the source is assigned every partition of its topic, seeks to the
+offsets it is given (the last full training state) or to the beginning, and
+reports the position after the last record *taken* per partition. Offsets are
+also committed to the trainer's consumer group after each checkpoint so
+``arena lag`` shows how far training got; they are never read back.
+
+A record that does not decode goes to ``<topic>.dlq`` with the reason and
+counts as taken, so a bad record is neither lost nor retried forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+from pydantic import BaseModel
+
+from arena.topics import topic
+from streams.runtime import Emit, dead_letter_key, decode, encode
+
+T = TypeVar("T", bound=BaseModel)
+
+STAGE = "trainer"
+STAGE_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class Taken(Generic[T]):
+    """One decoded sample and where it came from."""
+
+    record: T
+    key: str
+    partition: int
+    offset: int
+
+
+class SampleSource(Generic[T]):
+    """Reads one topic from given offsets; ``take`` hands out samples in partition order."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        name: str,
+        *,
+        group_id: str,
+        offsets: dict[int, int] | None = None,
+        poll_ms: int = 500,
+    ) -> None:
+        self.name = name
+        self.spec = topic(name)
+        self._bootstrap = bootstrap
+        self._group_id = group_id
+        self._start = dict(offsets or {})
+        self._poll_ms = poll_ms
+        self._queue: deque[ConsumerRecord[bytes, bytes]] = deque()
+        self._next: dict[int, int] = dict(self._start)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self.dead_letters = 0
+
+    async def start(self, producer: AIOKafkaProducer) -> None:
+        self._producer = producer
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+        )
+        await consumer.start()
+        parts = [TopicPartition(self.name, p) for p in range(self.spec.partitions)]
+        consumer.assign(parts)
+        for tp in parts:
+            if tp.partition in self._start:
+                consumer.seek(tp, self._start[tp.partition])
+            else:
+                await consumer.seek_to_beginning(tp)
+        self._consumer = consumer
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        """Next offset per partition after everything taken so far (what a checkpoint stores)."""
+        return dict(self._next)
+
+    async def _fill(self, timeout_ms: int) -> int:
+        assert self._consumer is not None, "start() the source first"
+        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+        got = 0
+        for records in batches.values():
+            self._queue.extend(records)
+            got += len(records)
+        return got
+
+    async def pending(self) -> int:
+        """Records not yet taken: queued locally plus what the broker still holds past our position."""
+        assert self._consumer is not None
+        parts = list(self._consumer.assignment())
+        ends = await self._consumer.end_offsets(parts)
+        behind = 0
+        for tp in parts:
+            behind += max(0, ends[tp] - await self._consumer.position(tp))
+        return len(self._queue) + behind
+
+    async def take(self, n: int, *, wait_s: float = 0.0) -> list[Taken[T]]:
+        """Up to ``n`` decoded samples; waits up to ``wait_s`` for the first one when none are queued."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        out: list[Taken[T]] = []
+        while len(out) < n:
+            if not self._queue:
+                remaining = deadline - loop.time()
+                got = await self._fill(max(0, int(min(remaining, self._poll_ms / 1000) * 1000)))
+                if not got and (out or loop.time() >= deadline):
+                    break
+                continue
+            raw = self._queue.popleft()
+            self._next[raw.partition] = raw.offset + 1
+            taken = await self._decode(raw)
+            if taken is not None:
+                out.append(taken)
+        return out
+
+    async def _decode(self, raw: ConsumerRecord[bytes, bytes]) -> Taken[T] | None:
+        key = raw.key.decode("utf-8", "replace") if raw.key else ""
+        decoded = decode(
+            self.spec, raw.value, stage=STAGE, source_key=key, partition=raw.partition, offset=raw.offset
+        )
+        if decoded.dead_letter is not None:
+            await self._send(Emit(self.spec.dlq, dead_letter_key(decoded.dead_letter), decoded.dead_letter))
+            self.dead_letters += 1
+            return None
+        assert decoded.record is not None
+        return Taken(decoded.record, key, raw.partition, raw.offset)  # type: ignore[arg-type]
+
+    async def _send(self, emit: Emit) -> None:
+        assert self._producer is not None
+        key, value, headers = encode(emit, stage=STAGE, stage_version=STAGE_VERSION)
+        await (await self._producer.send(emit.topic, value, key=key, headers=headers))
+
+    async def commit(self) -> None:
+        """Tell the consumer group how far training got (for `arena lag`; restarts use the checkpoint)."""
+        if self._consumer is None or not self._next:
+            return
+        await self._consumer.commit(
+            {TopicPartition(self.name, p): OffsetAndMetadata(o, "") for p, o in self._next.items()}
+        )

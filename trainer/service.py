@@ -1,0 +1,410 @@
+"""`arena train`: the continuous training service (ASTRA §3, EigenData §5).
+
+Dataflow::
+
+    samples.sft      --(SFT, cosine + warmup)-------------------\\
+    samples.verified --(rollouts in the sandbox, rewards,          +--> weights + state in the lake,
+                        adaptive batch filling, GRPO update)-----/      trainer.metrics, catalog rows
+
+Phases: SFT until ``sft_steps`` steps are done or ``samples.sft`` runs dry,
+then GRPO for as long as the service runs. Each step:
+
+1. takes samples from the topic (offsets tracked per partition);
+2. SFT: one update on the batch; GRPO: rollout rounds of ``n`` prompts x G
+   trajectories until the filler holds ``n`` valid groups or the round cap;
+3. writes a step record (what it consumed, trained, filtered, dropped),
+   publishes metrics, and saves weights / the full state on their cadence.
+
+On start the newest full state is loaded and both sources seek to its
+offsets; step records and checkpoints after it are deleted, so a run killed
+with ``kill -9`` redoes the lost steps and every consumed sample ends up in
+exactly one step record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+from aiokafka import AIOKafkaProducer
+from pydantic import BaseModel, Field
+from rich.console import Console
+
+from arena.config import ArenaSettings
+from arena.hashing import content_hash
+from arena.records.envs import VerifiedSample
+from arena.records.sft import SftSample
+from arena.records.trainer import TrainerMetrics
+from lake.catalog import Catalog
+from lake.store import open_store
+from streams.runtime import Emit, encode
+from trainer.batching import BatchFiller, Group, is_valid
+from trainer.checkpoint import Checkpoints, StepRecord
+from trainer.episodes import Episodes
+from trainer.learner import Learner
+from trainer.samples_source import STAGE, STAGE_VERSION, SampleSource, Taken
+from trainer.sft import sft_example, sft_loss_backward
+
+Phase = Literal["sft", "grpo"]
+
+
+class TrainOptions(BaseModel):
+    """How this invocation of the service runs (the knobs live in ``settings.train``)."""
+
+    tiny: Annotated[bool, Field(description="Build a tiny local model when the run has none yet.")] = False
+    steps: Annotated[
+        int | None, Field(ge=1, description="Stop once the run reaches this many optimizer steps.")
+    ] = None
+    until_drained: Annotated[
+        bool, Field(description="Stop when both topics are drained (leftover valid groups train first).")
+    ] = False
+    resume: Annotated[bool, Field(description="Require a checkpoint to resume from.")] = False
+    wait_s: Annotated[float, Field(gt=0, description="How long one poll for new samples waits.")] = 2.0
+
+
+class NoCheckpoint(Exception):
+    """``--resume`` was asked for but the run has no full state yet."""
+
+
+class TrainerService:
+    """Owns the model, optimizer, sources and checkpoints of one run."""
+
+    def __init__(
+        self, settings: ArenaSettings, bootstrap: str, options: TrainOptions, console: Console
+    ) -> None:
+        self.settings = settings
+        self.cfg = settings.train
+        self.bootstrap = bootstrap
+        self.options = options
+        self.console = console
+        self.store = open_store(settings)
+        self.checkpoints = Checkpoints(self.store, settings.catalog, self.cfg.run)
+        self.catalog = Catalog(settings.catalog)
+        self.stop = asyncio.Event()
+        self.step = 0
+        self.sft_step = 0
+        self.phase: Phase = "sft" if self.cfg.sft_steps > 0 else "grpo"
+        self.filler = BatchFiller(self.cfg.batch_groups, self.cfg.delta, self.cfg.max_rounds)
+        self._tmp = tempfile.TemporaryDirectory(prefix="arena-train-")
+        self.learner: Learner | None = None
+        self.episodes: Episodes | None = None
+        self.sources: dict[str, SampleSource[Any]] = {}
+
+    # --- set-up -----------------------------------------------------------
+    @staticmethod
+    def _quiet_transformers() -> None:
+        """The service prints one line per step; transformers' shard bars would interleave with it."""
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+
+    def _load(self) -> dict[str, dict[int, int]]:
+        """Load the model (and the newest state, if any); returns the offsets to seek to."""
+        self._quiet_transformers()
+        state_step = self.checkpoints.latest_state()
+        if self.options.resume and state_step is None:
+            raise NoCheckpoint(
+                f"run {self.cfg.run!r} has no training state to resume from "
+                "(fix: drop --resume to start it, or pick the run with ARENA_TRAIN__RUN)"
+            )
+        folder = self._base_folder()
+        self.learner = Learner.load(folder, self.cfg)
+        self.episodes = Episodes(self.settings, self.learner)
+        if state_step is None:
+            self.learner.new_optimizer(self.phase)
+            return {}
+        state = self.checkpoints.load_state(state_step)
+        removed = self.checkpoints.truncate_after(state_step)
+        self.step, self.sft_step, self.phase = state["step"], state["sft_step"], state["phase"]
+        self.learner.load_state(state, self.phase)
+        self.filler.load_state_dict(state["filler"])
+        _set_rng(state["rng"])
+        self.console.print(
+            f"[cyan]resumed[/cyan] run {self.cfg.run!r} at step {self.step} ({self.phase}); "
+            f"{removed} newer objects of the lost lineage removed"
+        )
+        offsets: dict[str, dict[int, int]] = state["offsets"]
+        return offsets
+
+    def _base_folder(self) -> Path:
+        dest = Path(self._tmp.name) / "base"
+        if self.checkpoints.has_base():
+            return self.checkpoints.base_folder(dest)
+        if self.cfg.model:
+            src = Path(self.cfg.model)
+            if not (src / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"ARENA_TRAIN__MODEL={src}: no config.json there (fix: point it at a Hugging Face model "
+                    "folder, or use --tiny)"
+                )
+            self.checkpoints.save_base(src)
+            return self.checkpoints.base_folder(dest)
+        if not self.options.tiny:
+            raise FileNotFoundError(
+                "no model: set ARENA_TRAIN__MODEL to a local Hugging Face folder, or pass --tiny"
+            )
+        from trainer.tiny import build_tiny, lake_texts
+
+        build_tiny(dest, lake_texts(self.store), seed=self.settings.seed)
+        self.checkpoints.save_base(dest)
+        self.console.print(
+            f"[cyan]built a tiny model[/cyan] for run {self.cfg.run!r} (tokenizer from the lake)"
+        )
+        return dest
+
+    # --- main loop --------------------------------------------------------
+    async def run(self) -> int:
+        offsets = await asyncio.to_thread(self._load)
+        assert self.learner is not None and self.episodes is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        run_id = self.catalog.start_run("train", self.cfg.run, self.cfg.model_dump())
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True)
+        await producer.start()
+        self.producer = producer
+        group = self.cfg.group_id
+        self.sources = {
+            name: SampleSource(self.bootstrap, name, group_id=group, offsets=offsets.get(name))
+            for name in ("samples.sft", "samples.verified")
+        }
+        status = "failed"
+        try:
+            for source in self.sources.values():
+                await source.start(producer)
+            await self.episodes.start()
+            await self._loop()
+            status = "succeeded"
+        finally:
+            if status == "succeeded" or self.stop.is_set():
+                await self._checkpoint(force=True)
+            for source in self.sources.values():
+                await source.stop()
+            await self.episodes.close()
+            await producer.stop()
+            self.catalog.finish_run(run_id, status)
+        return 0
+
+    def _done(self) -> bool:
+        return self.stop.is_set() or (self.options.steps is not None and self.step >= self.options.steps)
+
+    async def _loop(self) -> None:
+        while not self._done():
+            if self.phase == "sft":
+                if self.sft_step >= self.cfg.sft_steps or not await self._sft_step():
+                    self._enter_grpo()
+                continue
+            if not await self._grpo_step():
+                return  # drained
+
+    def _enter_grpo(self) -> None:
+        assert self.learner is not None
+        self.phase = "grpo"
+        self.learner.new_optimizer("grpo")
+        self.console.print(
+            f"[cyan]SFT done[/cyan] after {self.sft_step} steps; GRPO from step {self.step + 1}"
+        )
+
+    # --- SFT --------------------------------------------------------------
+    async def _sft_step(self) -> bool:
+        """One SFT step; False when samples.sft is dry (the phase ends)."""
+        assert self.learner is not None
+        learner = self.learner
+        source = self.sources["samples.sft"]
+        taken: list[Taken[SftSample]] = await source.take(self.cfg.sft_batch, wait_s=self.options.wait_s)
+        if not taken:
+            return await source.pending() > 0 and not self.stop.is_set()
+        started = time.perf_counter()
+        examples = [sft_example(learner.tokenizer, t.record, self.cfg.max_seq_len) for t in taken]
+        loss, tokens = await asyncio.to_thread(
+            sft_loss_backward, learner.model, examples, learner.pad_id, self.cfg.micro_batch
+        )
+        lr = await asyncio.to_thread(learner.optimizer_step)
+        self.step += 1
+        self.sft_step += 1
+        ids = [t.record.sample_id for t in taken]
+        metrics = {"loss": loss, "tokens": float(tokens), "samples": float(len(ids)), "lr": lr}
+        metrics["step_s"] = time.perf_counter() - started
+        await self._finish_step("sft", ids, ids, metrics)
+        return True
+
+    # --- GRPO -------------------------------------------------------------
+    async def _grpo_step(self) -> bool:
+        """Rollout rounds until n valid groups (or the round cap), one update; False once drained."""
+        assert self.learner is not None and self.episodes is not None
+        learner, episodes, filler = self.learner, self.episodes, self.filler
+        source = self.sources["samples.verified"]
+        started = time.perf_counter()
+        consumed: list[str] = []
+        filtered: list[str] = []
+        skipped: dict[str, str] = {}
+        rolled: list[Group] = []
+        drained = False
+        rounds = 0
+        rollout_s = 0.0
+        while not filler.ready() and not filler.at_cap() and not self.stop.is_set():
+            taken: list[Taken[VerifiedSample]] = await source.take(
+                self.cfg.batch_groups, wait_s=self.options.wait_s
+            )
+            if not taken:
+                if self.options.until_drained and await source.pending() == 0:
+                    drained = True
+                    break
+                continue
+            consumed += [t.record.sample_id for t in taken]
+            rounds += 1
+            t0 = time.perf_counter()
+            groups, why = await episodes.groups([t.record for t in taken], step=self.step + 1, round_=rounds)
+            rollout_s += time.perf_counter() - t0
+            skipped.update(why)
+            rolled += groups
+            filtered += [g.sample_id for g in groups if not is_valid(g, filler.delta)]
+            filler.add(groups)
+        if not consumed and not filler.buffer:
+            return not drained
+        if not (filler.ready() or filler.at_cap() or drained):
+            return True  # stopping mid-step: what was rolled stays buffered for the checkpoint
+        waiting = [g.sample_id for g in filler.buffer]
+        batch = filler.take_partial()  # exactly n when ready, else what there is (shortfall logged)
+        trained = [g.sample_id for g in batch]
+        carried = {g.sample_id for g in filler.buffer}
+        dropped = [i for i in waiting if i not in set(trained) and i not in carried]
+        t1 = time.perf_counter()
+        update: dict[str, float] = {}
+        if batch:
+            update = await asyncio.to_thread(learner.grpo_step, batch)
+        update_s = time.perf_counter() - t1
+        self.step += 1
+        fill = filler.last
+        metrics = _rollout_metrics(rolled) | update
+        metrics |= {
+            "fill_ratio": filler.fill_ratio(),
+            "valid_ratio": filler.valid_ratio(),
+            "groups_trained": float(fill.trained_groups),
+            "groups_dropped": float(fill.dropped_groups),
+            "groups_carried": float(len(filler.buffer)),
+            "shortfall": float(fill.shortfall),
+            "rounds": float(fill.rounds),
+            "rollout_s": rollout_s,
+            "update_s": update_s,
+            "step_s": time.perf_counter() - started,
+        }
+        await self._finish_step("grpo", consumed, trained, metrics, filtered, dropped, skipped)
+        return not drained or bool(filler.buffer)
+
+    # --- bookkeeping ------------------------------------------------------
+    async def _finish_step(
+        self,
+        phase: Phase,
+        consumed: list[str],
+        trained: list[str],
+        metrics: dict[str, float],
+        filtered: list[str] | None = None,
+        dropped: list[str] | None = None,
+        skipped: dict[str, str] | None = None,
+    ) -> None:
+        offsets = {name: s.offsets for name, s in self.sources.items()}
+        record = StepRecord(
+            step=self.step,
+            phase=phase,
+            consumed=consumed,
+            trained=trained,
+            filtered=filtered or [],
+            dropped=dropped or [],
+            skipped=skipped or {},
+            offsets=offsets,
+            metrics=metrics,
+        )
+        await asyncio.to_thread(self.checkpoints.save_step, record)
+        await self._publish_metrics(phase, metrics)
+        await self._checkpoint()
+        self._print(phase, metrics)
+
+    async def _publish_metrics(self, phase: Phase, metrics: dict[str, float]) -> None:
+        value = TrainerMetrics(
+            run_id=self.cfg.run, step=self.step, metrics=metrics | {"phase_grpo": float(phase == "grpo")}
+        )
+        emit = Emit("trainer.metrics", content_hash([self.cfg.run, self.step]), value)
+        key, data, headers = encode(emit, stage=STAGE, stage_version=STAGE_VERSION)
+        await (await self.producer.send("trainer.metrics", data, key=key, headers=headers))
+
+    async def _checkpoint(self, force: bool = False) -> None:
+        assert self.learner is not None
+        if self.step == 0:
+            return
+        learner = self.learner
+        if self.step % self.cfg.weights_every == 0 or force:
+            if self.step not in self.checkpoints.weights_steps():
+                await asyncio.to_thread(
+                    self.checkpoints.save_weights, self.step, self.phase, learner.model, learner.tokenizer
+                )
+        if self.step % self.cfg.state_every == 0 or force:
+            if self.checkpoints.latest_state() != self.step:
+                state = self._state()
+                await asyncio.to_thread(
+                    self.checkpoints.save_state, self.step, self.phase, state, self.cfg.keep_states
+                )
+                for source in self.sources.values():
+                    await source.commit()
+
+    def _state(self) -> dict[str, Any]:
+        assert self.learner is not None
+        return {
+            "step": self.step,
+            "sft_step": self.sft_step,
+            "phase": self.phase,
+            "filler": self.filler.state_dict(),
+            "offsets": {name: s.offsets for name, s in self.sources.items()},
+            "rng": _rng_state(),
+            "train": self.cfg.model_dump(),
+        } | self.learner.state_dict()
+
+    def _print(self, phase: Phase, m: dict[str, float]) -> None:
+        if phase == "sft":
+            text = f"loss {m['loss']:.4f}  tokens {m['tokens']:.0f}  lr {m['lr']:.2e}"
+        else:
+            text = (
+                f"reward {m.get('reward_mean', 0):.3f}±{m.get('reward_std', 0):.3f}  "
+                f"fill {m.get('fill_ratio', 0):.2f}  loss {m.get('loss', 0):+.4f}  "
+                f"turns {m.get('turns_mean', 0):.1f}"
+            )
+        self.console.print(f"step {self.step:>5} {phase:<4} {text}  {m['step_s']:.1f}s")
+
+
+def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
+    rows = [r for g in groups for r in g.rollouts]
+    if not rows:
+        return {}
+    rewards = [float(r["reward"]) for r in rows]
+    out = {
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "turns_mean": statistics.fmean(float(r["turns"]) for r in rows),
+        "tool_calls_mean": statistics.fmean(float(r["tool_calls"]) for r in rows),
+        "response_tokens_mean": statistics.fmean(float(sum(r["response_mask"])) for r in rows),
+        "trajectories": float(len(rows)),
+    }
+    for part in ("f1", "recall", "precision"):
+        values = [float(r["reward_parts"][part]) for r in rows if part in r.get("reward_parts", {})]
+        if values:
+            out[part] = statistics.fmean(values)
+    return out
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
