@@ -522,7 +522,9 @@ def eval_cmd(
             checkpoints = Checkpoints(open_store(cfg), cfg.catalog, name)
             steps = checkpoints.weights_steps()
             if not steps:
-                raise UserError(f"run {name!r} has no weights yet (fix: `arena train` first, or pass --model)")
+                raise UserError(
+                    f"run {name!r} has no weights yet (fix: `arena train` first, or pass --model)"
+                )
             model = checkpoints.weights_folder(steps[-1], Path(tmp))
         elif not (model / "config.json").is_file():
             raise UserError(f"--model {model}: no config.json there (fix: a Hugging Face model folder)")
