@@ -325,7 +325,10 @@ def export_verl_cmd(
 
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file (fix: give a folder path, e.g. {path.with_suffix('')}/)")
-    summary = export_verl(settings(), path)
+    try:
+        summary = export_verl(settings(), path)
+    except ValueError as exc:  # nothing to export
+        raise UserError(f"{exc} (fix: `arena demo`, or `arena publish qa` and `arena worker`)") from None
     console.print_json(summary.model_dump_json())
 
 
@@ -528,7 +531,10 @@ def eval_cmd(
             model = checkpoints.weights_folder(steps[-1], Path(tmp))
         elif not (model / "config.json").is_file():
             raise UserError(f"--model {model}: no config.json there (fix: a Hugging Face model folder)")
-        report = run_eval(cfg, str(model), k=k, trials=n)
+        try:
+            report = run_eval(cfg, str(model), k=k, trials=n)
+        except ValueError as exc:  # no held-out packages
+            raise UserError(f"{exc} (fix: `arena demo`, or `arena publish qa` and `arena worker`)") from None
     if as_json:
         console.print_json(report.model_dump_json())
     else:

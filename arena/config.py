@@ -246,6 +246,16 @@ class TrainSettings(BaseModel):
         Literal["unbiased", "biased", "none"],
         Field(default="unbiased", description="Std in (R - mean)/(std + 1e-6); unbiased as verl."),
     ]
+    mini_batches: Annotated[
+        int,
+        Field(
+            default=1,
+            ge=1,
+            le=64,
+            description="Optimizer steps per GRPO batch (its groups split evenly); 1 = batch is the "
+            "mini-batch, strictly on-policy.",
+        ),
+    ]
     micro_batch: Annotated[
         int, Field(default=4, ge=1, le=4096, description="Sequences per forward/backward pass.")
     ]

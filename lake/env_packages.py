@@ -16,7 +16,7 @@ from typing import Literal
 
 from sqlalchemy import Text
 from sqlalchemy.engine import Engine
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from arena.hashing import content_hash
 from arena.records.envs import EnvPackage
@@ -85,6 +85,14 @@ class EnvPackageStore:
             return None
         split: Split = "heldout" if row.split == "heldout" else "train"
         return EnvPackage.model_validate_json(row.package), split
+
+    def count(self, split: Split | None = None) -> int:
+        """How many packages are recorded (cheap: the trainer polls it to refresh its tool pool)."""
+        query = select(func.count()).select_from(EnvPackageRow)
+        if split is not None:
+            query = query.where(EnvPackageRow.split == split)
+        with Session(self.engine) as session:
+            return int(session.exec(query).one())
 
     def rows(self, split: Split | None = None) -> list[EnvPackageRow]:
         """Every recorded package (without loading the JSON into models), newest last."""

@@ -143,6 +143,20 @@ def _train_runs_until_sigterm(argv: tuple[str, ...], env: dict[str, str], home: 
     assert proc.returncode == 0, (argv, err[-2000:])
 
 
+def test_train_eval_export_user_errors(tmp_path: Path) -> None:
+    env = arena_env(tmp_path / "home")
+    with stack_stopped_after(env):
+        assert_user_error(run_arena(["train"], env, check=None), "ARENA_TRAIN__MODEL", "--tiny")
+        assert_user_error(run_arena(["train", "--tiny", "--resume"], env, check=None), "no training state")
+        assert_user_error(run_arena(["train", "--run", "a b"], env, check=None), "--run 'a b'")
+        bad_model = env | {"ARENA_TRAIN__MODEL": str(tmp_path)}
+        assert_user_error(run_arena(["train"], bad_model, check=None), "no config.json", str(tmp_path))
+    assert_user_error(run_arena(["eval"], env, check=None), "has no weights yet")
+    assert_user_error(run_arena(["eval", "--k", "4", "--trials", "2"], env, check=None), "--trials 2 < --k 4")
+    assert_user_error(run_arena(["eval", "--model", str(tmp_path)], env, check=None), "no config.json")
+    assert_user_error(run_arena(["export", "verl", str(tmp_path / "out")], env, check=None), "no verified")
+
+
 @pytest.mark.parametrize("command", [["up"], ["status"], ["topics", "list"], ["down"]])
 def test_stack_commands(tmp_path_factory: pytest.TempPathFactory, command: list[str]) -> None:
     home = tmp_path_factory.getbasetemp() / "stack-commands"

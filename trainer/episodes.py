@@ -72,7 +72,7 @@ class Episodes:
         """The mixer over the current pool (rebuilt when new verified packages have landed)."""
         if self.cfg.mixing == "none":
             return None
-        size = len(self.store.rows("train"))
+        size = self.store.count("train")
         if self._mixer is None or size != self._mixer_size:
             from lake.tool_index import s3_storage_options
 
@@ -96,7 +96,7 @@ class Episodes:
             self._gateway = Gateway.from_settings(self.settings)
         return self._gateway
 
-    def _prepare(self, sample: VerifiedSample) -> dict[str, Any] | str:
+    def _prepare(self, sample: VerifiedSample, mixer: ToolMixer | None) -> dict[str, Any] | str:
         """Keyword arguments for ``environment_for``, or why the sample cannot be rolled out."""
         if sample.kind == "interactive":
             return {"gateway": self._gateway_for()}
@@ -104,7 +104,6 @@ class Episodes:
         if found is None:
             return f"package {sample.env_ref} is not in the catalog"
         package = found[0]
-        mixer = self._mixer_for_now()
         if mixer is None:
             return {"package": package}
         mixed = mixer.mix(sample.tools, sample.domain, self.cfg.mixing, rng_key=sample.sample_id)
@@ -122,8 +121,9 @@ class Episodes:
         """One group of G trajectories per usable sample, and why the others were skipped."""
         skipped: dict[str, str] = {}
         jobs = []
+        mixer = await asyncio.to_thread(self._mixer_for_now)  # once per round: new packages join the pool
         for sample in samples:
-            prepared = await asyncio.to_thread(self._prepare, sample)
+            prepared = await asyncio.to_thread(self._prepare, sample, mixer)
             if isinstance(prepared, str):
                 skipped[sample.sample_id] = prepared
                 continue

@@ -71,20 +71,31 @@ class Learner:
         return lr
 
     def grpo_step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """Backward of the GRPO loss, an optimizer step, and a weight sync to the rollout backend."""
-        metrics = grpo_update(
-            self.model,
-            groups,
-            pad_id=self.pad_id,
-            micro=self.cfg.micro_batch,
-            clip_low=self.cfg.clip_low,
-            clip_high=self.cfg.clip_high,
-            agg=self.cfg.loss_agg,
-            adv_std=self.cfg.adv_std,
-        )
-        metrics["lr"] = self.optimizer_step()
+        """GRPO on ``groups``: one optimizer step per mini-batch, then a weight sync to the rollout backend.
+
+        With one mini-batch (the default) the update is strictly on-policy; with more, later
+        mini-batches are off-policy by the earlier steps and the clipped ratio corrects them.
+        """
+        parts = [list(groups[i :: self.cfg.mini_batches]) for i in range(self.cfg.mini_batches)]
+        totals: dict[str, float] = {}
+        for part in (p for p in parts if p):
+            metrics = grpo_update(
+                self.model,
+                part,
+                pad_id=self.pad_id,
+                micro=self.cfg.micro_batch,
+                clip_low=self.cfg.clip_low,
+                clip_high=self.cfg.clip_high,
+                agg=self.cfg.loss_agg,
+                adv_std=self.cfg.adv_std,
+            )
+            metrics["lr"] = self.optimizer_step()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value
+        steps = sum(1 for p in parts if p)
+        averaged = {k: v / steps for k, v in totals.items() if k not in ("sequences", "response_tokens")}
         self.backend.load_weights(self.model)
-        return metrics
+        return averaged | {k: totals[k] for k in ("sequences", "response_tokens") if k in totals}
 
     def state_dict(self) -> dict[str, Any]:
         assert self.optimizer is not None and self.scheduler is not None
