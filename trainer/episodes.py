@@ -15,7 +15,6 @@ import asyncio
 from typing import Any
 
 from arena.config import ArenaSettings
-from arena.hashing import content_hash
 from arena.records.envs import EnvPackage, VerifiedSample
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
@@ -23,7 +22,7 @@ from trainer.batching import Group
 from trainer.environments import environment_for
 from trainer.learner import Learner
 from trainer.mixing import ToolMixer, pool_from_store
-from trainer.rollout import Trajectory, rollout
+from trainer.rollout import derive_seed, rollout_group
 
 # Trajectory fields the update needs; messages and raw outputs stay out of the checkpointed buffer.
 KEEP = (
@@ -37,10 +36,6 @@ KEEP = (
     "tool_calls",
     "stop",
 )
-
-
-def seed_of(*parts: object) -> int:
-    return int(content_hash([str(p) for p in parts], length=8), 16)
 
 
 class Episodes:
@@ -134,28 +129,23 @@ class Episodes:
         self, sample: VerifiedSample, env_kwargs: dict[str, Any], *, step: int, round_: int
     ) -> Group:
         assert self.pool is not None
-        cfg = self.cfg
-        trajectories: list[Trajectory] = []
-        for index in range(cfg.group_size):
-            env = environment_for(sample, self.pool, mode=cfg.reward, **env_kwargs)
-            trajectories.append(
-                await rollout(
-                    self.learner.backend,
-                    self.learner.tokenizer,
-                    env,
-                    sample,
-                    max_turns=cfg.max_turns,
-                    max_seq_len=cfg.max_seq_len,
-                    max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature,
-                    seed=seed_of(self.settings.seed, step, round_, sample.sample_id, index),
-                )
-            )
-        rows = [t.model_dump(include=set(KEEP)) for t in trajectories]
+        pool, cfg = self.pool, self.cfg
+        trajectories = await rollout_group(
+            self.learner.backend,
+            self.learner.tokenizer,
+            lambda: environment_for(sample, pool, mode=cfg.reward, **env_kwargs),
+            sample,
+            g=cfg.group_size,
+            seed=derive_seed(self.settings.seed, "step", step, round_, sample.sample_id),
+            max_turns=cfg.max_turns,
+            max_seq_len=cfg.max_seq_len,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+        )
         return Group(
             sample_id=sample.sample_id,
             rewards=[t.reward for t in trajectories],
-            rollouts=rows,
+            rollouts=[t.model_dump(include=set(KEEP)) for t in trajectories],
             born_step=step,
         )
 

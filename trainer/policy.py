@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -65,17 +65,6 @@ def token_logprobs(
     return torch.cat([picked.new_zeros(picked.shape[0], 1), picked * valid], dim=1)
 
 
-def _right_padded(
-    rows: Sequence[Sequence[int]], pad: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[*r, *[pad] * (width - len(r))] for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor(
-        [[1] * len(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device
-    )
-    return ids, mask
-
-
 def stop_ids_of(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """``<|im_end|>`` (must be one token) and the eos when it differs."""
     ids = encode_segment(tokenizer, IM_END)
@@ -100,8 +89,8 @@ class HfBackend:
 
     Prompts are left-padded into one batch; sampling is plain (no top-k, top-p 1) at
     ``temperature`` (0 = greedy), seeded, so the same prompts, seed and weights give the same
-    continuations. Log-probs are recomputed by one forward pass over prompt + continuation with
-    ``token_logprobs``, the trainer's own function, instead of taken from the sampler's scores.
+    continuations. Log-probs are recomputed by one forward pass over prompt + continuation at
+    temperature 1 (what ``token_logprobs`` gives the update), not taken from the sampler's scores.
     """
 
     def __init__(
@@ -154,14 +143,26 @@ class HfBackend:
         if any(not p for p in prompts):
             raise ValueError("empty prompt")
         cut = [self._cut(row) for row in self._sample(prompts, max_new_tokens, temperature, seed)]
-        full = [p + toks for p, (toks, _) in zip(prompts, cut, strict=True)]
-        ids, mask = _right_padded(full, self.pad_id, self.device)
-        with torch.no_grad():
-            logprobs = token_logprobs(self.model, ids, mask).tolist()
         return [
-            Generation(token_ids=toks, logprobs=lp[len(p) : len(p) + len(toks)], finished=done)
-            for p, (toks, done), lp in zip(prompts, cut, logprobs, strict=True)
+            Generation(token_ids=toks, logprobs=self._continuation_logprobs(p, toks), finished=done)
+            for p, (toks, done) in zip(prompts, cut, strict=True)
         ]
+
+    def _continuation_logprobs(self, prompt: list[int], toks: list[int]) -> list[float]:
+        """``token_logprobs`` of ``toks`` after ``prompt``, computing logits only where they are needed.
+
+        One row at a time with ``logits_to_keep``: the output layer and log-softmax run over the
+        continuation only, not the (long, tool-laden) prompt.
+        """
+        if not toks:
+            return []
+        ids = torch.tensor([prompt + toks], dtype=torch.long, device=self.device)
+        lm: Any = self.model
+        with torch.no_grad():
+            logits = lm(input_ids=ids, logits_to_keep=len(toks) + 1).logits[0, :-1].float()
+        targets = ids[0, -len(toks) :].unsqueeze(-1)
+        picked = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
+        return [float(v) for v in picked.tolist()]
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Nothing to do when sharing the trained module; otherwise copy its weights."""
