@@ -192,6 +192,9 @@ class TrainerService:
             await self.episodes.close()
             await producer.stop()
             self.catalog.finish_run(run_id, status)
+            self.catalog.dispose()
+            self.checkpoints.dispose()
+            self._tmp.cleanup()
         return 0
 
     def _done(self) -> bool:
@@ -222,7 +225,8 @@ class TrainerService:
         source = self.sources["samples.sft"]
         taken: list[Taken[SftSample]] = await source.take(self.cfg.sft_batch, wait_s=self.options.wait_s)
         if not taken:
-            return await source.pending() > 0 and not self.stop.is_set()
+            # A stop signal keeps the phase (the checkpoint resumes SFT); a dry topic ends it.
+            return self.stop.is_set() or await source.pending() > 0
         started = time.perf_counter()
         examples = [sft_example(learner.tokenizer, t.record, self.cfg.max_seq_len) for t in taken]
         loss, tokens = await asyncio.to_thread(
@@ -269,10 +273,11 @@ class TrainerService:
             rolled += groups
             filtered += [g.sample_id for g in groups if not is_valid(g, filler.delta)]
             filler.add(groups)
-        if not consumed and not filler.buffer:
+        if not consumed and not (drained and filler.buffer):
+            # Nothing new: carried-over groups wait in the buffer (and the checkpoint) for more.
             return not drained
-        if not (filler.ready() or filler.at_cap() or drained):
-            return True  # stopping mid-step: what was rolled stays buffered for the checkpoint
+        # Whatever ended the rounds (n valid groups, the round cap, drained topic, or a stop
+        # signal) the step closes here, so every sample it consumed lands in its step record.
         waiting = [g.sample_id for g in filler.buffer]
         batch = filler.take_partial()  # exactly n when ready, else what there is (shortfall logged)
         trained = [g.sample_id for g in batch]
