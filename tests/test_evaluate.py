@@ -30,6 +30,7 @@ from trainer.evaluate import (
     EvalReport,
     HeldOut,
     aggregate,
+    answer_given,
     case_result,
     evaluate,
     heldout_cases,
@@ -305,3 +306,12 @@ def test_run_eval_on_the_catalog_with_a_tiny_model(tmp_path: Path, tiny: Path) -
     # the same seed gives the same rollouts
     again = run_eval(settings, str(tiny), k=2, trials=3, max_turns=2, seed=1, progress=False)
     assert [c.model_dump() for c in again.cases] == [c.model_dump() for c in report.cases]
+
+
+def test_final_answer_must_be_stated_as_a_whole_word() -> None:
+    assert answer_given("3", "There are 3 listings.")
+    assert answer_given("Zürich", "It is in  ZÜRICH.")  # casefold + whitespace collapse
+    assert answer_given("APT-9013", "The unit is apt-9013, second floor.")
+    assert not answer_given("3", "There are 30 listings.")  # a digit inside a number is not the answer
+    assert not answer_given("36", "id 1367")
+    assert not answer_given("", "anything")

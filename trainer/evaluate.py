@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -85,9 +86,14 @@ def final_answer(trajectory: Trajectory) -> str:
 
 
 def answer_given(answer: str, text: str) -> bool:
-    """``text`` contains ``answer`` after normalisation; an empty answer never counts."""
+    """``text`` states ``answer`` as a whole word or phrase, after normalisation; never an empty one.
+
+    Word boundaries matter for short answers: "3" must not pass because the text says "30" (or a
+    random model's garbage happens to hold the digit).
+    """
     wanted = normalise(answer)
-    return bool(wanted) and wanted in normalise(text)
+    pattern = rf"(?<!\w){re.escape(wanted)}(?!\w)"
+    return bool(wanted) and re.search(pattern, normalise(text)) is not None
 
 
 def trial_success(sample: VerifiedSample, trajectory: Trajectory) -> bool:
@@ -340,6 +346,7 @@ def run_eval(
     temperature); ``settings.train.backend`` picks transformers (CPU) or vLLM. ``limit`` caps the
     number of held-out packages (the first by env_id).
     """
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sandbox import SandboxPool
@@ -361,6 +368,7 @@ def run_eval(
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
+                console=Console(stderr=True),  # stdout may carry --json
                 disable=not progress,
             ) as bar:
                 task = bar.add_task("trials", total=len(cases) * n)

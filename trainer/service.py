@@ -163,11 +163,11 @@ class TrainerService:
 
     # --- main loop --------------------------------------------------------
     async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before loading: a stop while loading exits cleanly
+            loop.add_signal_handler(sig, self.stop.set)
         offsets = await asyncio.to_thread(self._load)
         assert self.learner is not None and self.episodes is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
         run_id = self.catalog.start_run("train", self.cfg.run, self.cfg.model_dump())
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True)
         await producer.start()

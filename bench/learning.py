@@ -1,0 +1,773 @@
+"""Learning benchmark: base -> SFT -> GRPO for a tiny model on the demo environments (CPU).
+
+Usage::
+
+    python bench/learning.py            # about 30 minutes on 2 cores
+    python bench/learning.py --quick    # about 5-8 minutes (smaller model, fewer steps and trials)
+    python bench/learning.py --home DIR # reuse a finished `arena demo` home (skips the demo)
+
+Prints ONE JSON object on stdout; progress and the trainer's log lines go to stderr.
+
+What it does, all on a private ``ARENA_HOME`` in a temporary folder:
+
+1. ``arena demo`` (the real pipeline, ``rules`` backend) with more QA instances per knowledge
+   base, so the catalog holds train-split and held-out environment packages, ``samples.verified``
+   holds the train split and ``samples.sft`` the SFT track's MCP tool trajectories.
+2. Synthetic SFT data from the TRAIN split only (ASTRA §3.1's SFT trajectories): for every
+   train-split package, the system prompt and question, then one assistant turn per job calling
+   the job's tool with the job's invocation arguments, the tool's real output from the sandbox,
+   and a final assistant message stating the main answer a0. Each trajectory is checked (F1 = 1
+   against the package's jobs) before it is published to ``samples.sft``; held-out packages are
+   never read here. Copies for several epochs get distinct sample ids (so they spread over the
+   topic's partitions, which mixes the epochs); ``samples.verified`` gets copies the same way
+   for several GRPO passes, since ``arena train`` consumes each record once per run.
+3. A tiny Llama (``trainer.tiny.build_tiny``, tokenizer trained on the lake's text and the SFT
+   texts) saved to a folder and handed to the trainer as ``ARENA_TRAIN__MODEL``.
+4. ``arena train`` three ways, each a subprocess: run ``sft`` (SFT only: ``--steps`` = SFT
+   steps), run ``grpo-f1`` from the SFT weights (F1 reward, GRPO only, stopped by ``--steps``,
+   the topic running dry, or a time budget via SIGTERM, which the service turns into a final
+   checkpoint), and two short ablation runs from the same SFT weights with
+   ``ARENA_TRAIN__REWARD=recall`` and ``=precision``.
+5. ``trainer.evaluate.run_eval`` on the held-out packages for the base weights, the SFT
+   weights and the final GRPO weights (pass^1..pass^k, pass@k and mean F1, each with a 95%
+   bootstrap interval over packages), and on the ablation runs' final weights for their turns.
+
+The goal is base < SFT < GRPO on held-out F1 and pass^1; a tiny CPU model may not get there, and
+the JSON reports what happened either way (``ordering``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ARENA = str(Path(sys.executable).parent / "arena")
+SFT_SOURCE = "bench-env-train"
+
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Every knob of one benchmark run."""
+
+    demo_instances: int = 16  # QA instances per built-in knowledge base in the demo
+    heldout_k: int = 4  # env hash mod k == 0 is held out
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    vocab: int = 2048
+    sft_copies: int = 16  # epochs over the synthetic env trajectories
+    sft_batch: int = 4
+    sft_lr: float = 3e-3
+    sft_max_steps: int = 250
+    rl_copies: int = 8  # passes over samples.verified available to GRPO
+    grpo_steps: int = 60
+    grpo_budget_s: float = 480.0
+    lr: float = 1e-4
+    group_size: int = 4
+    batch_groups: int = 4
+    max_rounds: int = 2
+    ablation_steps: int = 10
+    ablation_budget_s: float = 150.0
+    max_turns: int = 5
+    max_new_tokens: int = 64
+    max_seq_len: int = 2048
+    temperature: float = 1.0
+    mixing: str = "none"
+    k: int = 2
+    trials: int = 4
+    ablation_trials: int = 2
+    seed: int = 0
+
+
+PROFILES = {
+    "default": Profile(),
+    "quick": Profile(
+        demo_instances=8,
+        hidden=64,
+        sft_copies=8,
+        sft_max_steps=100,
+        sft_lr=5e-3,
+        rl_copies=2,
+        grpo_steps=6,
+        grpo_budget_s=90.0,
+        ablation_steps=3,
+        ablation_budget_s=45.0,
+        k=1,
+        trials=2,
+        ablation_trials=1,
+    ),
+}
+
+
+# --- subprocesses ---------------------------------------------------------------------------------
+def cli_env(home: Path, **extra: str) -> dict[str, str]:
+    """A private ARENA_HOME, no inherited ARENA_* settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARENA_")}
+    env.update(ARENA_HOME=str(home), TOKENIZERS_PARALLELISM="false", COLUMNS="200")
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    args: list[str], env: dict[str, str], log: Path, *, budget_s: float | None = None, label: str = ""
+) -> tuple[int, bool]:
+    """Run ``arena ARGS``; echo its lines to stderr and ``log``; SIGTERM it after ``budget_s``.
+
+    Returns (exit code, whether the budget stopped it).
+    """
+    with log.open("a") as sink:
+        proc = subprocess.Popen(
+            [ARENA, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        stopped = False
+        try:
+            assert proc.stdout is not None
+            os.set_blocking(proc.stdout.fileno(), False)
+            while True:
+                line = proc.stdout.readline()
+                if line:
+                    _echo(line, sink, label)
+                    continue
+                if proc.poll() is not None:
+                    for rest in proc.stdout:
+                        _echo(rest, sink, label)
+                    break
+                if deadline is not None and not stopped and time.monotonic() > deadline:
+                    proc.send_signal(signal.SIGTERM)  # the service checkpoints and exits
+                    stopped = True
+                time.sleep(0.1)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return proc.returncode, stopped
+
+
+def _echo(line: str, sink: TextIO, label: str) -> None:
+    sink.write(line)
+    sink.flush()
+    text = line.rstrip()
+    if text:
+        console.print(Text.assemble((label, "dim"), " ", text), highlight=False)
+
+
+def check(code: int, what: str, log: Path) -> None:
+    if code != 0:
+        tail = log.read_text()[-3000:] if log.exists() else ""
+        raise RuntimeError(f"{what} exited {code}; log {log}:\n{tail}")
+
+
+# --- data -----------------------------------------------------------------------------------------
+def invocation_call(invocation: str, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``get_x(id='a')`` -> ("get_x", {"id": "a"}); positional args map to the spec's parameters."""
+    node = ast.parse(invocation.strip(), mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError(f"not a plain call: {invocation!r}")
+    names = list((spec.get("function", spec).get("parameters") or {}).get("properties") or {})
+    arguments = {names[i]: ast.literal_eval(a) for i, a in enumerate(node.args)}
+    for kw in node.keywords:
+        if kw.arg is None:
+            raise ValueError(f"**kwargs in {invocation!r}")
+        arguments[kw.arg] = ast.literal_eval(kw.value)
+    return node.func.id, arguments
+
+
+async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
+    """SFT samples solving every TRAIN-split package (tool outputs from the sandbox), and counts."""
+    from arena.hashing import content_hash
+    from arena.records.envs import EnvPackage
+    from arena.records.sft import SftSample
+    from lake.env_packages import EnvPackageStore
+    from sandbox import SandboxPool
+    from streams.envs.samples_verified import sample_of
+    from trainer.environments import QaEnvironment, tool_name
+    from trainer.rewards import f1_reward
+
+    store = EnvPackageStore(settings.catalog)
+    try:
+        packages = [EnvPackage.model_validate_json(r.package) for r in store.rows("train")]
+    finally:
+        store.dispose()
+    out: list[SftSample] = []
+    skipped = 0
+    pool = SandboxPool(settings.sandbox)
+    await pool.start()
+    try:
+        for package in sorted(packages, key=lambda p: p.env_id):
+            sample = sample_of(package)
+            env = QaEnvironment(sample, package, pool)
+            specs = {tool_name(t): t for t in package.tools}
+            messages: list[dict[str, Any]] = [dict(m) for m in sample.prompt]
+            outputs: list[str] = []
+            seen: set[str] = set()
+            ok = True
+            for i, job in enumerate(sorted(package.jobs, key=lambda j: j.index)):
+                if job.invocation in seen:
+                    continue  # merged tools: one call answers both jobs
+                seen.add(job.invocation)
+                try:
+                    name, arguments = invocation_call(job.invocation, specs.get(job.tool, {}))
+                except (ValueError, SyntaxError):
+                    ok = False
+                    break
+                call_id = f"call_{i + 1}_0"
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {
+                                    "name": name,
+                                    "arguments": json.dumps(arguments, ensure_ascii=False),
+                                },
+                            }
+                        ],
+                    }
+                )
+                obs = await env.call(name, arguments)
+                if not obs.ok:
+                    ok = False
+                    break
+                outputs.append(obs.text)
+                messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": obs.text})
+            parts = f1_reward(sample.reward_spec["jobs"], outputs, len(outputs)) if ok else None
+            if parts is None or parts.f1 < 1.0 - 1e-6:
+                skipped += 1
+                continue
+            messages.append({"role": "assistant", "content": package.answer})
+            out.append(
+                SftSample(
+                    sample_id=content_hash({"messages": messages, "tools": sample.tools}, prefix="sft-"),
+                    messages=messages,
+                    tools=sample.tools,
+                    role_target="agent",
+                    source=SFT_SOURCE,
+                    reward=parts.f1,
+                    origin_id=package.env_id,
+                )
+            )
+    finally:
+        await pool.close()
+    return out, {"train_packages": len(packages), "trajectories": len(out), "skipped": skipped}
+
+
+def copies(records: list[Any], n: int, seed: int, tag: str) -> list[Any]:
+    """``n`` shuffled copies of ``records`` with distinct sample ids (copy 0 keeps the id)."""
+    from arena.hashing import content_hash
+
+    rng = random.Random(seed)
+    out = []
+    for c in range(n):
+        batch = [
+            r
+            if c == 0
+            else r.model_copy(update={"sample_id": content_hash([tag, c, r.sample_id], prefix="cp-")})
+            for r in records
+        ]
+        rng.shuffle(batch)
+        out += batch
+    return out
+
+
+def topic_values(bootstrap: str, name: str) -> list[dict[str, Any]]:
+    """Every committed value of a topic, decoded (read_committed, from the beginning)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+    )
+    try:
+        parts = consumer.partitions_for_topic(name) or set()
+        consumer.assign([TopicPartition(name, p) for p in parts])
+        return [json.loads(r.value) for r in consumer]
+    finally:
+        consumer.close()
+
+
+async def publish_all(bootstrap: str, topic: str, records: list[Any]) -> int:
+    from producers.publish import publish
+    from streams.runtime import Emit
+
+    return await publish(bootstrap, [Emit(topic, r.sample_id, r) for r in records])
+
+
+# --- model and runs -------------------------------------------------------------------------------
+def build_model(settings: Any, folder: Path, sft_texts: list[str], p: Profile) -> dict[str, Any]:
+    from lake.store import open_store
+    from trainer.tiny import build_tiny, lake_texts
+
+    texts = lake_texts(open_store(settings)) + sft_texts
+    build_tiny(
+        folder, texts, seed=p.seed, vocab_size=p.vocab, hidden_size=p.hidden, layers=p.layers, heads=p.heads
+    )
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    return {
+        "arch": "llama (trainer.tiny.build_tiny)",
+        "hidden_size": p.hidden,
+        "layers": p.layers,
+        "heads": p.heads,
+        "vocab_size": int(model.config.vocab_size),
+        "parameters": int(sum(x.numel() for x in model.parameters())),
+        "tokenizer": "byte-level BPE trained on the lake's text + the synthetic SFT texts",
+    }
+
+
+def train_env(base: dict[str, str], p: Profile, **extra: str) -> dict[str, str]:
+    knobs = {
+        "SFT_BATCH": p.sft_batch,
+        "SFT_LR": p.sft_lr,
+        "LR": p.lr,
+        "GROUP_SIZE": p.group_size,
+        "BATCH_GROUPS": p.batch_groups,
+        "MAX_ROUNDS": p.max_rounds,
+        "MAX_TURNS": p.max_turns,
+        "MAX_NEW_TOKENS": p.max_new_tokens,
+        "MAX_SEQ_LEN": p.max_seq_len,
+        "TEMPERATURE": p.temperature,
+        "MIXING": p.mixing,
+        "MICRO_BATCH": 4,
+        "STATE_EVERY": 1000,
+        "WEIGHTS_EVERY": 1000,
+    }
+    env = base | {f"ARENA_TRAIN__{k}": str(v) for k, v in knobs.items()}
+    return env | {f"ARENA_TRAIN__{k.upper()}": v for k, v in extra.items()}
+
+
+def final_weights(settings: Any, run: str, dest: Path) -> tuple[int, Path]:
+    from lake.store import open_store
+    from trainer.checkpoint import Checkpoints
+
+    checkpoints = Checkpoints(open_store(settings), settings.catalog, run)
+    try:
+        steps = checkpoints.weights_steps()
+        if not steps:
+            raise RuntimeError(f"run {run!r} saved no weights")
+        return steps[-1], checkpoints.weights_folder(steps[-1], dest)
+    finally:
+        checkpoints.dispose()
+
+
+def step_metrics(settings: Any, run: str) -> list[dict[str, Any]]:
+    from lake.store import open_store
+    from trainer.checkpoint import Checkpoints
+
+    checkpoints = Checkpoints(open_store(settings), settings.catalog, run)
+    try:
+        records = sorted(checkpoints.steps(), key=lambda r: r.step)
+    finally:
+        checkpoints.dispose()
+    return [{"step": r.step, "phase": r.phase, "trained": len(r.trained), **r.metrics} for r in records]
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if key in r]
+    return round(statistics.fmean(values), 4) if values else None
+
+
+def grpo_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    grpo = [r for r in rows if r["phase"] == "grpo"]
+    third = max(1, len(grpo) // 3)
+    head, tail = grpo[:third], grpo[-third:]
+    return {
+        "steps": len(grpo),
+        "steps_with_update": sum(1 for r in grpo if r["trained"]),
+        "groups_trained": sum(r["trained"] for r in grpo),
+        "trajectories": int(sum(r.get("trajectories", 0) for r in grpo)),
+        "reward_mean_first_third": _mean(head, "reward_mean"),
+        "reward_mean_last_third": _mean(tail, "reward_mean"),
+        "f1_first_third": _mean(head, "f1"),
+        "f1_last_third": _mean(tail, "f1"),
+        "rollout_turns_mean": _mean(grpo, "turns_mean"),
+        "rollout_tool_calls_mean": _mean(grpo, "tool_calls_mean"),
+        "fill_ratio_mean": _mean(grpo, "fill_ratio"),
+        "step_s_mean": _mean(grpo, "step_s"),
+    }
+
+
+def evaluate_stage(settings: Any, folder: Path, *, k: int, trials: int, seed: int) -> dict[str, Any]:
+    from trainer.evaluate import run_eval
+
+    with contextlib.redirect_stdout(sys.stderr):  # run_eval's progress bar: keep stdout for the JSON
+        report = run_eval(settings, str(folder), k=k, trials=trials, seed=seed)
+    o = report.overall
+
+    def metric(m: Any) -> dict[str, float] | None:
+        return (
+            None
+            if m is None
+            else {"mean": round(m.mean, 4), "ci95": [round(m.ci_low, 4), round(m.ci_high, 4)]}
+        )
+
+    return {
+        "packages": o.cases,
+        "trials_per_package": report.trials,
+        "trials": o.trials,
+        "f1": metric(o.f1),
+        "pass^1": metric(o.pass_hat[1]),
+        **({f"pass^{k}": metric(o.pass_hat[k])} if k > 1 else {}),
+        f"pass@{k}": metric(o.pass_at_k),
+        "mean_turns": round(o.mean_turns, 3),
+        "mean_tool_calls": round(o.mean_tool_calls, 3),
+        "trial_errors": sum(len(c.errors) for c in report.cases),
+        "per_domain": {
+            d.name: {"packages": d.cases, "f1": metric(d.f1), "pass^1": metric(d.pass_hat[1])}
+            for d in report.domains
+        },
+        "eval_s": report.wall_s,
+    }
+
+
+@contextlib.contextmanager
+def arena_home(home: Path | None, keep: bool) -> Iterator[tuple[Path, bool]]:
+    """(home, whether the demo must run there): the given one, or a temporary one."""
+    if home is not None:
+        yield home, not (home / "catalog.db").exists()
+        return
+    if keep:
+        yield Path(tempfile.mkdtemp(prefix="arena-learning-")) / "home", True
+        return
+    with tempfile.TemporaryDirectory(prefix="arena-learning-") as tmp:
+        yield Path(tmp) / "home", True
+
+
+# --- the benchmark --------------------------------------------------------------------------------
+def bench(p: Profile, profile: str, home: Path, run_demo: bool, stop_stack: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    work = home.parent / "bench-learning"
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "arena.log"
+    base_env = cli_env(
+        home, ARENA_ENVS__DEMO_INSTANCES=str(p.demo_instances), ARENA_ENVS__HELDOUT_K=str(p.heldout_k)
+    )
+    os.environ.update({k: v for k, v in base_env.items() if k.startswith("ARENA_")})
+    timings: dict[str, float] = {}
+    try:
+        t = time.perf_counter()
+        if run_demo:
+            console.rule("arena demo")
+            check(run_cli(["demo", "--timeout", "1200"], base_env, log, label="demo")[0], "arena demo", log)
+            timings["demo_s"] = round(time.perf_counter() - t, 1)
+        return _after_demo(p, profile, home, work, log, base_env, timings, started)
+    finally:
+        if stop_stack:
+            subprocess.run([ARENA, "down"], env=base_env, capture_output=True, check=False)
+
+
+def _after_demo(
+    p: Profile,
+    profile: str,
+    home: Path,
+    work: Path,
+    log: Path,
+    base_env: dict[str, str],
+    timings: dict[str, float],
+    started: float,
+) -> dict[str, Any]:
+    from arena.admin import ensure_topics
+    from arena.config import ArenaSettings
+    from arena.stack import resolve_broker
+    from trainer.evaluate import heldout_cases
+    from trainer.render import render_text
+
+    settings = ArenaSettings()
+    bootstrap, _ = resolve_broker(settings, start=True)
+    ensure_topics(bootstrap)
+    tag = f"b{int(time.time())}"
+
+    # SFT data: the demo's samples.sft plus synthetic train-split env trajectories.
+    console.rule("data")
+    t = time.perf_counter()
+    env_sft, built = asyncio.run(env_trajectories(settings))
+    in_sft_before = topic_values(bootstrap, "samples.sft")
+    demo_sft = [
+        v for v in in_sft_before if v.get("source") != SFT_SOURCE
+    ]  # a reused home: earlier runs' copies
+    verified = [
+        v for v in topic_values(bootstrap, "samples.verified") if not v["sample_id"].startswith("cp-")
+    ]
+    heldout = heldout_cases(settings)
+    sft_records = copies(env_sft, p.sft_copies, p.seed, f"{tag}-sft")
+    asyncio.run(publish_all(bootstrap, "samples.sft", sft_records))
+    from arena.records.envs import VerifiedSample
+
+    rl_records = copies(
+        [VerifiedSample.model_validate(v) for v in verified], p.rl_copies, p.seed, f"{tag}-rl"
+    )
+    asyncio.run(publish_all(bootstrap, "samples.verified", rl_records[len(verified) :]))
+    in_sft_topic = len(in_sft_before) + len(sft_records)
+    sft_steps = min(p.sft_max_steps, in_sft_topic // p.sft_batch)
+    timings["data_s"] = round(time.perf_counter() - t, 1)
+    console.print(
+        f"{built['trajectories']} env trajectories from {built['train_packages']} train packages; "
+        f"samples.sft {in_sft_topic} records -> {sft_steps} SFT steps; {len(heldout)} held-out packages"
+    )
+
+    # The tiny model.
+    t = time.perf_counter()
+    base_dir = work / f"{tag}-base"
+    texts = [render_text(s.messages, s.tools) for s in env_sft]
+    model_info = build_model(settings, base_dir, texts, p)
+    timings["build_model_s"] = round(time.perf_counter() - t, 1)
+    console.print(f"tiny model: {model_info['parameters']:,} parameters")
+
+    # Rollout limits of the evaluation follow settings.train: match the trainer's.
+    settings.train = settings.train.model_copy(
+        update={
+            "max_turns": p.max_turns,
+            "max_new_tokens": p.max_new_tokens,
+            "max_seq_len": p.max_seq_len,
+            "temperature": p.temperature,
+        }
+    )
+    stages: dict[str, Any] = {}
+    console.rule("eval: base")
+    stages["base"] = evaluate_stage(settings, base_dir, k=p.k, trials=p.trials, seed=p.seed)
+
+    # SFT.
+    console.rule(f"SFT: {sft_steps} steps")
+    t = time.perf_counter()
+    sft_run = f"{tag}-sft"
+    env = train_env(base_env, p, run=sft_run, model=str(base_dir), sft_steps=str(sft_steps))
+    check(run_cli(["train", "--steps", str(sft_steps)], env, log, label="sft")[0], "arena train (sft)", log)
+    timings["sft_s"] = round(time.perf_counter() - t, 1)
+    sft_step, sft_dir = final_weights(settings, sft_run, work / f"{tag}-sft-weights")
+    sft_rows = step_metrics(settings, sft_run)
+    losses = [r["loss"] for r in sft_rows if r["phase"] == "sft"]
+    console.rule("eval: SFT")
+    stages["sft"] = evaluate_stage(settings, sft_dir, k=p.k, trials=p.trials, seed=p.seed) | {
+        "weights_step": sft_step
+    }
+
+    # GRPO with the F1 reward from the SFT weights.
+    runs: dict[str, dict[str, Any]] = {}
+    for reward, steps, budget in (
+        ("f1", p.grpo_steps, p.grpo_budget_s),
+        ("recall", p.ablation_steps, p.ablation_budget_s),
+        ("precision", p.ablation_steps, p.ablation_budget_s),
+    ):
+        console.rule(f"GRPO ({reward}): up to {steps} steps / {budget:.0f} s")
+        t = time.perf_counter()
+        run = f"{tag}-grpo-{reward}"
+        env = train_env(base_env, p, run=run, model=str(sft_dir), sft_steps="0", reward=reward)
+        code, stopped = run_cli(
+            ["train", "--steps", str(steps), "--until-drained"], env, log, budget_s=budget, label=reward
+        )
+        if not (stopped and code == -signal.SIGTERM):
+            # A SIGTERM that lands outside the service's handlers (loading, shutting down) ends the
+            # process by default; the weights of the finished steps are in the lake all the same.
+            check(code, f"arena train (grpo {reward})", log)
+        step, folder = final_weights(settings, run, work / f"{run}-weights")
+        rows = step_metrics(settings, run)
+        runs[reward] = {
+            "run": run,
+            "wall_s": round(time.perf_counter() - t, 1),
+            "stopped_by_time_budget": stopped,
+            "weights_step": step,
+            "rollouts": grpo_summary(rows),
+            "folder": folder,
+            "rows": rows,
+        }
+        if reward == "f1":
+            console.rule("eval: GRPO")
+            stages["grpo"] = evaluate_stage(settings, folder, k=p.k, trials=p.trials, seed=p.seed) | {
+                "weights_step": step
+            }
+    timings["grpo_and_ablations_s"] = round(sum(r["wall_s"] for r in runs.values()), 1)
+
+    # Reward ablation: turns and tool calls of the rollouts (same number of steps for each reward)
+    # and of a held-out evaluation of each run's final weights.
+    ablation: dict[str, Any] = {}
+    n_common = min(runs[r]["rollouts"]["steps"] for r in runs)
+    for reward in ("f1", "recall", "precision"):
+        info = runs[reward]
+        grpo_rows = [r for r in info["rows"] if r["phase"] == "grpo"][:n_common]
+        console.rule(f"eval: ablation {reward}")
+        ev = (
+            stages["grpo"]
+            if reward == "f1" and p.ablation_trials == p.trials
+            else evaluate_stage(settings, info["folder"], k=1, trials=p.ablation_trials, seed=p.seed + 1)
+        )
+        ablation[reward] = {
+            "grpo_steps": info["rollouts"]["steps"],
+            "steps_with_update": info["rollouts"]["steps_with_update"],
+            "weights_step": info["weights_step"],
+            f"rollout_turns_mean_first_{n_common}_steps": _mean(grpo_rows, "turns_mean"),
+            f"rollout_tool_calls_mean_first_{n_common}_steps": _mean(grpo_rows, "tool_calls_mean"),
+            f"rollout_reward_mean_first_{n_common}_steps": _mean(grpo_rows, "reward_mean"),
+            "rollout_turns_mean_last_step": _mean(grpo_rows[-1:], "turns_mean"),
+            "eval_mean_turns": ev["mean_turns"],
+            "eval_mean_tool_calls": ev["mean_tool_calls"],
+            "eval_f1": ev["f1"],
+            "eval_trials": ev["trials"],
+        }
+    key = f"rollout_turns_mean_first_{n_common}_steps"
+    rec, prec = ablation["recall"][key], ablation["precision"][key]
+    updated = all(ablation[r]["steps_with_update"] > 0 for r in ("recall", "precision"))
+
+    def order(a: str, b: str, metric: str) -> bool | None:
+        x, y = stages[a].get(metric), stages[b].get(metric)
+        return None if x is None or y is None else x["mean"] < y["mean"]
+
+    return {
+        "bench": "learning",
+        "profile": profile,
+        "device": "cpu",
+        "torch_threads": _torch_threads(),
+        "model": model_info,
+        "data": {
+            "demo": {
+                "ran_here": "demo_s" in timings,  # False: --home reused a finished demo
+                "instances_per_knowledge_base": p.demo_instances,
+                "heldout_k": p.heldout_k,
+            },
+            "train_packages": built["train_packages"],
+            "heldout_packages": len(heldout),
+            "samples_sft": {
+                "demo_sft_track": len(demo_sft),
+                "synthetic_env_trajectories": built["trajectories"],
+                "synthetic_skipped": built["skipped"],
+                "synthetic_copies": p.sft_copies,
+                "records_in_topic": in_sft_topic,
+                "note": "synthetic trajectories are built from TRAIN-split packages only (job invocations, "
+                "real sandbox outputs, final answer a0); held-out packages are never used for training",
+            },
+            "samples_verified": {
+                "demo": len(verified),
+                "copies": p.rl_copies,
+                "records_in_topic": len(rl_records),
+            },
+        },
+        "train": {
+            "sft": {
+                "steps": len(losses),
+                "batch": p.sft_batch,
+                "lr": p.sft_lr,
+                "loss_first": round(losses[0], 4) if losses else None,
+                "loss_last": round(losses[-1], 4) if losses else None,
+                "wall_s": timings["sft_s"],
+            },
+            "grpo": {
+                "reward": "f1",
+                "lr": p.lr,
+                "group_size": p.group_size,
+                "batch_groups": p.batch_groups,
+                "max_rounds": p.max_rounds,
+                "mixing": p.mixing,
+                "max_turns": p.max_turns,
+                "max_new_tokens": p.max_new_tokens,
+                "wall_s": runs["f1"]["wall_s"],
+                "stopped_by_time_budget": runs["f1"]["stopped_by_time_budget"],
+                **runs["f1"]["rollouts"],
+            },
+        },
+        "heldout_eval": {
+            "k": p.k,
+            "ci": "95% percentile bootstrap over packages (trainer.evaluate)",
+            "temperature": p.temperature,
+            **stages,
+        },
+        "ordering": {
+            "f1_base_lt_sft": order("base", "sft", "f1"),
+            "f1_sft_lt_grpo": order("sft", "grpo", "f1"),
+            "pass1_base_lt_sft": order("base", "sft", "pass^1"),
+            "pass1_sft_lt_grpo": order("sft", "grpo", "pass^1"),
+            "note": "strict comparisons of means; overlapping intervals mean the difference is not significant",
+        },
+        "reward_ablation": {
+            **ablation,
+            "astra_expectation": "recall-only -> more turns / tool calls; precision-only -> fewer",
+            "recall_turns_gt_precision_turns": None if rec is None or prec is None else rec > prec,
+            "comparison_meaningful": updated,
+            "comparison_note": "turns are compared over the first steps every run reached; when a run made no "
+            "update (every group had zero reward variance) its turns are the SFT policy's and the comparison "
+            "says nothing about the reward",
+        },
+        "profile_knobs": asdict(p),
+        "timings_s": timings | {"total_s": round(time.perf_counter() - started, 1)},
+    }
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="base -> SFT -> GRPO learning benchmark (JSON on stdout).")
+    parser.add_argument("--quick", action="store_true", help="A ~5-8 minute run: smaller model and budgets.")
+    parser.add_argument(
+        "--home", type=Path, help="Reuse this ARENA_HOME (runs the demo there if it has none)."
+    )
+    parser.add_argument("--keep", action="store_true", help="Keep the temporary home (and stack) afterwards.")
+    parser.add_argument("--sft-steps", type=int, help="Cap on SFT steps.")
+    parser.add_argument("--grpo-steps", type=int, help="GRPO steps of the F1 run.")
+    parser.add_argument("--grpo-minutes", type=float, help="Time budget of the F1 GRPO run.")
+    parser.add_argument("--ablation-steps", type=int, help="GRPO steps of each reward-ablation run.")
+    parser.add_argument("--trials", type=int, help="Evaluation trials per held-out package.")
+    parser.add_argument("--lr", type=float, help="GRPO learning rate.")
+    parser.add_argument("--seed", type=int, help="Seed of the model, data order and evaluation.")
+    args = parser.parse_args(argv)
+    name = "quick" if args.quick else "default"
+    p = PROFILES[name]
+    updates: dict[str, Any] = {}
+    for field, value in (
+        ("sft_max_steps", args.sft_steps),
+        ("grpo_steps", args.grpo_steps),
+        ("grpo_budget_s", None if args.grpo_minutes is None else 60 * args.grpo_minutes),
+        ("ablation_steps", args.ablation_steps),
+        ("trials", args.trials),
+        ("lr", args.lr),
+        ("seed", args.seed),
+    ):
+        if value is not None:
+            updates[field] = value
+    p = replace(p, **updates)
+    if p.trials < p.k:
+        p = replace(p, k=p.trials)
+    with arena_home(args.home, args.keep) as (home, run_demo):
+        result = bench(p, name, home, run_demo, stop_stack=args.home is None and not args.keep)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO_ROOT))
+    raise SystemExit(main())
