@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from arena.llm.rules import agent, chains, emulation, envs, judges, qa, tasks, user_sim
+from arena.llm.rules import agent, chains, eigen, emulation, envs, judges, qa, tasks, user_sim
 
 RuleFn = Callable[[BaseModel, random.Random], BaseModel]
 
@@ -25,4 +25,5 @@ RULES: dict[str, RuleFn] = {
     **envs.RULES,
     **qa.RULES,
     **user_sim.RULES,
+    **eigen.RULES,
 }

@@ -1,0 +1,596 @@
+"""EigenData execution-layer workers (§4.2): RandomPool, UserIntent, TaskValidation, Modify.
+
+Thin async functions over the gateway roles of ``arena.llm.roles.eigen`` and the sandbox; the
+stages ``eigen.seeds -> eigen.intents -> eigen.tasks`` wrap them.
+
+- ``random_pool``: a ``PoolDraw`` (persona, entities of the seeded database, difficulty factors)
+  from a pack, its seeded state, a seed and the generator parameters ``PoolParams``.
+- ``user_intent``: a ``UserIntent`` on a draw, given the database slice the draw names.
+- ``probe_task``: the feasibility probe. It EXECUTES, in the sandbox (``state_program`` with the
+  pack's tools, one program per call, the state travelling as JSON), against a copy of the
+  state: the identity lookups (``find_user_by_email``, ``get_user_details``, ``list_user_orders``),
+  the identity check (``send_verification_code`` + the user's ``confirm_identity_code`` with the
+  code the user knows), then per goal a read of the order it names and a dry run of its calls,
+  with every pack policy rule checked on each call (rules are trusted pack code, checked here on
+  the states the sandbox returned). A failing goal is rolled back and the probe looks for a
+  working substitute (another of the customer's orders, a smaller amount), dry-run the same way.
+  Refused requests are dry-run too: the policy must in fact forbid them.
+- ``validate_task``: probe + the ``eigen_task_validation`` role -> ``TaskVerdict``. A FEASIBLE
+  verdict that contradicts the probe's evidence is overruled (execute, don't assume).
+- ``modify_task``: the ``eigen_modify`` role (task repair).
+- ``validate_with_repair``: validate; while INFEASIBLE and fewer than ``MAX_ROUNDS`` repair
+  rounds were done: modify, validate again. ``rounds`` counts modify rounds (0 when the task
+  was feasible as generated), so a task that never validates is rejected after exactly
+  ``MAX_ROUNDS`` rounds (``MAX_ROUNDS + 1`` verdicts) with the last verdict's reasons.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from arena.llm.core import Sampling
+from arena.llm.gateway import Gateway
+from arena.llm.roles.eigen import (
+    EIGEN_MODIFY,
+    EIGEN_RANDOM_POOL,
+    EIGEN_TASK_VALIDATION,
+    EIGEN_USER_INTENT,
+    Alternative,
+    DomainSummary,
+    EntityRef,
+    FailureReason,
+    Goal,
+    GoalCall,
+    ModifyInput,
+    PoolDraw,
+    PoolParams,
+    ProbeCall,
+    ProbeReport,
+    RandomPoolInput,
+    Repair,
+    RuleBrief,
+    TaskValidationInput,
+    TaskVerdict,
+    ToolBrief,
+    UserIntent,
+    UserIntentInput,
+)
+from producers.domain_packs import DomainPack
+from sandbox.env_runtime import Runner
+from trainer.environments import argument_error, state_program
+
+MAX_ROUNDS = 3
+"""Most validate <-> modify repair rounds before a task is rejected (EigenData §4.2)."""
+READ_PREFIXES = ("get_", "find_", "list_", "search_", "lookup_", "check_", "show_")
+"""Tools whose name starts so only read the state."""
+ATTRIBUTES = ("status", "user_id", "category", "tier")
+"""Scalar fields copied into ``EntityRef.attributes``."""
+MAX_OUTPUT_CHARS = 1500
+MAX_CANDIDATES = 6
+"""Substitute entities the probe dry-runs per failing goal."""
+
+
+def tool_kind(name: str) -> str:
+    """``read`` for look-up tools (by name), else ``write``."""
+    return "read" if name.startswith(READ_PREFIXES) else "write"
+
+
+def domain_summary(pack: DomainPack, state: Mapping[str, Any] | None = None) -> DomainSummary:
+    """What the workers are told about ``pack`` (and the size of its database)."""
+    tools = [
+        ToolBrief(
+            name=spec["function"]["name"],
+            description=spec["function"]["description"],
+            actor=actor,
+            kind="read" if tool_kind(spec["function"]["name"]) == "read" else "write",
+            parameters=spec["function"]["parameters"],
+        )
+        for actor, specs in (("agent", pack.agent_tools), ("user", pack.user_tools))
+        for spec in specs
+    ]
+    counts = {k: len(v) for k, v in (state or {}).items() if isinstance(v, dict | list)}
+    return DomainSummary(
+        name=pack.name,
+        description=pack.description,
+        policy=pack.policy_text,
+        tools=tools,
+        rules=[RuleBrief(name=r.name, description=r.description) for r in pack.rules],
+        entity_counts=counts,
+        today=str((state or {}).get("today") or ""),
+    )
+
+
+def entity_refs(state: Mapping[str, Any]) -> list[EntityRef]:
+    """Entities of every table that maps ids to records (``{"orders": {"O-1": {...}}}``)."""
+    refs: list[EntityRef] = []
+    for table, rows in state.items():
+        if not isinstance(rows, dict) or not rows or not all(isinstance(r, dict) for r in rows.values()):
+            continue
+        for key in sorted(rows):
+            row = rows[key]
+            attributes: dict[str, str | int | float | bool | None] = {
+                a: row[a] for a in ATTRIBUTES if a in row and not isinstance(row[a], dict | list)
+            }
+            products = [i.get("product_id") for i in row.get("items", []) if isinstance(i, dict)]
+            if products:
+                attributes["product_ids"] = ",".join(dict.fromkeys(str(p) for p in products if p))
+            refs.append(EntityRef(kind=table, id=str(key), attributes=attributes))
+    return refs
+
+
+def state_slice(state: Mapping[str, Any], draw: PoolDraw) -> dict[str, Any]:
+    """The records a draw is about: today, the customer, their orders, the products, their credits."""
+    users = state.get("users", {})
+    orders = state.get("orders", {})
+    products = state.get("products", {})
+    user_id = draw.context.user_id
+    return copy.deepcopy(
+        {
+            "today": state.get("today", ""),
+            "user": users.get(user_id, {"user_id": user_id}),
+            "orders": {o: orders[o] for o in draw.context.order_ids if o in orders},
+            "products": {p: products[p] for p in draw.context.product_ids if p in products},
+            "credits": [c for c in state.get("credits", []) if c.get("user_id") == user_id],
+        }
+    )
+
+
+# --------------------------------------------------------------------------- RandomPool, UserIntent
+
+
+async def random_pool(
+    gateway: Gateway,
+    pack: DomainPack,
+    state: Mapping[str, Any],
+    seed: int,
+    params: PoolParams | None = None,
+    sampling: Sampling | None = None,
+) -> PoolDraw:
+    """RandomPool: a scenario seed on ``state`` (the pack's seeded database)."""
+    inputs = RandomPoolInput(
+        domain=domain_summary(pack, state),
+        seed=seed,
+        params=params or PoolParams(),
+        entities=entity_refs(state),
+    )
+    return (await gateway.call(EIGEN_RANDOM_POOL, inputs, sampling)).output
+
+
+async def user_intent(
+    gateway: Gateway,
+    pack: DomainPack,
+    state: Mapping[str, Any],
+    draw: PoolDraw,
+    sampling: Sampling | None = None,
+) -> UserIntent:
+    """UserIntent: a concrete task on ``draw``."""
+    inputs = UserIntentInput(draw=draw, domain=domain_summary(pack, state), records=state_slice(state, draw))
+    return (await gateway.call(EIGEN_USER_INTENT, inputs, sampling)).output
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def _cut(value: Any) -> Any:
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    return value if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "... [cut]"
+
+
+class _Probe:
+    """Runs calls in the sandbox against a state copy and checks the pack's rules on each."""
+
+    def __init__(self, pack: DomainPack, runner: Runner, timeout_s: float | None) -> None:
+        self.pack = pack
+        self.runner = runner
+        self.timeout_s = timeout_s
+        namespace: dict[str, Any] = {"__name__": "eigen_probe_policy"}
+        exec(compile(pack.policy_source, "policy.py", "exec"), namespace)
+        self.rules: list[tuple[str, Callable[..., Any]]] = [
+            (r.name, namespace[r.function]) for r in pack.rules
+        ]
+        self.executed: list[ProbeCall] = []
+
+    async def run(
+        self, state: dict[str, Any], call: GoalCall
+    ) -> tuple[bool, Any, str | None, dict[str, Any], list[str]]:
+        """(ok, value, error, state after, violations); a failed call leaves the state as it was."""
+        result = await self.runner.run(
+            state_program(state, self.pack.tools_source, call.name, call.arguments), timeout_s=self.timeout_s
+        )
+        out = result.return_value
+        if not result.ok or not isinstance(out, dict) or not isinstance(out.get("state"), dict):
+            error = result.error or str(result.error_type or "the tool returned no state")
+            return False, None, error, state, []
+        after: dict[str, Any] = out["state"]
+        record = {
+            "name": call.name,
+            "arguments": call.arguments,
+            "actor": call.actor,
+            "ok": True,
+            "changed_state": after != state,
+        }
+        violations: list[str] = []
+        for name, rule in self.rules:
+            try:
+                message = rule(copy.deepcopy(state), copy.deepcopy(record), copy.deepcopy(after))
+            except Exception as exc:
+                message = f"the rule raised {type(exc).__name__}: {exc}"
+            if message:
+                violations.append(f"{name}: {message}")
+        return True, out.get("value"), None, after, violations
+
+    async def step(
+        self,
+        state: dict[str, Any],
+        call: GoalCall,
+        purpose: str,
+        *,
+        goal_index: int | None = None,
+        refused_index: int | None = None,
+        record: bool = True,
+    ) -> tuple[bool, Any, dict[str, Any], list[str]]:
+        ok, value, error, after, violations = await self.run(state, call)
+        if record:
+            self.executed.append(
+                ProbeCall(
+                    step=len(self.executed),
+                    name=call.name,
+                    arguments=call.arguments,
+                    actor=call.actor,
+                    kind="read" if tool_kind(call.name) == "read" else "write",
+                    purpose=purpose,
+                    goal_index=goal_index,
+                    refused_index=refused_index,
+                    ok=ok,
+                    output=_cut(value),
+                    error=error,
+                    violations=violations,
+                )
+            )
+        return ok, value, after, violations
+
+    async def dry_run(self, state: dict[str, Any], calls: list[GoalCall]) -> bool:
+        """All ``calls`` run from ``state`` without an error or a violation (nothing recorded)."""
+        for call in calls:
+            ok, _value, state, violations = await self.step(state, call, "", record=False)
+            if not ok or violations:
+                return False
+        return True
+
+
+def static_problems(pack: DomainPack, intent: UserIntent) -> list[str]:
+    """Problems visible without executing: unknown tools, wrong sides, bad argument names."""
+    specs = {s["function"]["name"]: ("agent", s) for s in pack.agent_tools}
+    specs.update({s["function"]["name"]: ("user", s) for s in pack.user_tools})
+    problems = [
+        f"must_have_functions names {f!r}, not a tool of {pack.name}"
+        for f in intent.must_have_functions
+        if f not in specs
+    ]
+    for label, goals in (("goal", intent.goals), ("refused request", intent.refused)):
+        for n, goal in enumerate(goals):
+            for call in goal.calls:
+                if call.name not in specs:
+                    problems.append(f"{label} {n}: unknown tool {call.name!r}")
+                    continue
+                side, spec = specs[call.name]
+                if side != call.actor:
+                    problems.append(f"{label} {n}: {call.name} is a {side} tool, called by the {call.actor}")
+                problem = argument_error(spec, call.arguments)
+                if problem:
+                    problems.append(f"{label} {n}: {call.name}: {problem}")
+    return problems
+
+
+def _mapped_calls(
+    goal: Goal, old_order: Mapping[str, Any] | None, new_order: Mapping[str, Any]
+) -> tuple[list[GoalCall], dict[str, str]] | None:
+    """``goal``'s calls moved onto ``new_order`` (ids, items by position, item prices), and the text edits."""
+    old_id = str(goal.calls[-1].arguments["order_id"])
+    new_id = str(new_order["order_id"])
+    old_items = list((old_order or {}).get("items", []))
+    new_items = [i for i in new_order.get("items", []) if i.get("status", "ordered") == "ordered"]
+    replacements = {old_id: new_id}
+    item_map: dict[str, dict[str, Any]] = {}
+
+    def new_item(old: str) -> dict[str, Any] | None:
+        if old not in item_map:
+            if not new_items:
+                return None
+            position = next((n for n, i in enumerate(old_items) if i.get("item_id") == old), len(item_map))
+            item_map[old] = new_items[position % len(new_items)]
+        return item_map[old]
+
+    calls: list[GoalCall] = []
+    for call in goal.calls:
+        args = copy.deepcopy(call.arguments)
+        if args.get("order_id") == old_id:
+            args["order_id"] = new_id
+        if "item_id" in args:
+            item = new_item(str(args["item_id"]))
+            if item is None:
+                return None
+            args["item_id"] = item["item_id"]
+        if "item_ids" in args:
+            items = [new_item(str(i)) for i in args["item_ids"]]
+            if any(i is None for i in items):
+                return None
+            args["item_ids"] = [i["item_id"] for i in items if i is not None]
+        calls.append(call.model_copy(update={"arguments": args}))
+    for old, item in item_map.items():
+        replacements[old] = str(item["item_id"])
+        before = next((i for i in old_items if i.get("item_id") == old), None)
+        if before is not None and before.get("name") != item.get("name"):
+            replacements[str(before["name"])] = str(item["name"])
+    for call in calls:  # an amount that was the old item's price becomes the new item's price
+        if "amount" in call.arguments and item_map:
+            item = next(iter(item_map.values()))
+            old_amount = float(call.arguments["amount"])
+            call.arguments["amount"] = float(item["price"])
+            replacements[f"{old_amount:.2f}"] = f"{float(item['price']):.2f}"
+    return calls, replacements
+
+
+async def _alternatives(
+    probe: _Probe,
+    state: dict[str, Any],
+    intent: UserIntent,
+    index: int,
+    user_orders: list[dict[str, Any]],
+    old_order: Mapping[str, Any] | None,
+) -> list[Alternative]:
+    goal = intent.goals[index]
+    last = goal.calls[-1]
+    if "order_id" in last.arguments:
+        used = {
+            str(c.arguments.get("order_id"))
+            for g in intent.goals + intent.refused
+            for c in g.calls
+            if "order_id" in c.arguments
+        }
+        for candidate in [o["order_id"] for o in user_orders if o.get("order_id") not in used][
+            :MAX_CANDIDATES
+        ]:
+            ok, details, _s, _v = await probe.step(
+                state, GoalCall(name="get_order_details", arguments={"order_id": candidate}), "", record=False
+            )
+            if not ok or not isinstance(details, dict):
+                continue
+            mapped = _mapped_calls(goal, old_order, details)
+            if mapped is None:
+                continue
+            calls, replacements = mapped
+            if await probe.dry_run(state, calls):
+                evidence = f"dry run of {[c.name for c in calls]} on {candidate} ({details.get('status')}) passed every rule"
+                return [
+                    Alternative(goal_index=index, calls=calls, replacements=replacements, evidence=evidence)
+                ]
+        return []
+    if "amount" in last.arguments:
+        amount = float(last.arguments["amount"])
+        for smaller in sorted({round(amount / 2, 2), 20.0, 10.0, 5.0}, reverse=True):
+            if smaller >= amount:
+                continue
+            calls = [
+                c.model_copy(update={"arguments": {**c.arguments, "amount": smaller}}) if c is last else c
+                for c in goal.calls
+            ]
+            if await probe.dry_run(state, calls):
+                return [
+                    Alternative(
+                        goal_index=index,
+                        calls=calls,
+                        replacements={f"{amount:.2f}": f"{smaller:.2f}"},
+                        evidence=f"dry run with amount {smaller:.2f} passed every rule",
+                    )
+                ]
+    return []
+
+
+async def probe_task(
+    pack: DomainPack,
+    state: Mapping[str, Any],
+    intent: UserIntent,
+    runner: Runner,
+    *,
+    timeout_s: float | None = None,
+) -> ProbeReport:
+    """Execute the task's lookups and a dry run of its goals in the sandbox (see the module docstring)."""
+    probe = _Probe(pack, runner, timeout_s)
+    tools = set(pack.agent_tool_names) | set(pack.user_tool_names)
+    problems = static_problems(pack, intent)
+    current: dict[str, Any] = json.loads(json.dumps(dict(state)))
+    alternatives: list[Alternative] = []
+    email = intent.known_info.get("email", "")
+    ok, found, current, _v = await probe.step(
+        current, GoalCall(name="find_user_by_email", arguments={"email": email}), "the customer exists"
+    )
+    if not ok or not isinstance(found, dict) or "user_id" not in found:
+        return ProbeReport(executed=probe.executed, problems=problems)
+    user_id = str(found["user_id"])
+    user_orders: list[dict[str, Any]] = []
+    for name, purpose in (
+        ("get_user_details", "the customer's profile"),
+        ("list_user_orders", "the customer's orders (substitutes for failing goals)"),
+    ):
+        if name in tools:
+            ok, value, current, _v = await probe.step(
+                current, GoalCall(name=name, arguments={"user_id": user_id}), purpose
+            )
+            if name == "list_user_orders" and ok and isinstance(value, list):
+                user_orders = [o for o in value if isinstance(o, dict)]
+    if "send_verification_code" in tools:
+        _ok, _value, current, _v = await probe.step(
+            current,
+            GoalCall(name="send_verification_code", arguments={"user_id": user_id}),
+            "identity check: one-time code sent",
+        )
+    if "confirm_identity_code" in tools:
+        _ok, _value, current, _v = await probe.step(
+            current,
+            GoalCall(
+                name="confirm_identity_code",
+                actor="user",
+                arguments={"user_id": user_id, "code": intent.known_info.get("verification_code", "")},
+            ),
+            "identity check: the customer confirms the code",
+        )
+    for index, goal in enumerate(intent.goals):
+        if any(p.startswith(f"goal {index}:") for p in problems):
+            continue
+        order_id = goal.calls[-1].arguments.get("order_id")
+        old_order: dict[str, Any] | None = None
+        before = current
+        if order_id is not None and "get_order_details" in tools:
+            ok, value, _s, _v = await probe.step(
+                current,
+                GoalCall(name="get_order_details", arguments={"order_id": order_id}),
+                f"goal {index}: the order exists and its state allows {goal.kind}",
+                goal_index=index,
+            )
+            if ok and isinstance(value, dict):
+                old_order = value
+            else:
+                alternatives += await _alternatives(probe, before, intent, index, user_orders, None)
+                continue
+        failed = False
+        for call in goal.calls:
+            ok, _value, current, violations = await probe.step(
+                current, call, f"goal {index}: {goal.requirement}", goal_index=index
+            )
+            if not ok or violations:
+                failed = True
+                break
+        if failed:
+            current = before  # the failing goal is rolled back
+            alternatives += await _alternatives(probe, before, intent, index, user_orders, old_order)
+    for index, goal in enumerate(intent.refused):
+        trial = current
+        for call in goal.calls:
+            ok, _value, trial, violations = await probe.step(
+                trial, call, f"refused request {index}: the policy must forbid it", refused_index=index
+            )
+            if not ok or violations:
+                break
+    return ProbeReport(executed=probe.executed, problems=problems, alternatives=alternatives)
+
+
+def _probe_failures(report: ProbeReport) -> list[FailureReason]:
+    reasons = [FailureReason(category="invalid_arguments", description=p) for p in report.problems]
+    for call in report.executed:
+        if call.refused_index is None and (not call.ok or call.violations):
+            evidence = call.error or "; ".join(call.violations)
+            category = "policy_violation" if call.violations else "missing_resource"
+            reasons.append(
+                FailureReason(
+                    category=category,
+                    description=f"{call.name}({call.arguments}) failed in the probe: {evidence}",
+                    evidence=evidence,
+                    goal_index=call.goal_index,
+                )
+            )
+    return reasons
+
+
+# --------------------------------------------------------------------------- TaskValidation, Modify
+
+
+async def validate_task(
+    intent: UserIntent,
+    *,
+    gateway: Gateway,
+    runner: Runner,
+    pack: DomainPack,
+    state: Mapping[str, Any],
+    sampling: Sampling | None = None,
+    timeout_s: float | None = None,
+) -> TaskVerdict:
+    """TaskValidation: run the probe in the sandbox, then the verdict role on its evidence."""
+    report = await probe_task(pack, state, intent, runner, timeout_s=timeout_s)
+    inputs = TaskValidationInput(intent=intent, domain=domain_summary(pack, state), probe=report)
+    verdict = (await gateway.call(EIGEN_TASK_VALIDATION, inputs, sampling)).output
+    failures = _probe_failures(report)
+    if verdict.status == "FEASIBLE" and failures:  # execute, don't assume: the evidence wins
+        verdict = TaskVerdict(status="INFEASIBLE", failure_reasons=failures, confidence="high")
+    return verdict
+
+
+async def modify_task(
+    intent: UserIntent,
+    verdict: TaskVerdict,
+    round_: int,
+    *,
+    gateway: Gateway,
+    sampling: Sampling | None = None,
+) -> tuple[UserIntent, list[Repair]]:
+    """Modify (task repair): the repaired intent and the edits made."""
+    answer = await gateway.call(
+        EIGEN_MODIFY, ModifyInput(intent=intent, verdict=verdict, round=round_), sampling
+    )
+    return answer.output.repaired_intent, answer.output.repairs_applied
+
+
+class RepairOutcome(BaseModel):
+    """The end of a validate <-> modify loop."""
+
+    accepted: bool = Field(description="The final intent is FEASIBLE.")
+    rounds: int = Field(description="Modify rounds done (0: feasible as generated).")
+    verdicts: list[TaskVerdict] = Field(description="Every verdict, first to last (rounds + 1 of them).")
+    final_intent: UserIntent = Field(description="The last intent validated.")
+    reason: str | None = Field(default=None, description="Why it was rejected (the last verdict's reasons).")
+    repairs: list[list[Repair]] = Field(default_factory=list, description="The edits of each round.")
+
+    @property
+    def plan(self) -> list[Any]:
+        return list(self.verdicts[-1].plan) if self.accepted else []
+
+
+async def validate_with_repair(
+    intent: UserIntent,
+    *,
+    gateway: Gateway,
+    runner: Runner,
+    pack: DomainPack,
+    state: Mapping[str, Any],
+    max_rounds: int = MAX_ROUNDS,
+    sampling: Sampling | None = None,
+    timeout_s: float | None = None,
+) -> RepairOutcome:
+    """Validate; repair and re-validate up to ``max_rounds`` times; accept or reject with the last reasons."""
+    verdicts: list[TaskVerdict] = []
+    repairs: list[list[Repair]] = []
+    current = intent
+    rounds = 0
+    while True:
+        verdict = await validate_task(
+            current,
+            gateway=gateway,
+            runner=runner,
+            pack=pack,
+            state=state,
+            sampling=sampling,
+            timeout_s=timeout_s,
+        )
+        verdicts.append(verdict)
+        if verdict.status == "FEASIBLE":
+            return RepairOutcome(
+                accepted=True, rounds=rounds, verdicts=verdicts, final_intent=current, repairs=repairs
+            )
+        if rounds >= max_rounds:
+            reason = f"still infeasible after {rounds} repair round(s): " + "; ".join(verdict.reasons)
+            return RepairOutcome(
+                accepted=False,
+                rounds=rounds,
+                verdicts=verdicts,
+                final_intent=current,
+                reason=reason,
+                repairs=repairs,
+            )
+        rounds += 1
+        current, edits = await modify_task(current, verdict, rounds, gateway=gateway, sampling=sampling)
+        repairs.append(edits)
