@@ -29,6 +29,7 @@ from streams.eigen.verification import (
     replay_reference,
     text_similarity,
 )
+from tests.test_environments import trajectory
 from trainer.environments import (
     InteractiveEnvironment,
     InteractiveSpec,
@@ -36,7 +37,6 @@ from trainer.environments import (
     state_program,
     verify_program,
 )
-from trainer.rollout import Trajectory
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -236,23 +236,7 @@ def test_interactive_environment_rewards_the_instance(pack: DomainPack, instance
     sample = interactive_sample(pack, instance)
     assert sample.kind == "interactive" and sample.tools == pack.agent_tools
     assert sample.prompt[0]["content"] == pack.policy_text and sample.prompt[1]["role"] == "user"
-    done = Trajectory(  # InteractiveEnvironment.reward reads its own state and calls, not this
-        sample_id=sample.sample_id,
-        seed=0,
-        messages=list(sample.prompt),
-        tools=sample.tools,
-        prompt_ids=[1],
-        response_ids=[],
-        response_mask=[],
-        logprobs=[],
-        turns=1,
-        tool_calls=0,
-        invalid_calls=0,
-        failed_calls=0,
-        user_turns=0,
-        tool_outputs=[],
-        stop="no_tool_call",
-    )
+    done = trajectory(sample, [], 0)  # InteractiveEnvironment.reward reads its own state and calls
 
     async def drive(pool: SandboxPool, calls: list[dict[str, Any]]) -> tuple[float, dict[str, float]]:
         env = InteractiveEnvironment(sample, pool, Gateway(RulesBackend(seed=0)))
