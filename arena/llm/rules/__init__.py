@@ -12,7 +12,19 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from arena.llm.rules import agent, chains, eigen, emulation, envs, judges, qa, tasks, user_sim
+from arena.llm.rules import (
+    agent,
+    chains,
+    eigen,
+    eigen_dialogs,
+    eigen_orchestration,
+    emulation,
+    envs,
+    judges,
+    qa,
+    tasks,
+    user_sim,
+)
 
 RuleFn = Callable[[BaseModel, random.Random], BaseModel]
 
@@ -26,4 +38,6 @@ RULES: dict[str, RuleFn] = {
     **qa.RULES,
     **user_sim.RULES,
     **eigen.RULES,
+    **eigen_dialogs.RULES,
+    **eigen_orchestration.RULES,
 }

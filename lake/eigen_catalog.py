@@ -1,0 +1,240 @@
+"""EigenData self-evolution in the catalog database: prompt sets, critiques, parameter versions.
+
+- ``eigen_prompt_sets``: one row per prompt set (phase-1 id): domain, its position among the K,
+  phase (1 initialised, 2 in pilot, 3 in large-scale generation), parent (the set written just
+  before it, which it was conditioned on with all earlier ones), focus, summary, the current
+  generator parameters and the prompt version of each worker (role -> ``prompt_versions.id``).
+- ``eigen_param_versions``: every version of a set's parameters and prompts (version 1 from
+  phase 1, one more per applied critique), with the iteration and the reason.
+- ``eigen_critiques``: the Judge's critique of each pilot iteration and the updates applied.
+
+Writes are idempotent on natural keys (``insert_ignore``); the worker prompts themselves live in
+``prompt_versions`` (``Catalog.register_prompt``). Synchronous: call through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Text, UniqueConstraint, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from lake.catalog import _make_engine, create_tables, insert_ignore
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+class PromptSetRow(SQLModel, table=True):
+    """One prompt set."""
+
+    __tablename__ = "eigen_prompt_sets"
+
+    set_id: str = Field(primary_key=True)
+    domain: str = Field(index=True)
+    position: int = Field(description="Index among the K sets of phase 1.")
+    phase: int = Field(default=1, description="1 initialised, 2 pilot, 3 large-scale generation.")
+    parent: str | None = Field(default=None, description="The set written just before it.")
+    focus: str = ""
+    summary: str = Field(default="", sa_type=Text)
+    params: str = Field(default="{}", sa_type=Text, description="Current PoolParams as JSON.")
+    prompt_versions: str = Field(default="{}", sa_type=Text, description="Worker role -> prompt version id.")
+    version: int = Field(default=1, description="Current parameter version.")
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+    def params_dict(self) -> dict[str, Any]:
+        return dict(json.loads(self.params or "{}"))
+
+    def prompt_versions_dict(self) -> dict[str, str]:
+        return dict(json.loads(self.prompt_versions or "{}"))
+
+
+class ParamVersionRow(SQLModel, table=True):
+    """One version of a set's generator parameters and prompts."""
+
+    __tablename__ = "eigen_param_versions"
+    __table_args__ = (UniqueConstraint("set_id", "version", name="uq_eigen_param_version"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    set_id: str = Field(index=True)
+    version: int
+    iteration: int | None = Field(default=None, description="Pilot iteration whose critique made it.")
+    params: str = Field(sa_type=Text)
+    prompt_versions: str = Field(default="{}", sa_type=Text)
+    reason: str = Field(default="", sa_type=Text)
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+    def params_dict(self) -> dict[str, Any]:
+        return dict(json.loads(self.params or "{}"))
+
+
+class CritiqueRow(SQLModel, table=True):
+    """The Judge's critique of one pilot iteration of a set."""
+
+    __tablename__ = "eigen_critiques"
+    __table_args__ = (UniqueConstraint("set_id", "iteration", name="uq_eigen_critique"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    set_id: str = Field(index=True)
+    iteration: int
+    critique: str = Field(sa_type=Text, description="The Critique as JSON.")
+    applied: str = Field(default="[]", sa_type=Text, description="Updates applied, as JSON.")
+    metrics: str = Field(default="{}", sa_type=Text, description="The batch metrics judged.")
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+    def critique_dict(self) -> dict[str, Any]:
+        return dict(json.loads(self.critique))
+
+    def applied_list(self) -> list[Any]:
+        return list(json.loads(self.applied or "[]"))
+
+
+_TABLES = [PromptSetRow.__table__, ParamVersionRow.__table__, CritiqueRow.__table__]  # type: ignore[attr-defined]
+
+
+class EigenCatalog:
+    """Prompt sets, their parameter versions and critiques."""
+
+    def __init__(self, catalog: str | Engine) -> None:
+        self.engine = catalog if isinstance(catalog, Engine) else _make_engine(catalog)
+        create_tables(self.engine, _TABLES)
+
+    def _session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    # Prompt sets ---------------------------------------------------------
+    def record_set(
+        self,
+        *,
+        set_id: str,
+        domain: str,
+        position: int,
+        params: dict[str, Any],
+        prompt_versions: dict[str, str],
+        parent: str | None = None,
+        focus: str = "",
+        summary: str = "",
+        phase: int = 1,
+    ) -> bool:
+        """Record a new set and its parameter version 1; False when ``set_id`` was there already."""
+        row = {
+            "set_id": set_id,
+            "domain": domain,
+            "position": position,
+            "phase": phase,
+            "parent": parent,
+            "focus": focus,
+            "summary": summary,
+            "params": _json(params),
+            "prompt_versions": _json(prompt_versions),
+            "version": 1,
+            "created_at": _now(),
+        }
+        added = insert_ignore(self.engine, PromptSetRow.__table__, [row], ["set_id"])  # type: ignore[attr-defined]
+        self._add_version(set_id, 1, None, params, prompt_versions, "phase 1: initial set")
+        return added == 1
+
+    def _add_version(
+        self,
+        set_id: str,
+        version: int,
+        iteration: int | None,
+        params: dict[str, Any],
+        prompt_versions: dict[str, str],
+        reason: str,
+    ) -> int:
+        row = {
+            "set_id": set_id,
+            "version": version,
+            "iteration": iteration,
+            "params": _json(params),
+            "prompt_versions": _json(prompt_versions),
+            "reason": reason,
+            "created_at": _now(),
+        }
+        return insert_ignore(self.engine, ParamVersionRow.__table__, [row], ["set_id", "version"])  # type: ignore[attr-defined]
+
+    def set_phase(self, set_id: str, phase: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(PromptSetRow.__table__)  # type: ignore[attr-defined]
+                .where(PromptSetRow.__table__.c.set_id == set_id)  # type: ignore[attr-defined]
+                .values(phase=phase)
+            )
+
+    def prompt_set(self, set_id: str) -> PromptSetRow | None:
+        with self._session() as session:
+            return session.get(PromptSetRow, set_id)
+
+    def prompt_sets(self, domain: str | None = None) -> list[PromptSetRow]:
+        stmt = select(PromptSetRow).order_by(col(PromptSetRow.domain), col(PromptSetRow.position))
+        if domain is not None:
+            stmt = stmt.where(PromptSetRow.domain == domain)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    # Parameter versions -------------------------------------------------
+    def record_param_version(
+        self,
+        set_id: str,
+        *,
+        params: dict[str, Any],
+        prompt_versions: dict[str, str],
+        iteration: int | None,
+        reason: str,
+    ) -> int:
+        """Store the next version of ``set_id``'s parameters and make it current; returns its number."""
+        latest = self.param_versions(set_id)
+        version = (latest[-1].version if latest else 0) + 1
+        self._add_version(set_id, version, iteration, params, prompt_versions, reason)
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(PromptSetRow.__table__)  # type: ignore[attr-defined]
+                .where(PromptSetRow.__table__.c.set_id == set_id)  # type: ignore[attr-defined]
+                .values(params=_json(params), prompt_versions=_json(prompt_versions), version=version)
+            )
+        return version
+
+    def param_versions(self, set_id: str) -> list[ParamVersionRow]:
+        stmt = (
+            select(ParamVersionRow)
+            .where(ParamVersionRow.set_id == set_id)
+            .order_by(col(ParamVersionRow.version))
+        )
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    # Critiques ----------------------------------------------------------
+    def record_critique(
+        self,
+        set_id: str,
+        iteration: int,
+        critique: dict[str, Any],
+        applied: list[Any],
+        metrics: dict[str, Any] | None = None,
+    ) -> bool:
+        """Store one iteration's critique; False when that iteration was recorded already."""
+        row = {
+            "set_id": set_id,
+            "iteration": iteration,
+            "critique": _json(critique),
+            "applied": _json(applied),
+            "metrics": _json(metrics or {}),
+            "created_at": _now(),
+        }
+        return insert_ignore(self.engine, CritiqueRow.__table__, [row], ["set_id", "iteration"]) == 1  # type: ignore[attr-defined]
+
+    def critiques(self, set_id: str | None = None) -> list[CritiqueRow]:
+        stmt = select(CritiqueRow).order_by(col(CritiqueRow.set_id), col(CritiqueRow.iteration))
+        if set_id is not None:
+            stmt = stmt.where(CritiqueRow.set_id == set_id)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
