@@ -11,41 +11,25 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from arena.config import SandboxSettings
 from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import PoolParams, UserIntent
-from producers.domain_packs import DomainPack, builtin_pack_path, load_pack
+from producers.domain_packs import DomainPack
 from sandbox import SandboxPool
 from streams.eigen.dialogs import Dialog, DialogCall, judge_dialog, synthesize_dialog, validate_dialog
 from streams.eigen.verification import verification_source
 from streams.eigen.workers import random_pool, user_intent, validate_with_repair
+from tests.fixtures.domain import sandboxed_with_gateway
 from trainer.environments import verify_program
 
 pytestmark = pytest.mark.timeout(60)
 
-T = TypeVar("T")
-POOL = SandboxSettings.model_validate({"pool_size": 2, "timeout_s": 10.0})
 SEED = 3
 FEASIBLE_ONLY = PoolParams(error_prone_parameters=0.0, policy_pressure=0.0)
-
-
-def sandboxed(scenario: Callable[[SandboxPool, Gateway], Awaitable[T]]) -> T:
-    async def main() -> T:
-        async with SandboxPool(POOL) as pool:
-            return await scenario(pool, Gateway(RulesBackend(seed=0)))
-
-    return asyncio.run(main())
-
-
-@pytest.fixture(scope="module")
-def pack() -> DomainPack:
-    return load_pack(builtin_pack_path())
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +66,7 @@ def dialogs(pack: DomainPack, state: dict[str, Any]) -> list[tuple[UserIntent, D
             out.append((intent, dialog, result.return_value))
         return out
 
-    return sandboxed(scenario)
+    return sandboxed_with_gateway(scenario)
 
 
 def test_feasible_intents_yield_valid_verified_dialogues(

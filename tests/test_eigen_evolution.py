@@ -9,13 +9,11 @@ with evolution, and stays above it without.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from arena.config import SandboxSettings
 from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import PoolParams
@@ -23,30 +21,16 @@ from arena.llm.roles.eigen_orchestration import EIGEN_JUDGE, PilotThresholds
 from arena.records.eigen import PilotMetrics
 from lake.catalog import Catalog
 from lake.eigen_catalog import EigenCatalog
-from producers.domain_packs import DomainPack, builtin_pack_path, load_pack
+from producers.domain_packs import DomainPack
 from sandbox import SandboxPool
 from streams.eigen.evolution import PILOT_TOPIC, detect_drift, make_prompt_sets, pilot, plan_workflow
+from tests.fixtures.domain import sandboxed
 
 pytestmark = pytest.mark.timeout(90)
 
-T = TypeVar("T")
-POOL = SandboxSettings.model_validate({"pool_size": 2, "timeout_s": 10.0})
 BAD = PoolParams(error_prone_parameters=0.9, policy_pressure=0.8)
 THRESHOLDS = PilotThresholds(max_infeasibility=0.2, min_validity=0.9)
 BATCH = 6
-
-
-def sandboxed(scenario: Callable[[SandboxPool], Awaitable[T]]) -> T:
-    async def main() -> T:
-        async with SandboxPool(POOL) as pool:
-            return await scenario(pool)
-
-    return asyncio.run(main())
-
-
-@pytest.fixture(scope="module")
-def pack() -> DomainPack:
-    return load_pack(builtin_pack_path())
 
 
 @pytest.fixture(scope="module")

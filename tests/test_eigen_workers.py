@@ -8,15 +8,12 @@ unrepairable one is rejected after exactly ``MAX_ROUNDS`` repair rounds.
 
 from __future__ import annotations
 
-import asyncio
 import random
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from arena.config import SandboxSettings
 from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import (
@@ -29,7 +26,7 @@ from arena.llm.roles.eigen import (
     UserIntent,
 )
 from arena.llm.rules import RULES
-from producers.domain_packs import DomainPack, builtin_pack_path, load_pack
+from producers.domain_packs import DomainPack
 from sandbox import SandboxPool
 from sandbox.pool import SandboxResult
 from streams.eigen.workers import (
@@ -40,26 +37,12 @@ from streams.eigen.workers import (
     validate_task,
     validate_with_repair,
 )
+from tests.fixtures.domain import sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(60)
 
-T = TypeVar("T")
-POOL = SandboxSettings.model_validate({"pool_size": 2, "timeout_s": 10.0})
 SEED = 3
 FEASIBLE_ONLY = PoolParams(error_prone_parameters=0.0, policy_pressure=0.0)
-
-
-def sandboxed(scenario: Callable[[SandboxPool, Gateway], Awaitable[T]], gateway: Gateway | None = None) -> T:
-    async def main() -> T:
-        async with SandboxPool(POOL) as pool:
-            return await scenario(pool, gateway or Gateway(RulesBackend(seed=0)))
-
-    return asyncio.run(main())
-
-
-@pytest.fixture(scope="module")
-def pack() -> DomainPack:
-    return load_pack(builtin_pack_path())
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +134,7 @@ def test_random_pool_is_seeded(pack: DomainPack, state: dict[str, Any]) -> None:
         )
         assert forced.difficulty.error_prone_parameters and not forced.difficulty.policy_violation
 
-    sandboxed(scenario)
+    sandboxed_with_gateway(scenario)
 
 
 def test_intents_reference_existing_entities_and_tools(pack: DomainPack, state: dict[str, Any]) -> None:
@@ -180,7 +163,7 @@ def test_intents_reference_existing_entities_and_tools(pack: DomainPack, state: 
             assert plan[0] == "find_user_by_email" and "confirm_identity_code" in plan
             assert all(c.name in plan for g in intent.goals for c in g.calls)
 
-    sandboxed(scenario)
+    sandboxed_with_gateway(scenario)
 
 
 def test_seeded_error_prone_parameter_is_caught_by_the_probe(pack: DomainPack, state: dict[str, Any]) -> None:
@@ -205,7 +188,7 @@ def test_seeded_error_prone_parameter_is_caught_by_the_probe(pack: DomainPack, s
         assert reason.category == "missing_resource" and bad in reason.description
         assert verdict.suggested_fixes and not verdict.verification_results["goals_executable"]
 
-    sandboxed(scenario)
+    sandboxed_with_gateway(scenario)
 
 
 def test_crafted_infeasible_tasks_are_caught_with_reasons(pack: DomainPack, state: dict[str, Any]) -> None:
@@ -238,7 +221,7 @@ def test_crafted_infeasible_tasks_are_caught_with_reasons(pack: DomainPack, stat
         assert verdict.status == "INFEASIBLE" and not verdict.verification_results["user_exists"]
         assert "nobody@example.com" in verdict.failure_reasons[0].description
 
-    sandboxed(scenario)
+    sandboxed_with_gateway(scenario)
 
 
 def test_repairable_tasks_are_feasible_after_modify(pack: DomainPack, state: dict[str, Any]) -> None:
@@ -271,7 +254,7 @@ def test_repairable_tasks_are_feasible_after_modify(pack: DomainPack, state: dic
             assert outcome.verdicts[0].status == "INFEASIBLE"
             assert outcome.accepted and 1 <= outcome.rounds <= MAX_ROUNDS
 
-    sandboxed(scenario)
+    sandboxed_with_gateway(scenario)
 
 
 def _stubborn_modify(inputs: BaseModel, rng: random.Random) -> BaseModel:
@@ -309,4 +292,4 @@ def test_unrepairable_task_is_rejected_after_exactly_three_rounds(
         assert not real.accepted and real.rounds == MAX_ROUNDS and len(real.verdicts) == MAX_ROUNDS + 1
         assert real.reason is not None and "nobody@example.com" in real.reason
 
-    sandboxed(scenario, stubborn)
+    sandboxed_with_gateway(scenario, stubborn)

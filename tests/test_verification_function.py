@@ -10,17 +10,14 @@ state-changing call changes; fails when a policy rule is broken. Every verify ru
 
 from __future__ import annotations
 
-import asyncio
 import copy
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from arena.config import SandboxSettings
 from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
-from producers.domain_packs import DomainPack, builtin_pack_path, load_pack
+from producers.domain_packs import DomainPack
 from sandbox import SandboxPool
 from streams.eigen.verification import (
     build_instance,
@@ -29,6 +26,7 @@ from streams.eigen.verification import (
     replay_reference,
     text_similarity,
 )
+from tests.fixtures.domain import sandboxed
 from tests.test_environments import trajectory
 from trainer.environments import (
     InteractiveEnvironment,
@@ -40,22 +38,7 @@ from trainer.environments import (
 
 pytestmark = pytest.mark.timeout(60)
 
-T = TypeVar("T")
-POOL = SandboxSettings.model_validate({"pool_size": 2, "timeout_s": 10.0})
 SEED = 3
-
-
-def sandboxed(scenario: Callable[[SandboxPool], Awaitable[T]]) -> T:
-    async def main() -> T:
-        async with SandboxPool(POOL) as pool:
-            return await scenario(pool)
-
-    return asyncio.run(main())
-
-
-@pytest.fixture(scope="module")
-def pack() -> DomainPack:
-    return load_pack(builtin_pack_path())
 
 
 @pytest.fixture(scope="module")
