@@ -39,7 +39,6 @@ the JSON reports what happened either way (``ordering``).
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import contextlib
 import json
@@ -186,20 +185,6 @@ def check(code: int, what: str, log: Path) -> None:
 
 
 # --- data -----------------------------------------------------------------------------------------
-def invocation_call(invocation: str, spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``get_x(id='a')`` -> ("get_x", {"id": "a"}); positional args map to the spec's parameters."""
-    node = ast.parse(invocation.strip(), mode="eval").body
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        raise ValueError(f"not a plain call: {invocation!r}")
-    names = list((spec.get("function", spec).get("parameters") or {}).get("properties") or {})
-    arguments = {names[i]: ast.literal_eval(a) for i, a in enumerate(node.args)}
-    for kw in node.keywords:
-        if kw.arg is None:
-            raise ValueError(f"**kwargs in {invocation!r}")
-        arguments[kw.arg] = ast.literal_eval(kw.value)
-    return node.func.id, arguments
-
-
 async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
     """SFT samples solving every TRAIN-split package (tool outputs from the sandbox), and counts."""
     from arena.hashing import content_hash
@@ -208,7 +193,8 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
     from lake.env_packages import EnvPackageStore
     from sandbox import SandboxPool
     from streams.envs.samples_verified import sample_of
-    from trainer.environments import QaEnvironment, tool_name
+    from trainer.environments import QaEnvironment
+    from trainer.reference import ReferenceCallFailed, reference_conversation
     from trainer.rewards import f1_reward
 
     store = EnvPackageStore(settings.catalog)
@@ -224,48 +210,15 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
         for package in sorted(packages, key=lambda p: p.env_id):
             sample = sample_of(package)
             env = QaEnvironment(sample, package, pool)
-            specs = {tool_name(t): t for t in package.tools}
-            messages: list[dict[str, Any]] = [dict(m) for m in sample.prompt]
-            outputs: list[str] = []
-            seen: set[str] = set()
-            ok = True
-            for i, job in enumerate(sorted(package.jobs, key=lambda j: j.index)):
-                if job.invocation in seen:
-                    continue  # merged tools: one call answers both jobs
-                seen.add(job.invocation)
-                try:
-                    name, arguments = invocation_call(job.invocation, specs.get(job.tool, {}))
-                except (ValueError, SyntaxError):
-                    ok = False
-                    break
-                call_id = f"call_{i + 1}_0"
-                messages.append(
-                    {
-                        "role": "assistant",
-                        "content": "",
-                        "tool_calls": [
-                            {
-                                "id": call_id,
-                                "type": "function",
-                                "function": {
-                                    "name": name,
-                                    "arguments": json.dumps(arguments, ensure_ascii=False),
-                                },
-                            }
-                        ],
-                    }
-                )
-                obs = await env.call(name, arguments)
-                if not obs.ok:
-                    ok = False
-                    break
-                outputs.append(obs.text)
-                messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": obs.text})
-            parts = f1_reward(sample.reward_spec["jobs"], outputs, len(outputs)) if ok else None
-            if parts is None or parts.f1 < 1.0 - 1e-6:
+            try:
+                messages, outputs = await reference_conversation(sample, package, env)
+            except ReferenceCallFailed:
                 skipped += 1
                 continue
-            messages.append({"role": "assistant", "content": package.answer})
+            parts = f1_reward(sample.reward_spec["jobs"], outputs, len(outputs))
+            if parts.f1 < 1.0 - 1e-6:
+                skipped += 1
+                continue
             out.append(
                 SftSample(
                     sample_id=content_hash({"messages": messages, "tools": sample.tools}, prefix="sft-"),

@@ -63,7 +63,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import argparse
-import ast
 import asyncio
 import contextlib
 import importlib.metadata
@@ -151,14 +150,6 @@ async def build_packages(needed: int, seed: int, home: Path) -> tuple[list[Any],
     raise BenchError(f"the environment track verified only {len(packages)} packages, {needed} needed")
 
 
-def _invocation(text: str) -> tuple[str, dict[str, Any]]:
-    """``tool(a='x', b=2)`` -> ("tool", {"a": "x", "b": 2}) (job invocations are literal calls)."""
-    call = ast.parse(text, mode="eval").body
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
-        raise BenchError(f"job invocation is not a keyword call: {text!r}")
-    return call.func.id, {str(k.arg): ast.literal_eval(k.value) for k in call.keywords}
-
-
 async def reference_conversations(
     samples: Sequence[Any],
     packages: Sequence[Any],
@@ -168,32 +159,15 @@ async def reference_conversations(
 ) -> list[list[dict[str, Any]]]:
     """Per sample: the prompt, one assistant tool call per job (run in the sandbox), the answer."""
     from trainer.environments import QaEnvironment
+    from trainer.reference import ReferenceCallFailed, reference_conversation
 
     conversations = []
     for sample, package, offered, extra in zip(samples, packages, tools, extras, strict=True):
         env = QaEnvironment(sample, package, pool, extra, tools=offered)
-        messages = [dict(m) for m in sample.prompt]
-        for i, job in enumerate(package.jobs):
-            name, arguments = _invocation(job.invocation)
-            obs = await env.call(name, arguments)
-            if not obs.ok:
-                raise BenchError(f"reference call {job.invocation} failed: {obs.text}")
-            call_id = f"call_{i}"
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": call_id,
-                            "type": "function",
-                            "function": {"name": name, "arguments": json.dumps(arguments)},
-                        }
-                    ],
-                }
-            )
-            messages.append({"role": "tool", "tool_call_id": call_id, "name": name, "content": obs.text})
-        messages.append({"role": "assistant", "content": package.answer})
+        try:
+            messages, _outputs = await reference_conversation(sample, package, env)
+        except ReferenceCallFailed as exc:
+            raise BenchError(str(exc)) from exc
         conversations.append(messages)
     return conversations
 
