@@ -332,7 +332,7 @@ def offered_tools(
     when their package is in the catalog), so the SFT warm start sees the rollouts' prompts;
     ``arena_phase`` checks that they match.
     """
-    from trainer.environments import tool_name
+    from arena.records.tools import tool_name
     from trainer.mixing import ToolMixer, pool_from_store
 
     cfg = settings.train

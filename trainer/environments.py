@@ -44,6 +44,7 @@ from arena.llm.core import InvalidOutput, Sampling
 from arena.llm.gateway import Gateway
 from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSignal, UserSimInput
 from arena.records.envs import EnvPackage, VerifiedSample
+from arena.records.tools import tool_name
 from sandbox.env_runtime import Runner, call_program, output_text
 from sandbox.pool import SandboxResult, SandboxUnavailable
 from trainer.rewards import RewardMode, f1_reward, reward_value
@@ -80,11 +81,6 @@ class Environment(Protocol):
     async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
         """Scalar reward of a finished trajectory of this instance, and its parts."""
         ...
-
-
-def tool_name(spec: Mapping[str, Any]) -> str:
-    """Name of an OpenAI tool spec (``{"type": "function", "function": {...}}`` or the bare function)."""
-    return str(spec.get("function", spec).get("name", ""))
 
 
 def argument_error(spec: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from arena.config import ArenaSettings
 from arena.records.envs import EnvPackage, VerifiedSample
+from arena.records.tools import tool_name
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from trainer.batching import Group
@@ -107,7 +108,8 @@ class Episodes:
             other = self.store.get(tool.env_id)
             if other is not None:
                 extras[tool.name] = other[0]
-        tools = [t for t in mixed.tools if _name(t) in extras or _name(t) in _names(sample.tools)]
+        own = {tool_name(t) for t in sample.tools}
+        tools = [t for t in mixed.tools if tool_name(t) in extras or tool_name(t) in own]
         return {"package": package, "extras": extras, "tools": tools}
 
     async def groups(
@@ -148,11 +150,3 @@ class Episodes:
             rollouts=[t.model_dump(include=set(KEEP)) for t in trajectories],
             born_step=step,
         )
-
-
-def _name(spec: dict[str, Any]) -> str:
-    return str(spec.get("function", spec).get("name", ""))
-
-
-def _names(specs: list[dict[str, Any]]) -> set[str]:
-    return {_name(s) for s in specs}

@@ -41,6 +41,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from arena.records.envs import EnvPackage
+from arena.records.tools import tool_name
 
 if TYPE_CHECKING:
     from lake.env_packages import EnvPackageStore, Split
@@ -77,11 +78,6 @@ class MixedTools(BaseModel):
             "{} in none mode."
         ),
     ]
-
-
-def tool_name(spec: dict[str, Any]) -> str:
-    """Name of an OpenAI tool spec ({"type": "function", "function": {...}} or a bare function)."""
-    return str(spec.get("function", spec)["name"])
 
 
 def tool_doc(spec: dict[str, Any]) -> str:

@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 from arena.records.envs import EnvPackage, VerifiedSample
-from trainer.environments import QaEnvironment, tool_name
+from arena.records.tools import tool_name
+from trainer.environments import QaEnvironment
 
 
 class ReferenceCallFailed(Exception):

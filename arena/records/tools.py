@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -9,6 +10,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from arena.records.common import Record, utcnow
+
+
+def tool_name(spec: Mapping[str, Any]) -> str:
+    """Name of an OpenAI tool spec (``{"type": "function", "function": {...}}`` or the bare function)."""
+    return str(spec.get("function", spec).get("name", ""))
 
 
 class ToolDocFormat(StrEnum):

@@ -28,6 +28,7 @@ from arena.llm.roles.envs import (
     ToolSpec,
 )
 from arena.records.envs import Cell, EnvJob, EnvPackage
+from arena.records.tools import tool_name
 from sandbox.env_runtime import Runner, verify_package
 from streams.envs.synthesis import lineage, with_id
 
@@ -40,10 +41,6 @@ class MergeResult:
     kept: dict[int, str] = field(default_factory=dict)
     """Members that keep their own tool, and why (the insertion broke a job, or no valid invocation)."""
     answers: list[Answer[Any]] = field(default_factory=list)
-
-
-def tool_name(tool: dict[str, Any]) -> str:
-    return str(tool.get("function", tool).get("name"))
 
 
 def dedupe_rows(rows: list[dict[str, Cell]]) -> list[dict[str, Cell]]:
