@@ -82,6 +82,11 @@ def s3_storage_options(creds: dict[str, str]) -> dict[str, str]:
     return options
 
 
+def lancedb_storage_options(settings: ArenaSettings) -> dict[str, str] | None:
+    """Storage options for the settings' LanceDB URI: S3 credentials for s3://, none for a folder."""
+    return s3_storage_options(settings.s3_credentials()) if settings.lancedb.startswith("s3://") else None
+
+
 class ToolIndex:
     """The ``tools`` table of a LanceDB database (a folder or ``s3://bucket/prefix``)."""
 
@@ -103,9 +108,7 @@ class ToolIndex:
 
     @classmethod
     def from_settings(cls, settings: ArenaSettings) -> ToolIndex:
-        uri = settings.lancedb
-        options = s3_storage_options(settings.s3_credentials()) if uri.startswith("s3://") else None
-        return cls(uri, options)
+        return cls(settings.lancedb, lancedb_storage_options(settings))
 
     def _open(self, create: bool) -> Any:
         if self._table is None:

@@ -51,6 +51,7 @@ class Episodes:
         self._mixer: ToolMixer | None = None
         self._mixer_size = -1
         self._gateway: Any = None
+        self._packages: dict[str, EnvPackage] = {}
 
     async def start(self) -> None:
         self.pool = SandboxPool(self.settings.sandbox)
@@ -70,17 +71,14 @@ class Episodes:
             return None
         size = self.store.count("train")
         if self._mixer is None or size != self._mixer_size:
-            from lake.tool_index import s3_storage_options
+            from lake.tool_index import lancedb_storage_options
 
-            options = (
-                s3_storage_options(self.settings.s3_credentials()) if self.settings.s3_endpoint else None
-            )
             self._mixer = ToolMixer(
                 pool_from_store(self.store),
                 self.settings.lancedb,
                 k_per_band=self.cfg.k_per_band,
                 seed=self.settings.seed,
-                storage_options=options,
+                storage_options=lancedb_storage_options(self.settings),
             )
             self._mixer_size = size
         return self._mixer
@@ -92,22 +90,30 @@ class Episodes:
             self._gateway = Gateway.from_settings(self.settings)
         return self._gateway
 
+    def _package(self, env_id: str) -> EnvPackage | None:
+        """A verified package by id, read from the catalog once (packages are immutable: content-hashed)."""
+        if env_id not in self._packages:
+            found = self.store.get(env_id)
+            if found is None:
+                return None
+            self._packages[env_id] = found[0]
+        return self._packages[env_id]
+
     def _prepare(self, sample: VerifiedSample, mixer: ToolMixer | None) -> dict[str, Any] | str:
         """Keyword arguments for ``environment_for``, or why the sample cannot be rolled out."""
         if sample.kind == "interactive":
             return {"gateway": self._gateway_for()}
-        found = self.store.get(sample.env_ref)
-        if found is None:
+        package = self._package(sample.env_ref)
+        if package is None:
             return f"package {sample.env_ref} is not in the catalog"
-        package = found[0]
         if mixer is None:
             return {"package": package}
         mixed = mixer.mix(sample.tools, sample.domain, self.cfg.mixing, rng_key=sample.sample_id)
         extras: dict[str, EnvPackage] = {}
         for tool in mixed.mixed:
-            other = self.store.get(tool.env_id)
+            other = self._package(tool.env_id)
             if other is not None:
-                extras[tool.name] = other[0]
+                extras[tool.name] = other
         own = {tool_name(t) for t in sample.tools}
         tools = [t for t in mixed.tools if tool_name(t) in extras or tool_name(t) in own]
         return {"package": package, "extras": extras, "tools": tools}
