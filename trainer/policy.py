@@ -46,6 +46,11 @@ class RolloutBackend(Protocol):
 
 
 # Log-probs -------------------------------------------------------------------
+def _logprob_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] at every position (logits [..., V], targets [...])."""
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
@@ -57,8 +62,7 @@ def token_logprobs(
     mask = attention_mask.long()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).logits[:, :-1].float()
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
+    picked = _logprob_of(logits, input_ids[:, 1:])
     # A token counts only when it and the one before are real: the first real token of a
     # left-padded row has no context, like position 0 of an unpadded one.
     valid = (mask[:, 1:] * mask[:, :-1]).to(picked.dtype)
@@ -160,9 +164,7 @@ class HfBackend:
         lm: Any = self.model
         with torch.no_grad():
             logits = lm(input_ids=ids, logits_to_keep=len(toks) + 1).logits[0, :-1].float()
-        targets = ids[0, -len(toks) :].unsqueeze(-1)
-        picked = logits.gather(-1, targets).squeeze(-1) - logits.logsumexp(-1)
-        return [float(v) for v in picked.tolist()]
+        return [float(v) for v in _logprob_of(logits, ids[0, -len(toks) :]).tolist()]
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Nothing to do when sharing the trained module; otherwise copy its weights."""
