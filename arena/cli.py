@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -33,11 +34,15 @@ publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's 
 lake_app = typer.Typer(no_args_is_help=True, help="Query and list the artifact lake.")
 export_app = typer.Typer(no_args_is_help=True, help="Export training data from the lake.")
 env_app = typer.Typer(no_args_is_help=True, help="Inspect and re-verify environment packages.")
+eigen_app = typer.Typer(
+    no_args_is_help=True, help="EigenData self-evolution in the catalog: prompt sets, versions, critiques."
+)
 app.add_typer(topics_app, name="topics")
 app.add_typer(publish_app, name="publish")
 app.add_typer(lake_app, name="lake")
 app.add_typer(export_app, name="export")
 app.add_typer(env_app, name="env")
+app.add_typer(eigen_app, name="eigen")
 app.add_typer(sandbox_app, name="sandbox")
 
 console = Console()
@@ -296,6 +301,154 @@ def publish_qa(
     console.print(table)
 
 
+@publish_app.command("domain")
+def publish_domain_cmd(
+    path: Annotated[
+        str, typer.Argument(help="A domain-pack folder, or a built-in pack name (customer_service).")
+    ],
+    instances: Annotated[
+        int | None,
+        typer.Option(
+            "--instances", min=1, max=100_000, help="Seeds for phase 3 (default ARENA_EIGEN__INSTANCES)."
+        ),
+    ] = None,
+    no_evolution: Annotated[
+        bool, typer.Option("--no-evolution", help="Pilot without Judge critiques (the ablation).")
+    ] = False,
+) -> None:
+    """Publish a domain pack: phases 1-2 (prompt sets, pilot) here, then seeds to `eigen.seeds`."""
+    from producers.domain_packs import DomainPackError
+    from producers.publish_domain import publish_domain, resolve_pack
+
+    cfg = settings()
+    try:
+        pack = resolve_pack(path)
+    except DomainPackError as exc:
+        raise UserError(str(exc)) from None
+    address = ready_broker(cfg)
+    err.print(
+        f"piloting {cfg.eigen.prompt_sets} prompt set(s) of {pack.name!r} "
+        f"(batches of {cfg.eigen.pilot_batch}, at most {cfg.eigen.pilot_iterations} iterations) ..."
+    )
+    report = asyncio.run(
+        publish_domain(cfg, address, pack, instances=instances, evolve=False if no_evolution else None)
+    )
+    table = Table("prompt set", "focus", "iterations", "converged", "infeasibility", "version", "seeds")
+    for s in report.sets:
+        trend = (
+            " -> ".join(f"{x:.2f}" for x in (s.infeasibility[:1] + s.infeasibility[-1:]))
+            or "(phase 3 already)"
+        )
+        table.add_row(
+            s.set_id,
+            s.focus,
+            str(s.iterations),
+            "yes" if s.converged else "no",
+            trend,
+            str(s.version),
+            str(s.seeds),
+        )
+    console.print(table)
+    for warning in report.warnings:
+        err.print(f"[yellow]{warning}[/yellow]")
+    console.print(
+        f"domain {report.domain!r} ({report.pack_id}{'' if report.new_pack else ', published before'}): "
+        f"{report.pilot_records} records to eigen.pilot.metrics, {report.seeds} seeds to eigen.seeds"
+    )
+
+
+# --- eigen --------------------------------------------------------------
+
+PHASES = {1: "1 new", 2: "2 pilot", 3: "3 generating"}
+
+
+def _eigen_store(cfg: ArenaSettings) -> Any:
+    from lake.eigen_catalog import EigenCatalog
+
+    return EigenCatalog(cfg.catalog)
+
+
+def _known_set(store: Any, set_id: str) -> None:
+    if store.prompt_set(set_id) is None:
+        raise UserError(f"no prompt set {set_id!r} in the catalog (fix: list them with `arena eigen sets`)")
+
+
+@eigen_app.command("sets")
+def eigen_sets(
+    domain: Annotated[str | None, typer.Option("--domain", help="Only this domain's sets.")] = None,
+) -> None:
+    """Prompt sets: phase, current parameter version, focus, the key generator parameters."""
+    store = _eigen_store(settings())
+    table = Table(
+        "prompt set", "domain", "phase", "version", "focus", "error-prone", "policy pressure", "parent"
+    )
+    for row in store.prompt_sets(domain):
+        params = row.params_dict()
+        table.add_row(
+            row.set_id,
+            row.domain,
+            PHASES.get(row.phase, str(row.phase)),
+            str(row.version),
+            row.focus,
+            f"{params.get('error_prone_parameters', 0):.2f}",
+            f"{params.get('policy_pressure', 0):.2f}",
+            row.parent or "",
+        )
+    console.print(table)
+
+
+@eigen_app.command("versions")
+def eigen_versions(set_id: Annotated[str, typer.Argument(help="Prompt set id.")]) -> None:
+    """Every parameter / prompt version of a set, with why it was made."""
+    store = _eigen_store(settings())
+    _known_set(store, set_id)
+    table = Table("version", "iteration", "reason", "parameters", "prompt versions", title=set_id)
+    for row in store.param_versions(set_id):
+        params = row.params_dict()
+        shown = {k: v for k, v in params.items() if isinstance(v, int | float)}
+        table.add_row(
+            str(row.version),
+            "" if row.iteration is None else str(row.iteration),
+            row.reason,
+            json.dumps(shown),
+            str(len(json.loads(row.prompt_versions or "{}"))),
+        )
+    console.print(table)
+
+
+@eigen_app.command("critiques")
+def eigen_critiques(
+    set_id: Annotated[str, typer.Argument(help="Prompt set id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the critiques as JSON lines.")] = False,
+) -> None:
+    """The Judge's critique of each pilot iteration of a set, and what was applied."""
+    store = _eigen_store(settings())
+    _known_set(store, set_id)
+    rows = store.critiques(set_id)
+    if as_json:
+        for row in rows:
+            print(
+                json.dumps(
+                    {
+                        "iteration": row.iteration,
+                        "critique": row.critique_dict(),
+                        "applied": row.applied_list(),
+                    }
+                )
+            )
+        return
+    table = Table("iteration", "scores", "findings", "applied", title=set_id)
+    for row in rows:
+        critique = row.critique_dict()
+        scores = ", ".join(f"{k}={float(v):.2f}" for k, v in (critique.get("scores") or {}).items())
+        applied = ", ".join(
+            f"{a['name']}={a.get('value')}" if "name" in a else f"{a.get('worker')}: {a.get('kind')}"
+            for a in row.applied_list()
+        )
+        table.add_row(str(row.iteration), scores, "; ".join(critique.get("findings") or [])[:200], applied)
+    console.print(table)
+
+
 # --- export -------------------------------------------------------------
 
 
@@ -500,14 +653,21 @@ def train_cmd(
 @app.command("eval")
 def eval_cmd(
     k: Annotated[int, typer.Option(min=1, help="k of pass^k and pass@k.")] = 4,
-    trials: Annotated[int | None, typer.Option(min=1, help="Trials per package (n >= k; default k).")] = None,
+    trials: Annotated[int | None, typer.Option(min=1, help="Trials per case (n >= k; default k).")] = None,
     model: Annotated[
         Path | None, typer.Option(help="Model folder to evaluate (default: the run's newest weights).")
     ] = None,
     run: Annotated[str | None, typer.Option(help="Run whose newest weights to evaluate.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    user: Annotated[
+        str,
+        typer.Option(
+            click_type=click.Choice(["gateway", "policy"]),
+            help="Who plays the user of interactive instances: the LLM gateway's simulator, or the policy.",
+        ),
+    ] = "gateway",
 ) -> None:
-    """pass^k and pass@k of a policy on the held-out environment packages, per domain."""
+    """pass^k and pass@k of a policy on the held-out qa packages and interactive instances, per domain."""
     import tempfile
 
     from trainer.checkpoint import Checkpoints
@@ -532,9 +692,11 @@ def eval_cmd(
         elif not (model / "config.json").is_file():
             raise UserError(f"--model {model}: no config.json there (fix: a Hugging Face model folder)")
         try:
-            report = run_eval(cfg, str(model), k=k, trials=n)
-        except ValueError as exc:  # no held-out packages
-            raise UserError(f"{exc} (fix: `arena demo`, or `arena publish qa` and `arena worker`)") from None
+            report = run_eval(cfg, str(model), k=k, trials=n, user=user)  # type: ignore[arg-type]  # click.Choice
+        except ValueError as exc:  # nothing held out
+            raise UserError(
+                f"{exc} (fix: `arena demo`, or `arena publish qa` / `arena publish domain` and `arena worker`)"
+            ) from None
     if as_json:
         console.print_json(report.model_dump_json())
     else:

@@ -97,6 +97,50 @@ class EnvSettings(BaseModel):
     ]
 
 
+class EigenSettings(BaseModel):
+    """Knobs of the EigenData track (seed paper 003, §4); env vars ``ARENA_EIGEN__<FIELD>``."""
+
+    prompt_sets: Annotated[
+        int, Field(default=2, ge=1, le=16, description="K: diverse prompt sets written in phase 1 (§4.4).")
+    ]
+    pilot_iterations: Annotated[
+        int, Field(default=16, ge=1, le=16, description="Most phase-2 pilot iterations per prompt set.")
+    ]
+    pilot_batch: Annotated[
+        int, Field(default=8, ge=1, le=256, description="Tasks drawn per pilot iteration (small batches).")
+    ]
+    max_infeasibility: Annotated[
+        float, Field(default=0.2, ge=0, le=1, description="Pilot converges once INFEASIBLE share <= this.")
+    ]
+    min_validity: Annotated[
+        float, Field(default=0.9, ge=0, le=1, description="... and tool-call validity >= this.")
+    ]
+    max_quality_change: Annotated[
+        float, Field(default=0.25, ge=0, le=1, description="... and quality moved at most this per batch.")
+    ]
+    evolve: Annotated[
+        bool,
+        Field(default=True, description="Judge critiques update parameters and prompts (off: ablation)."),
+    ]
+    instances: Annotated[
+        int, Field(default=6, ge=1, le=100_000, description="Seeds `arena publish domain` sends to phase 3.")
+    ]
+    db_size: Annotated[
+        Literal["small", "medium", "large"],
+        Field(default="small", description="Size of each instance's seeded database (generator.py)."),
+    ]
+    max_repair_rounds: Annotated[
+        int, Field(default=3, ge=0, le=3, description="Validate <-> modify rounds before a rejection (§4.2).")
+    ]
+    max_turns: Annotated[int, Field(default=12, ge=1, le=64, description="User replies per dialogue.")]
+    audit_batch: Annotated[
+        int, Field(default=4, ge=1, le=1000, description="Phase-3 audit: items per audit point.")
+    ]
+    audit_window: Annotated[
+        int, Field(default=3, ge=1, le=100, description="Audit points compared: first w vs last w.")
+    ]
+
+
 class SftSettings(BaseModel):
     """Knobs of the SFT track (ASTRA §2.1); env vars ``ARENA_SFT__<FIELD>``."""
 
@@ -280,6 +324,17 @@ class TrainSettings(BaseModel):
         int, Field(default=256, ge=1, le=1 << 16, description="Most tokens one assistant turn generates.")
     ]
     temperature: Annotated[float, Field(default=1.0, gt=0, le=5, description="Rollout sampling temperature.")]
+    user_simulator: Annotated[
+        Literal["auto", "gateway", "policy"],
+        Field(
+            default="auto",
+            description="Who plays the user in interactive GRPO rollouts (EigenData §5): 'policy' = a frozen "
+            "copy of the policy as it was at the end of SFT (the SFT-tuned user simulator); 'gateway' = the "
+            "LLM gateway's user_simulator role (ARENA_LLM; rules by default); 'auto' = policy when the SFT "
+            "phase trained on at least one role_target='user' sample, else gateway. Fixed when GRPO starts "
+            "and kept on resume.",
+        ),
+    ]
     # --- checkpoints ---
     weights_every: Annotated[
         int, Field(default=10, ge=1, le=1_000_000, description="Save model weights every N steps.")
@@ -384,6 +439,10 @@ class ArenaSettings(BaseSettings):
     envs: Annotated[
         EnvSettings,
         Field(default_factory=EnvSettings, description="Environment-track knobs (ASTRA §2.2)."),
+    ]
+    eigen: Annotated[
+        EigenSettings,
+        Field(default_factory=EigenSettings, description="EigenData-track knobs (seed paper 003)."),
     ]
     train: Annotated[
         TrainSettings, Field(default_factory=TrainSettings, description="Training-service knobs.")

@@ -1,9 +1,10 @@
 """`arena demo`: the main job on the embedded default.
 
 Publishes the bundled sample tool docs (good servers, servers the gates
-reject, malformed files) and one QA seed per built-in knowledge base, runs
-every stage of both ASTRA tracks until drained, then prints what landed
-where and how to look at it.
+reject, malformed files), one QA seed per built-in knowledge base and the
+built-in customer-service domain pack (EigenData phases 1-2 run here, phase 3
+seeds go to ``eigen.seeds``), runs every stage of the three tracks until
+drained, then prints what landed where and how to look at it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge, unconditional_seed
 from rich.console import Console
 from rich.table import Table
 
@@ -30,8 +30,10 @@ from lake.parquet import lake_listing
 from lake.query import LakeQuery
 from lake.store import open_store
 from lake.tool_index import ToolIndex
+from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge, unconditional_seed
 from producers.mcp_tools import fetch_mcp_server
 from producers.publish import publish
+from producers.publish_domain import publish_domain, resolve_pack
 from producers.publish_qa import publish_seeds
 from producers.publish_tools import outgoing, publish_tool_docs
 from streams.registry import WORKERS
@@ -44,9 +46,12 @@ EXAMPLE_QUERIES = (
     "select gate, count(*) from tasks_rejected group by 1",
     "select structure, count(*) as packages from envs_verified group by 1",
     "select gate, count(*) from qa_traces_rejected group by 1",
+    "select prompt_set, iteration, metrics from eigen_pilot_metrics order by 1, 2",
+    "select prompt_set, json_extract_string(payload, '$.split') as split, count(*) from eigen_verified group by 1, 2",
 )
 
 MCP_PACKAGE = "arena.samples.mcp"
+DEMO_DOMAIN = "customer_service"
 
 SIDE_TOPICS = [spec.name for spec in TOPICS.values() if spec.side_of is not None]
 
@@ -179,6 +184,16 @@ def run_demo(settings: ArenaSettings, bootstrap: str, *, console: Console, timeo
             f"published {len(seeds)} QA seeds to qa.seeds ({', '.join(BUILTIN_DOMAINS)}; "
             f"{settings.envs.demo_instances} instances each)"
         )
+        publication = asyncio.run(publish_domain(settings, bootstrap, resolve_pack(DEMO_DOMAIN)))
+        piloted = ", ".join(
+            f"{s.set_id} {'converged' if s.converged else 'not converged'} in {s.iterations}"
+            for s in publication.sets
+        )
+        console.print(
+            f"published domain pack {publication.domain!r}: {len(publication.sets)} prompt sets piloted "
+            f"({piloted} iterations; {publication.pilot_records} records to eigen.pilot.metrics), "
+            f"{publication.seeds} seeds to eigen.seeds"
+        )
         code = run_workers(
             settings, bootstrap, list(WORKERS), until_drained=True, timeout_s=timeout_s, console=console
         )
@@ -207,6 +222,7 @@ def summarise(settings: ArenaSettings, console: Console) -> None:
     console.print(reasons)
     print_rewards(query, console)
     print_environments(query, console)
+    print_eigen(query, console)
 
     index = ToolIndex.from_settings(settings)
     view = settings.public_view()
@@ -219,6 +235,7 @@ def summarise(settings: ArenaSettings, console: Console) -> None:
         console.print(f'  arena lake query "{sql}"')
     console.print("  arena export sft --format jsonl sft.jsonl")
     console.print("  arena env show ENV_ID; arena env verify ENV_ID")
+    console.print("  arena eigen sets; arena eigen critiques SET_ID")
     console.print("  arena lag")
 
 
@@ -275,4 +292,37 @@ def print_environments(query: LakeQuery, console: Console) -> None:
             str(row["tools_after"]),
             row["example"],
         )
+    console.print(table)
+
+
+EIGEN_TOPICS = (
+    "eigen.seeds",
+    "eigen.intents",
+    "eigen.tasks",
+    "eigen.dialogs",
+    "eigen.dialogs.validated",
+    "eigen.verified",
+)
+
+
+def print_eigen(query: LakeQuery, console: Console) -> None:
+    """Items per EigenData stage, and how many each gate rejected (EigenData §4.2)."""
+    tables = set(query.tables())
+    if topic("eigen.seeds").table not in tables:
+        return
+    table = Table("topic", "items", "dropped by its reader", title="EigenData track")
+    for name in EIGEN_TOPICS:
+        spec = topic(name)
+        items = (
+            query.query(f"select count(*) as n from {spec.table}").to_pylist()[0]["n"]
+            if spec.table in tables
+            else 0
+        )
+        rejected_table = topic(spec.rejected).table
+        rejected = (
+            query.query(f"select count(*) as n from {rejected_table}").to_pylist()[0]["n"]
+            if rejected_table in tables
+            else 0
+        )
+        table.add_row(name, str(items), str(rejected))
     console.print(table)

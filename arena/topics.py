@@ -76,7 +76,7 @@ _STAGE_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("eigen.dialogs", 4, "item_id", EigenItem),
     TopicSpec("eigen.dialogs.validated", 4, "item_id", EigenItem),
     TopicSpec("eigen.verified", 4, "item_id", EigenItem, FOREVER),
-    TopicSpec("eigen.pilot.metrics", 1, "hash of prompt set + iteration", PilotMetrics),
+    TopicSpec("eigen.pilot.metrics", 1, "content hash of the record", PilotMetrics),
     # Trainer
     TopicSpec("trainer.metrics", 1, "hash of run id + step", TrainerMetrics),
 )

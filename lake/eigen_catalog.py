@@ -7,6 +7,12 @@
 - ``eigen_param_versions``: every version of a set's parameters and prompts (version 1 from
   phase 1, one more per applied critique), with the iteration and the reason.
 - ``eigen_critiques``: the Judge's critique of each pilot iteration and the updates applied.
+- ``eigen_packs``: every published domain pack (its JSON, keyed by content hash); stages load the
+  pack a work item names from here, so a pack edited after publishing never mixes into old items.
+- ``eigen_audits``: phase-3 audit entries, one per (set, stage, item): the per-item figures the
+  drift audit compares (repair rounds, schema errors, quality, realism).
+- ``eigen_instances``: every verified interactive instance with its split (held-out ones are never
+  published to ``samples.verified``; ``arena eval`` rolls them out).
 
 Writes are idempotent on natural keys (``insert_ignore``); the worker prompts themselves live in
 ``prompt_versions`` (``Catalog.register_prompt``). Synchronous: call through ``asyncio.to_thread``.
@@ -48,6 +54,9 @@ class PromptSetRow(SQLModel, table=True):
     params: str = Field(default="{}", sa_type=Text, description="Current PoolParams as JSON.")
     prompt_versions: str = Field(default="{}", sa_type=Text, description="Worker role -> prompt version id.")
     version: int = Field(default=1, description="Current parameter version.")
+    snapshot: str = Field(
+        default="{}", sa_type=Text, description="The current PromptSet as JSON (what the stages load)."
+    )
     created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
 
     def params_dict(self) -> dict[str, Any]:
@@ -97,7 +106,56 @@ class CritiqueRow(SQLModel, table=True):
         return list(json.loads(self.applied or "[]"))
 
 
-_TABLES = [PromptSetRow.__table__, ParamVersionRow.__table__, CritiqueRow.__table__]  # type: ignore[attr-defined]
+class PackRow(SQLModel, table=True):
+    """One published domain pack."""
+
+    __tablename__ = "eigen_packs"
+
+    pack_id: str = Field(primary_key=True, description="Content hash of the pack.")
+    name: str = Field(index=True)
+    pack: str = Field(sa_type=Text, description="The DomainPack as JSON.")
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+
+class AuditRow(SQLModel, table=True):
+    """One phase-3 audit entry: a stage's figures on one item of a set."""
+
+    __tablename__ = "eigen_audits"
+    __table_args__ = (UniqueConstraint("set_id", "stage", "item_id", name="uq_eigen_audit"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    set_id: str = Field(index=True)
+    stage: str
+    item_id: str
+    version: int = Field(default=1, description="Parameter version of the set that made the item.")
+    metrics: str = Field(sa_type=Text, description="Name -> value, as JSON.")
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+    def metrics_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in json.loads(self.metrics).items()}
+
+
+class InstanceRow(SQLModel, table=True):
+    """One verified interactive instance (its ``samples.verified`` record) and its split."""
+
+    __tablename__ = "eigen_instances"
+
+    instance_id: str = Field(primary_key=True)
+    domain: str = Field(index=True)
+    split: str = Field(index=True, description="'train' (published) or 'heldout' (eval only).")
+    sample_id: str
+    sample: str = Field(sa_type=Text, description="The VerifiedSample as JSON.")
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+
+_TABLES = [
+    PromptSetRow.__table__,  # type: ignore[attr-defined]
+    ParamVersionRow.__table__,  # type: ignore[attr-defined]
+    CritiqueRow.__table__,  # type: ignore[attr-defined]
+    PackRow.__table__,  # type: ignore[attr-defined]
+    AuditRow.__table__,  # type: ignore[attr-defined]
+    InstanceRow.__table__,  # type: ignore[attr-defined]
+]
 
 
 class EigenCatalog:
@@ -123,6 +181,7 @@ class EigenCatalog:
         focus: str = "",
         summary: str = "",
         phase: int = 1,
+        snapshot: str = "{}",
     ) -> bool:
         """Record a new set and its parameter version 1; False when ``set_id`` was there already."""
         row = {
@@ -136,6 +195,7 @@ class EigenCatalog:
             "params": _json(params),
             "prompt_versions": _json(prompt_versions),
             "version": 1,
+            "snapshot": snapshot,
             "created_at": _now(),
         }
         added = insert_ignore(self.engine, PromptSetRow.__table__, [row], ["set_id"])  # type: ignore[attr-defined]
@@ -190,6 +250,7 @@ class EigenCatalog:
         prompt_versions: dict[str, str],
         iteration: int | None,
         reason: str,
+        snapshot: str | None = None,
     ) -> int:
         """Store the next version of ``set_id``'s parameters and make it current; returns its number."""
         latest = self.param_versions(set_id)
@@ -199,7 +260,12 @@ class EigenCatalog:
             conn.execute(
                 update(PromptSetRow.__table__)  # type: ignore[attr-defined]
                 .where(PromptSetRow.__table__.c.set_id == set_id)  # type: ignore[attr-defined]
-                .values(params=_json(params), prompt_versions=_json(prompt_versions), version=version)
+                .values(
+                    params=_json(params),
+                    prompt_versions=_json(prompt_versions),
+                    version=version,
+                    **({"snapshot": snapshot} if snapshot is not None else {}),
+                )
             )
         return version
 
@@ -238,3 +304,72 @@ class EigenCatalog:
             stmt = stmt.where(CritiqueRow.set_id == set_id)
         with self._session() as session:
             return list(session.exec(stmt).all())
+
+    # Packs ---------------------------------------------------------------
+    def record_pack(self, pack_id: str, name: str, pack_json: str) -> bool:
+        """Store a published pack; False when that exact pack was published before."""
+        row = {"pack_id": pack_id, "name": name, "pack": pack_json, "created_at": _now()}
+        return insert_ignore(self.engine, PackRow.__table__, [row], ["pack_id"]) == 1  # type: ignore[attr-defined]
+
+    def pack(self, pack_id: str) -> PackRow | None:
+        with self._session() as session:
+            return session.get(PackRow, pack_id)
+
+    def packs(self, name: str | None = None) -> list[PackRow]:
+        stmt = select(PackRow).order_by(col(PackRow.created_at))
+        if name is not None:
+            stmt = stmt.where(PackRow.name == name)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    # Audits --------------------------------------------------------------
+    def record_audit(
+        self, set_id: str, stage: str, item_id: str, metrics: dict[str, float], version: int = 1
+    ) -> bool:
+        """Store one audit entry; False when this stage audited this item already (a replay)."""
+        row = {
+            "set_id": set_id,
+            "stage": stage,
+            "item_id": item_id,
+            "version": version,
+            "metrics": _json(metrics),
+            "created_at": _now(),
+        }
+        return (
+            insert_ignore(self.engine, AuditRow.__table__, [row], ["set_id", "stage", "item_id"]) == 1  # type: ignore[attr-defined]
+        )
+
+    def audits(self, set_id: str, *, since_version: int | None = None) -> list[AuditRow]:
+        """The set's audit entries in arrival order (optionally only those of a version or later)."""
+        stmt = select(AuditRow).where(AuditRow.set_id == set_id).order_by(col(AuditRow.id))
+        if since_version is not None:
+            stmt = stmt.where(col(AuditRow.version) >= since_version)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    # Instances -----------------------------------------------------------
+    def record_instance(
+        self, instance_id: str, domain: str, split: str, sample_id: str, sample_json: str
+    ) -> bool:
+        """Store a verified instance; False when it was there already."""
+        row = {
+            "instance_id": instance_id,
+            "domain": domain,
+            "split": split,
+            "sample_id": sample_id,
+            "sample": sample_json,
+            "created_at": _now(),
+        }
+        return insert_ignore(self.engine, InstanceRow.__table__, [row], ["instance_id"]) == 1  # type: ignore[attr-defined]
+
+    def instances(self, split: str | None = None, domain: str | None = None) -> list[InstanceRow]:
+        stmt = select(InstanceRow).order_by(col(InstanceRow.instance_id))
+        if split is not None:
+            stmt = stmt.where(InstanceRow.split == split)
+        if domain is not None:
+            stmt = stmt.where(InstanceRow.domain == domain)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    def dispose(self) -> None:
+        self.engine.dispose()

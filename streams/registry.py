@@ -15,6 +15,13 @@ from arena.config import ArenaSettings
 from arena.topics import TOPICS
 from consumers import tool_indexer
 from streams.app import attach_stage
+from streams.eigen import (
+    eigen_dialogs,
+    eigen_dialogs_validated,
+    eigen_intents,
+    eigen_tasks,
+    eigen_verified,
+)
 from streams.envs import envs_code, envs_verified, qa_traces, qa_validated, samples_verified
 from streams.runtime import Guarantee, StageDef
 from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
@@ -54,6 +61,11 @@ STAGES: tuple[StageDef, ...] = (
     envs_code.STAGE,
     envs_verified.STAGE,
     samples_verified.STAGE,
+    eigen_intents.STAGE,
+    eigen_tasks.STAGE,
+    eigen_dialogs.STAGE,
+    eigen_dialogs_validated.STAGE,
+    eigen_verified.STAGE,
 )
 
 

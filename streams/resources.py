@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from arena.config import ArenaSettings
 from arena.llm.gateway import Gateway
 from lake.chain_graphs import ChainGraphStore
+from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from sandbox.env_runtime import Runner
@@ -32,6 +33,7 @@ _gateways: dict[int, Gateway] = {}
 _graphs: dict[int, ChainGraphStore] = {}
 _indexes: dict[int, ToolIndex] = {}
 _env_stores: dict[int, EnvPackageStore] = {}
+_eigen_stores: dict[int, EigenCatalog] = {}
 _pools: dict[int, SandboxService] = {}
 _pool_starts: dict[int, asyncio.Future[None]] = {}
 
@@ -60,6 +62,12 @@ def env_store_for(settings: ArenaSettings) -> EnvPackageStore:
     if id(settings) not in _env_stores:
         _env_stores[id(settings)] = EnvPackageStore(settings.catalog)
     return _env_stores[id(settings)]
+
+
+def eigen_store_for(settings: ArenaSettings) -> EigenCatalog:
+    if id(settings) not in _eigen_stores:
+        _eigen_stores[id(settings)] = EigenCatalog(settings.catalog)
+    return _eigen_stores[id(settings)]
 
 
 async def sandbox_pool_for(settings: ArenaSettings) -> SandboxService:

@@ -4,6 +4,7 @@ and every Arena command that docker-compose.yml runs works."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from kafka.admin import KafkaAdminClient
 
 from arena.cli import app as cli_app
+from producers.domain_packs import builtin_pack_path
 from streams.registry import WORKERS
 from tests.cli import ARENA, arena_env, broker_of, children_of, read_all, run_arena, stack_stopped_after
 from tests.test_compose import COMPOSE_ARENA_COMMANDS
@@ -159,6 +161,21 @@ def test_train_eval_export_user_errors(tmp_path: Path) -> None:
     assert_user_error(run_arena(["eval", "--k", "4", "--trials", "2"], env, check=None), "--trials 2 < --k 4")
     assert_user_error(run_arena(["eval", "--model", str(tmp_path)], env, check=None), "no config.json")
     assert_user_error(run_arena(["export", "verl", str(tmp_path / "out")], env, check=None), "no verified")
+
+
+def test_publish_domain_and_eigen_user_errors(tmp_path: Path) -> None:
+    env = arena_env(tmp_path / "home")
+    missing = run_arena(["publish", "domain", str(tmp_path / "nope")], env, check=None)
+    assert_user_error(missing, "no such folder", "customer_service")
+    broken = tmp_path / "pack"
+    shutil.copytree(builtin_pack_path(), broken)
+    (broken / "tools.py").unlink()
+    assert_user_error(run_arena(["publish", "domain", str(broken)], env, check=None), "tools.py", "Fix:")
+    (broken / "tools.py").write_text("def refund(order_id):\n    return 1\n")
+    bad_tools = run_arena(["publish", "domain", str(broken)], env, check=None)
+    assert_user_error(bad_tools, "tools.py")
+    assert not (tmp_path / "home" / "stack.json").exists()  # a bad pack never starts the stack
+    assert_user_error(run_arena(["eigen", "critiques", "ps-nope"], env, check=None), "arena eigen sets")
 
 
 @pytest.mark.parametrize("command", [["up"], ["status"], ["topics", "list"], ["down"]])

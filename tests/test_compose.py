@@ -60,6 +60,21 @@ ENV_WORKER = (
     ),
 )
 
+EIGEN_WORKER = (
+    "worker",
+    *(
+        arg
+        for name in (
+            "eigen-intents",
+            "eigen-tasks",
+            "eigen-dialogs",
+            "eigen-dialogs-validated",
+            "eigen-verified",
+        )
+        for arg in ("--stage", name)
+    ),
+)
+
 # Every `arena ...` command the deployment may run; the CLI tests must exercise each.
 ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
     {
@@ -68,6 +83,7 @@ ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
         ("worker", "--stage", "lake-sink"),
         SFT_WORKER,
         ENV_WORKER,
+        EIGEN_WORKER,
         ("train", "--tiny"),
     }
 )
@@ -159,6 +175,7 @@ def test_validates_against_compose_spec(compose: PyCompose) -> None:
         "worker",
         "lake-sink",
         "sft-worker",
+        "eigen-worker",
         "trainer",
     }
     assert expected <= set(spec.services)
@@ -180,12 +197,13 @@ def test_arena_services(raw: dict[str, Any]) -> None:
         "lake-sink": ("worker", "--stage", "lake-sink"),
         "sft-worker": SFT_WORKER,
         "env-worker": ENV_WORKER,
+        "eigen-worker": EIGEN_WORKER,
         "trainer": ("train", "--tiny"),
     }
     assert raw["services"]["trainer"]["profiles"] == ["train"]
     assert raw["services"]["vllm"]["profiles"] == ["gpu"]
     assert raw["services"]["topics"]["restart"] == "no"
-    for name in ("worker", "sft-worker", "env-worker", "lake-sink"):
+    for name in ("worker", "sft-worker", "env-worker", "eigen-worker", "lake-sink"):
         deps = raw["services"][name]["depends_on"]
         assert deps["topics"]["condition"] == "service_completed_successfully"
         assert deps["kafka"]["condition"] == "service_healthy"

@@ -29,8 +29,9 @@ from arena.records.envs import EnvJob, EnvPackage, SubQA, VerifiedSample
 from sandbox import SandboxPool
 from sandbox.env_runtime import verify_package
 from streams.envs.samples_verified import sample_of
-from trainer.environments import InteractiveEnvironment, InteractiveSpec, QaEnvironment
+from trainer.environments import InteractiveEnvironment, InteractiveSpec, QaEnvironment, environment_for
 from trainer.rollout import Trajectory
+from trainer.user_sim import ParsedUserTurn, ToolCall, UserContext
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -528,5 +529,71 @@ def test_user_tool_calls_run_against_the_same_state() -> None:
             ("confirm_in_app", "user", True, True)
         ]
         assert env.completed_actions == []  # only the agent's state changes count for the user's goal
+
+    sandboxed(scenario)
+
+
+class RecordingUser:
+    """A UserSimulator replaying fixed moves and keeping the contexts it was asked with."""
+
+    kind = "scripted"
+
+    def __init__(self, moves: list[ParsedUserTurn]) -> None:
+        self.moves = list(moves)
+        self.contexts: list[UserContext] = []
+
+    async def reply(self, context: UserContext) -> ParsedUserTurn:
+        self.contexts.append(context)
+        return self.moves.pop(0)
+
+
+def test_a_pluggable_user_runs_its_tools_even_on_the_stopping_turn() -> None:
+    """Any UserSimulator plays the user: its calls run before its signal ends the dialogue."""
+    confirm = _tool(
+        "confirm_in_app", "The customer confirms in the app.", {"order_id": {"type": "string"}}, ["order_id"]
+    )
+    code = ORDERS_CODE + (
+        "\n\ndef confirm_in_app(order_id):\n"
+        "    STATE.setdefault('confirmed', []).append(order_id)\n"
+        "    return {'confirmed': order_id}\n"
+    )
+    spec = ORDERS_SPEC.model_copy(update={"code": code, "user_tools": [confirm], "max_user_turns": 2})
+    sample = ORDER_SAMPLE.model_copy(update={"reward_spec": spec.model_dump()})
+    action = ToolCall(name="confirm_in_app", arguments={"order_id": "O-1001"})
+    user = RecordingUser(
+        [
+            ParsedUserTurn(message="The reason is: no longer needed.", actions=[], signal="continue"),
+            ParsedUserTurn(message="Confirmed, thanks.", actions=[action], signal="stop"),
+        ]
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        env = environment_for(sample, pool, user=user)
+        assert isinstance(env, InteractiveEnvironment) and env.user is user
+        assert await env.user_turn("Why do you want to cancel it?") == "The reason is: no longer needed."
+        assert await env.user_turn("Please confirm in your app.") is None
+        assert env.signal == "stop" and env.state["confirmed"] == ["O-1001"]
+        assert [(c.name, c.actor, c.ok) for c in env.calls] == [("confirm_in_app", "user", True)]
+        # The second context saw the whole visible dialogue, the user's own first reply included.
+        texts = [(t.role, t.text) for t in user.contexts[1].turns]
+        assert texts == [
+            ("user", "Hi! I want to cancel my order O-1001."),
+            ("assistant", "Why do you want to cancel it?"),
+            ("user", "The reason is: no longer needed."),
+            ("assistant", "Please confirm in your app."),
+        ]
+        assert (user.contexts[1].turn, user.contexts[1].max_turns) == (1, 2)
+        assert user.contexts[1].sim_input().dialogue == env.dialogue
+
+        # Out of replies (max_user_turns): the user stops without being asked.
+        chatty = RecordingUser(
+            [ParsedUserTurn(message=f"more {i}", actions=[], signal="continue") for i in range(3)]
+        )
+        talk = InteractiveEnvironment(sample, pool, chatty)
+        assert [await talk.user_turn("Go on?") for _ in range(3)] == ["more 0", "more 1", None]
+        assert len(chatty.contexts) == 2 and talk.signal == "stop"
+
+        with pytest.raises(ValueError, match="needs a user simulator"):
+            environment_for(sample, pool)
 
     sandboxed(scenario)

@@ -9,7 +9,8 @@ finished trajectory. One instance per rollout: nothing is shared between instanc
   data table -- plus mixed-in tools from other packages, each run against its own package.
   Reward: F1 over the trajectory's tool outputs (ASTRA eq. 30-31), or recall/precision only.
 - ``InteractiveEnvironment`` (``kind="interactive"``): an ``InteractiveSpec`` -- a JSON state,
-  tool functions that read and change it, a user simulator with private instructions, and a
+  tool functions that read and change it, a user with private instructions played by a
+  ``trainer.user_sim.UserSimulator`` (the gateway's role, or the SFT-tuned policy), and a
   verification function. Reward: 1 when ``verify(initial, final, calls)`` passes, else 0.
 
 Interactive execution contract. Each call runs the program::
@@ -40,14 +41,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from arena.llm.core import InvalidOutput, Sampling
+from arena.llm.core import Sampling
 from arena.llm.gateway import Gateway
-from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSignal, UserSimInput
+from arena.llm.roles.user_sim import DialogueMessage, UserSignal
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
 from sandbox.env_runtime import Runner, call_program, output_text
 from sandbox.pool import SandboxResult, SandboxUnavailable
 from trainer.rewards import RewardMode, f1_reward, reward_value
+from trainer.user_sim import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
 
 if TYPE_CHECKING:
     from trainer.rollout import Trajectory
@@ -283,19 +285,20 @@ class InteractiveEnvironment:
         self,
         sample: VerifiedSample,
         runner: Runner,
-        gateway: Gateway,
+        user: UserSimulator | Gateway,
         *,
         sampling: Sampling | None = None,
         timeout_s: float | None = None,
         max_output_chars: int = MAX_OUTPUT_CHARS,
     ) -> None:
+        """``user``: the user simulator; a ``Gateway`` means its ``user_simulator`` role (with
+        ``sampling``), as before simulators were pluggable."""
         if sample.kind != "interactive":
             raise ValueError(f"InteractiveEnvironment needs an interactive sample, got {sample.kind!r}")
         self.sample = sample
         self.spec = InteractiveSpec.model_validate(sample.reward_spec)
         self.runner = runner
-        self.gateway = gateway
-        self.sampling = sampling
+        self.user: UserSimulator = GatewayUserSimulator(user, sampling) if isinstance(user, Gateway) else user
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
         self.tools: list[dict[str, Any]] = list(sample.tools)
@@ -304,11 +307,12 @@ class InteractiveEnvironment:
         self.initial_state: dict[str, Any] = copy.deepcopy(self.spec.initial_state)
         self.state: dict[str, Any] = copy.deepcopy(self.spec.initial_state)
         self.calls: list[CallRecord] = []
-        self.dialogue: list[DialogueMessage] = [
-            DialogueMessage(role="user", content=str(m.get("content") or ""))
+        self.view: list[ViewTurn] = [
+            ViewTurn(role="user", text=str(m.get("content") or ""), actions=[])
             for m in sample.prompt
             if m.get("role") == "user"
         ]
+        """The dialogue as the user saw it: messages, and the user tools run with each user turn."""
         self.user_replies = 0
         self.signal: UserSignal | None = None
         """The user's last control signal (None until the user has replied)."""
@@ -360,34 +364,45 @@ class InteractiveEnvironment:
         """Agent calls that changed the state, in order."""
         return [c.name for c in self.calls if c.actor == "agent" and c.changed_state]
 
-    async def user_turn(self, assistant_text: str) -> str | None:
-        """Ask the user simulator; its user-tool calls run first; a control signal ends the dialogue."""
-        if self.signal not in (None, "continue"):
-            return None
-        self.dialogue.append(DialogueMessage(role="assistant", content=assistant_text))
-        inputs = UserSimInput(
+    @property
+    def dialogue(self) -> list[DialogueMessage]:
+        """User and agent messages so far (what the gateway role sees)."""
+        return [DialogueMessage(role=t.role, content=t.text) for t in self.view]
+
+    def user_context(self) -> UserContext:
+        """The scenario and the dialogue so far, for the user simulator."""
+        return UserContext(
             instructions=self.spec.user_instructions,
             requirements=self.spec.requirements,
             goal_actions=self.spec.goal_actions,
             completed_actions=self.completed_actions,
-            dialogue=self.dialogue,
             user_tools=self.spec.user_tools,
+            turns=self.view,
             turn=self.user_replies,
             max_turns=self.spec.max_user_turns,
         )
-        try:
-            answer = await self.gateway.call(USER_SIMULATOR, inputs, self.sampling)
-        except InvalidOutput:
-            self.signal = "stop"  # a simulator that cannot answer ends the dialogue; verify still decides
+
+    async def user_turn(self, assistant_text: str) -> str | None:
+        """Ask the user simulator; its user-tool calls run first; a control signal ends the dialogue.
+
+        The user's tool calls run even on the turn that ends the dialogue (a user body lists the
+        tools it ran before its message and marker). A user out of replies (``max_user_turns``)
+        stops without being asked, whatever simulator it is.
+        """
+        if self.signal not in (None, "continue"):
             return None
-        turn = answer.output
+        self.view.append(ViewTurn(role="assistant", text=assistant_text, actions=[]))
+        if self.user_replies >= self.spec.max_user_turns:
+            self.signal = "stop"
+            return None
+        turn = await self.user.reply(self.user_context())
+        for action in turn.actions:
+            await self._execute(action.name, dict(action.arguments), "user")
         self.signal = turn.signal
         if turn.signal != "continue":
             return None
-        for action in turn.tool_calls:
-            await self._execute(action.name, action.arguments, "user")
         self.user_replies += 1
-        self.dialogue.append(DialogueMessage(role="user", content=turn.message))
+        self.view.append(ViewTurn(role="user", text=turn.message, actions=turn.actions))
         return turn.message
 
     async def verdict(self) -> Verdict | str:
@@ -430,15 +445,20 @@ def environment_for(
     extras: Mapping[str, EnvPackage] | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
     gateway: Gateway | None = None,
+    user: UserSimulator | None = None,
     mode: RewardMode = "f1",
     sampling: Sampling | None = None,
     timeout_s: float | None = None,
 ) -> QaEnvironment | InteractiveEnvironment:
-    """A fresh environment instance for ``sample`` (qa: needs its package; interactive: a gateway)."""
+    """A fresh environment instance for ``sample`` (qa: needs its package; interactive: a user
+    simulator, or a gateway whose ``user_simulator`` role plays the user; ``user`` wins)."""
     if sample.kind == "qa":
         if package is None:
             raise ValueError(f"qa sample {sample.sample_id} needs its EnvPackage ({sample.env_ref})")
         return QaEnvironment(sample, package, runner, extras, tools=tools, mode=mode, timeout_s=timeout_s)
-    if gateway is None:
-        raise ValueError(f"interactive sample {sample.sample_id} needs an LLM gateway for its user")
-    return InteractiveEnvironment(sample, runner, gateway, sampling=sampling, timeout_s=timeout_s)
+    simulator = user if user is not None else gateway
+    if simulator is None:
+        raise ValueError(
+            f"interactive sample {sample.sample_id} needs a user simulator (or an LLM gateway) for its user"
+        )
+    return InteractiveEnvironment(sample, runner, simulator, sampling=sampling, timeout_s=timeout_s)

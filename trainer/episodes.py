@@ -4,7 +4,9 @@ For a ``qa`` sample the environment is its package from the catalog plus
 irrelevant tools mixed in from other verified packages (each runs against its
 own package, so every offered tool is executable); for an ``interactive``
 sample it is the instance's state machine with the user simulator in the
-loop. Each trajectory runs in its own environment instance in the sandbox.
+loop: the gateway's ``user_simulator`` role, or the frozen SFT-tuned policy once
+the service has set one (``use_user_simulator``). Each trajectory runs in its
+own environment instance in the sandbox.
 Seeds derive from (global seed, step, round, sample, trajectory index), so a
 step redone after a crash rolls out the same trajectories.
 """
@@ -24,6 +26,7 @@ from trainer.environments import environment_for
 from trainer.learner import Learner
 from trainer.mixing import ToolMixer, pool_from_store
 from trainer.rollout import derive_seed, rollout_group
+from trainer.user_sim import GatewayUserSimulator, UserSimulator
 
 # Trajectory fields the update needs; messages and raw outputs stay out of the checkpointed buffer.
 KEEP = (
@@ -51,6 +54,7 @@ class Episodes:
         self._mixer: ToolMixer | None = None
         self._mixer_size = -1
         self._gateway: Any = None
+        self._user: UserSimulator | None = None
         self._packages: dict[str, EnvPackage] = {}
 
     async def start(self) -> None:
@@ -90,6 +94,16 @@ class Episodes:
             self._gateway = Gateway.from_settings(self.settings)
         return self._gateway
 
+    def use_user_simulator(self, user: UserSimulator | None) -> None:
+        """Interactive rollouts from now on talk to ``user`` (None: the gateway's role)."""
+        self._user = user
+
+    def user_simulator(self) -> UserSimulator:
+        """The user of interactive rollouts: the one set, else the gateway's role (gateway made on first use)."""
+        if self._user is None:
+            self._user = GatewayUserSimulator(self._gateway_for())
+        return self._user
+
     def _package(self, env_id: str) -> EnvPackage | None:
         """A verified package by id, read from the catalog once (packages are immutable: content-hashed)."""
         if env_id not in self._packages:
@@ -102,7 +116,7 @@ class Episodes:
     def _prepare(self, sample: VerifiedSample, mixer: ToolMixer | None) -> dict[str, Any] | str:
         """Keyword arguments for ``environment_for``, or why the sample cannot be rolled out."""
         if sample.kind == "interactive":
-            return {"gateway": self._gateway_for()}
+            return {"user": self.user_simulator()}
         package = self._package(sample.env_ref)
         if package is None:
             return f"package {sample.env_ref} is not in the catalog"

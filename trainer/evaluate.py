@@ -1,7 +1,11 @@
 """``arena eval``: pass^k and pass@k of a policy on held-out environments (issue 5 item 8, issue 6 item 6).
 
-Every case (a held-out sample and how to build a fresh environment for it) is rolled out ``trials``
-times (n >= k) with distinct seeds. A trial succeeds when
+The held-out cases are the catalog's held-out qa packages (environment track, ``env_packages``) and
+its held-out interactive instances (EigenData track, ``eigen_instances``), reported together, one
+row per domain. Every case (a held-out sample and how to build a fresh environment for it) is rolled
+out ``trials`` times (n >= k) with distinct seeds; an interactive trial gets a fresh
+``InteractiveEnvironment`` with the user simulator in the loop (the gateway's ``user_simulator``
+role by default, or the evaluated policy speaking as the user). A trial succeeds when
 
 - ``qa``: the final assistant message contains the main answer a0 (``reward_spec["answer"]``,
   normalised as ``sandbox.env_runtime.normalise``; an empty answer never counts); the trial's F1
@@ -25,7 +29,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -35,6 +39,7 @@ from rich.table import Table
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.records.envs import EnvPackage, VerifiedSample
+from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
 from sandbox.env_runtime import normalise
 from streams.envs.samples_verified import sample_of
@@ -44,8 +49,12 @@ if TYPE_CHECKING:
     from trainer.environments import Environment
     from trainer.policy import RolloutBackend
     from trainer.rollout import Trajectory
+    from trainer.user_sim import UserSimulator
 
 log = logging.getLogger(__name__)
+
+EvalUser = Literal["gateway", "policy"]
+"""Who plays the user of interactive cases: the gateway's role (ARENA_LLM), or the evaluated policy."""
 
 BOOTSTRAP_RESAMPLES = 2000
 CI_METHOD = f"95% percentile bootstrap over cases ({BOOTSTRAP_RESAMPLES} resamples, seeded)"
@@ -328,6 +337,40 @@ def qa_cases(heldout: Sequence[HeldOut], runner: Runner, *, timeout_s: float | N
     return [EvalCase(sample=h.sample, make_env=factory(h)) for h in heldout]
 
 
+def heldout_instances(settings: ArenaSettings | EigenCatalog) -> list[VerifiedSample]:
+    """The held-out interactive instances of the catalog (never published), as split-heldout samples.
+
+    Sorted by instance id. A row whose sample is not interactive is skipped with a warning (the
+    table only ever holds interactive instances; a bad row must not stop the evaluation).
+    """
+    catalog = settings if isinstance(settings, EigenCatalog) else EigenCatalog(settings.catalog)
+    try:
+        rows = catalog.instances(split="heldout")
+    finally:
+        if catalog is not settings:
+            catalog.dispose()
+    samples = []
+    for row in rows:
+        sample = VerifiedSample.model_validate_json(row.sample)
+        if sample.kind != "interactive":
+            log.warning("eigen instance %s holds a %s sample; skipped", row.instance_id, sample.kind)
+            continue
+        samples.append(sample.model_copy(update={"split": "heldout"}))
+    return samples
+
+
+def interactive_cases(
+    samples: Sequence[VerifiedSample], runner: Runner, user: UserSimulator, *, timeout_s: float | None = None
+) -> list[EvalCase]:
+    """One case per held-out instance: a fresh ``InteractiveEnvironment`` per trial, ``user`` as the user."""
+    from trainer.environments import InteractiveEnvironment
+
+    def factory(sample: VerifiedSample) -> Callable[[], Any]:
+        return lambda: InteractiveEnvironment(sample, runner, user, timeout_s=timeout_s)
+
+    return [EvalCase(sample=s, make_env=factory(s)) for s in samples]
+
+
 def run_eval(
     settings: ArenaSettings,
     model_path: str,
@@ -339,21 +382,31 @@ def run_eval(
     limit: int | None = None,
     concurrency: int = 4,
     progress: bool = True,
+    user: EvalUser = "gateway",
 ) -> EvalReport:
-    """``arena eval``: load the policy, roll out every held-out package in the sandbox, report.
+    """``arena eval``: load the policy, roll out every held-out package and instance in the sandbox, report.
 
     Rollout limits default to ``settings.train`` (max_turns, max_seq_len, max_new_tokens,
     temperature); ``settings.train.backend`` picks transformers (CPU) or vLLM. ``limit`` caps the
-    number of held-out packages (the first by env_id).
+    held-out packages (the first by env_id) and, separately, the interactive instances (the first
+    by instance id). ``user`` picks who plays the user of interactive cases: the gateway settings
+    describe (``ARENA_LLM``; closed afterwards), or the evaluated policy itself (for a policy
+    SFT-trained on user-simulator samples too). Raises ``ValueError`` when there is neither.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from arena.llm.gateway import Gateway
     from sandbox import SandboxPool
+    from trainer.user_sim import GatewayUserSimulator
 
     heldout = heldout_cases(settings)[:limit]
-    if not heldout:
-        raise ValueError("no held-out packages in the catalog (run the environment track first)")
+    instances = heldout_instances(settings)[:limit]
+    if not heldout and not instances:
+        raise ValueError(
+            "no held-out packages or interactive instances in the catalog "
+            "(run the environment track or the EigenData track first)"
+        )
     n = k if trials is None else trials
     cfg = settings.train
     backend, tokenizer = _backend(settings, model_path)
@@ -361,8 +414,17 @@ def run_eval(
     async def main() -> EvalReport:
         pool = SandboxPool(settings.sandbox)
         await pool.start()
+        gateway: Gateway | None = None
         try:
             cases = qa_cases(heldout, pool)
+            if instances:
+                simulator: UserSimulator
+                if user == "policy":
+                    simulator = _policy_user(backend, tokenizer, settings, seed)
+                else:
+                    gateway = Gateway.from_settings(settings)
+                    simulator = GatewayUserSimulator(gateway)
+                cases += interactive_cases(instances, pool, simulator)
             with Progress(
                 TextColumn("eval"),
                 BarColumn(),
@@ -388,10 +450,29 @@ def run_eval(
                 )
         finally:
             await pool.close()
+            if gateway is not None:
+                await gateway.aclose()
         report.model = model_path
         return report
 
     return asyncio.run(main())
+
+
+def _policy_user(
+    backend: RolloutBackend, tokenizer: Any, settings: ArenaSettings, seed: int
+) -> UserSimulator:
+    """The evaluated policy as the user (its own backend, so its generation shares the agent's lock)."""
+    from trainer.user_sim import PolicyUserSimulator
+
+    cfg = settings.train
+    return PolicyUserSimulator(
+        backend,
+        tokenizer,
+        max_new_tokens=cfg.max_new_tokens,
+        max_seq_len=cfg.max_seq_len,
+        temperature=cfg.temperature,
+        seed=seed,
+    )
 
 
 def _backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, Any]:

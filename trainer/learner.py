@@ -5,10 +5,14 @@ starts a fresh AdamW at a constant learning rate (the RL phase is a new
 optimisation problem; SFT's moments would only bias it). After every GRPO
 update the rollout backend gets the new weights (a no-op for the ``hf``
 backend, which generates with the trained module itself).
+
+``frozen_backend`` / ``load_frozen`` give a generation-only copy of the policy (no gradients, never
+synced): the SFT-tuned user simulator of interactive GRPO rollouts, which GRPO must not change.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -50,6 +54,20 @@ class Learner:
         else:
             backend = HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer))
         return cls(model, tokenizer, cfg, backend)
+
+    def frozen_backend(self) -> HfBackend:
+        """A generation-only HF backend on a copy of the current weights (GRPO updates never reach it).
+
+        Always transformers on the policy's device, also when rollouts use vLLM: a second vLLM
+        engine would claim another share of the GPU for a model that only plays the user.
+        """
+        return _frozen(copy.deepcopy(self.model), self.tokenizer)
+
+    @staticmethod
+    def load_frozen(folder: Path) -> HfBackend:
+        """``frozen_backend`` of the weights saved in ``folder`` (resume: the SFT-end checkpoint)."""
+        model, tokenizer = load_policy(str(folder))
+        return _frozen(model, tokenizer)
 
     def new_optimizer(self, phase: Phase) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -112,3 +130,10 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.backend.load_weights(self.model)
+
+
+def _frozen(model: Any, tokenizer: Any) -> HfBackend:
+    """Eval mode (no dropout), no gradients: the module only ever generates."""
+    model.eval()
+    model.requires_grad_(False)
+    return HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer))

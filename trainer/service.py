@@ -19,12 +19,22 @@ On start the newest full state is loaded and both sources seek to its
 offsets; step records and checkpoints after it are deleted, so a run killed
 with ``kill -9`` redoes the lost steps and every consumed sample ends up in
 exactly one step record.
+
+The user of interactive rollouts (EigenData §5) is fixed when GRPO starts
+(``train.user_simulator``): with ``auto``, a frozen copy of the policy as it was
+at the end of SFT when SFT trained on user-simulator samples (``role_target =
+user``), else the gateway's ``user_simulator`` role. The frozen copy never
+receives GRPO updates (user tokens are context, mask 0, in the agent's
+trajectories). Its weights are saved as the weights checkpoint of the last SFT
+step and the choice (kind, step) is part of the full state, so ``--resume``
+reloads the same user; every GRPO step's metrics say which user it had.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import signal
 import statistics
 import tempfile
@@ -50,10 +60,34 @@ from trainer.batching import BatchFiller, Group, is_valid
 from trainer.checkpoint import Checkpoints, StepRecord
 from trainer.episodes import Episodes
 from trainer.learner import Learner
+from trainer.policy import HfBackend
 from trainer.samples_source import STAGE, STAGE_VERSION, SampleSource, Taken
 from trainer.sft import sft_example, sft_loss_backward
+from trainer.user_sim import PolicyUserSimulator
 
 Phase = Literal["sft", "grpo"]
+UserSimKind = Literal["gateway", "policy"]
+
+
+class UserSimChoice(BaseModel):
+    """The user simulator of a run's GRPO phase, as recorded in its full state."""
+
+    kind: Annotated[UserSimKind, Field(description="gateway: the LLM role; policy: the frozen SFT policy.")]
+    sft_step: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="policy: the step whose weights checkpoint holds the frozen user (the last SFT step; "
+            "0 = the run's base model); None for gateway.",
+        ),
+    ] = None
+
+
+def user_simulator_kind(setting: Literal["auto", "gateway", "policy"], sft_user_samples: int) -> UserSimKind:
+    """``auto`` -> policy when SFT trained on user-simulator samples (it learned to speak as the user)."""
+    if setting == "auto":
+        return "policy" if sft_user_samples > 0 else "gateway"
+    return setting
 
 
 class TrainOptions(BaseModel):
@@ -91,6 +125,8 @@ class TrainerService:
         self.stop = asyncio.Event()
         self.step = 0
         self.sft_step = 0
+        self.sft_user_samples = 0
+        self.user_sim: UserSimChoice | None = None
         self.phase: Phase = "sft" if self.cfg.sft_steps > 0 else "grpo"
         self.filler = BatchFiller(self.cfg.batch_groups, self.cfg.delta, self.cfg.max_rounds)
         self._tmp = tempfile.TemporaryDirectory(prefix="arena-train-")
@@ -121,13 +157,18 @@ class TrainerService:
         self.episodes = Episodes(self.settings, self.learner)
         if state_step is None:
             self.learner.new_optimizer(self.phase)
+            if self.phase == "grpo":  # no SFT phase: GRPO starts now
+                self._start_user_simulator()
             return {}
         state = self.checkpoints.load_state(state_step)
         removed = self.checkpoints.truncate_after(state_step)
         self.step, self.sft_step, self.phase = state["step"], state["sft_step"], state["phase"]
+        self.sft_user_samples = int(state.get("sft_user_samples", 0))
         self.learner.load_state(state, self.phase)
         self.filler.load_state_dict(state["filler"])
         _set_rng(state["rng"])
+        if self.phase == "grpo":
+            self._restore_user_simulator(state.get("user_sim"))
         self.console.print(
             f"[cyan]resumed[/cyan] run {self.cfg.run!r} at step {self.step} ({self.phase}); "
             f"{removed} newer objects of the lost lineage removed"
@@ -204,18 +245,85 @@ class TrainerService:
         while not self._done():
             if self.phase == "sft":
                 if self.sft_step >= self.cfg.sft_steps or not await self._sft_step():
-                    self._enter_grpo()
+                    await self._enter_grpo()
                 continue
             if not await self._grpo_step():
                 return  # drained
 
-    def _enter_grpo(self) -> None:
+    async def _enter_grpo(self) -> None:
         assert self.learner is not None
         self.phase = "grpo"
         self.learner.new_optimizer("grpo")
         self.console.print(
             f"[cyan]SFT done[/cyan] after {self.sft_step} steps; GRPO from step {self.step + 1}"
         )
+        await asyncio.to_thread(self._start_user_simulator)
+
+    # --- the user of interactive rollouts ----------------------------------
+    def _start_user_simulator(self) -> None:
+        """Fix the GRPO phase's user now, at the end of SFT (see the module docstring).
+
+        The policy user is a copy of the weights in memory; they are also saved as this step's
+        weights checkpoint (overwriting one a lost lineage may have left there), which is what a
+        resume reloads. Step 0 (no SFT step ran) is the run's base model, already in the lake.
+        """
+        assert self.learner is not None
+        kind = user_simulator_kind(self.cfg.user_simulator, self.sft_user_samples)
+        if kind == "gateway":
+            self._use_user_simulator(UserSimChoice(kind="gateway"), None)
+            return
+        if self.step > 0:
+            self.checkpoints.save_weights(self.step, "sft", self.learner.model, self.learner.tokenizer)
+        self._use_user_simulator(
+            UserSimChoice(kind="policy", sft_step=self.step), self.learner.frozen_backend()
+        )
+
+    def _restore_user_simulator(self, recorded: dict[str, Any] | None) -> None:
+        """Resume: the user the run's GRPO phase started with (its frozen weights from the lake)."""
+        if recorded is None:  # a state written before the choice was recorded: the user then was the gateway
+            self._use_user_simulator(UserSimChoice(kind="gateway"), None)
+            return
+        choice = UserSimChoice.model_validate(recorded)
+        if choice.kind == "gateway" or choice.sft_step is None:
+            self._use_user_simulator(UserSimChoice(kind="gateway"), None)
+            return
+        dest = Path(self._tmp.name) / f"user-{choice.sft_step}"
+        try:
+            if choice.sft_step == 0:
+                folder = self.checkpoints.base_folder(dest)
+            else:
+                folder = self.checkpoints.weights_folder(choice.sft_step, dest)
+            backend = Learner.load_frozen(folder)
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)  # loaded into memory; the lake keeps the folder
+        self._use_user_simulator(choice, backend)
+
+    def _use_user_simulator(self, choice: UserSimChoice, backend: HfBackend | None) -> None:
+        assert self.learner is not None and self.episodes is not None
+        self.user_sim = choice
+        user = None
+        if backend is not None:
+            user = PolicyUserSimulator(
+                backend,
+                self.learner.tokenizer,
+                max_new_tokens=self.cfg.max_new_tokens,
+                max_seq_len=self.cfg.max_seq_len,
+                temperature=self.cfg.temperature,
+                seed=self.settings.seed,
+                lock_with=self.learner.backend,  # one generation at a time: both seed torch's global RNG
+            )
+        self.episodes.use_user_simulator(user)
+        where = f"the policy frozen at step {choice.sft_step}" if user is not None else "the gateway's role"
+        self.console.print(f"[cyan]user simulator[/cyan] of interactive rollouts: {where}")
+
+    def _user_sim_metrics(self) -> dict[str, float]:
+        """Which user the step's interactive rollouts had (1 = the frozen SFT policy, 0 = the gateway)."""
+        if self.user_sim is None:
+            return {}
+        out = {"user_sim_policy": float(self.user_sim.kind == "policy")}
+        if self.user_sim.sft_step is not None:
+            out["user_sim_sft_step"] = float(self.user_sim.sft_step)
+        return out
 
     # --- SFT --------------------------------------------------------------
     async def _sft_step(self) -> bool:
@@ -236,7 +344,10 @@ class TrainerService:
         self.step += 1
         self.sft_step += 1
         ids = [t.record.sample_id for t in taken]
+        user_samples = sum(1 for t in taken if t.record.role_target == "user")
+        self.sft_user_samples += user_samples
         metrics = {"loss": loss, "tokens": float(tokens), "samples": float(len(ids)), "lr": lr}
+        metrics["user_samples"] = float(user_samples)
         metrics["step_s"] = time.perf_counter() - started
         await self._finish_step("sft", ids, ids, metrics)
         return True
@@ -290,7 +401,7 @@ class TrainerService:
         update_s = time.perf_counter() - t1
         self.step += 1
         fill = filler.last
-        metrics = _rollout_metrics(rolled) | update
+        metrics = _rollout_metrics(rolled) | update | self._user_sim_metrics()
         metrics |= {
             "fill_ratio": filler.fill_ratio(),
             "valid_ratio": filler.valid_ratio(),
@@ -366,6 +477,8 @@ class TrainerService:
         return {
             "step": self.step,
             "sft_step": self.sft_step,
+            "sft_user_samples": self.sft_user_samples,
+            "user_sim": self.user_sim.model_dump() if self.user_sim is not None else None,
             "phase": self.phase,
             "filler": self.filler.state_dict(),
             "offsets": {name: s.offsets for name, s in self.sources.items()},

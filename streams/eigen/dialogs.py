@@ -49,7 +49,7 @@ from pydantic import BaseModel, Field
 
 from arena.llm.core import InvalidOutput, Sampling
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import UserIntent
+from arena.llm.roles.eigen import FailureReason, Repair, SuggestedFix, TaskVerdict, UserIntent
 from arena.llm.roles.eigen_dialogs import (
     CRITERIA,
     EIGEN_TRAJECTORY_AGENT,
@@ -66,6 +66,7 @@ from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInp
 from producers.domain_packs import DomainPack
 from sandbox.env_runtime import Runner
 from streams.eigen.verification import policy_check
+from streams.eigen.workers import modify_task
 from trainer.environments import MAX_OUTPUT_CHARS, CallRecord, argument_error, state_program
 
 MAX_TURNS = 12
@@ -679,3 +680,112 @@ async def judge_dialog(
             update={"passed": False, "reasons": [judged.failure_reason or "judge: FAIL"]}
         )
     return verdict, judged
+
+
+# --------------------------------------------------------------------------- trajectory repair
+
+_GOAL_MISSED = re.compile(r"^goal (\d+) \(")
+
+
+def repair_request(intent: UserIntent, verdict: DialogVerdict) -> TaskVerdict | None:
+    """A failed dialogue's goal findings as a ``TaskVerdict`` the Modify worker can act on.
+
+    A goal the agent never achieved is dropped (its calls did not run, so the rest of the
+    dialogue still stands on its own). None when the failure is not about goals (grounding,
+    schema, realism, policy: the agent's mistakes, which only a new dialogue can fix).
+    """
+    reasons: list[FailureReason] = []
+    fixes: list[SuggestedFix] = []
+    for issue in verdict.issues:
+        match = (
+            _GOAL_MISSED.match(issue.description) if issue.criterion == "goal" and issue.critical else None
+        )
+        if match is None:
+            continue
+        index = int(match.group(1))
+        if index >= len(intent.goals) or any(f.goal_index == index for f in fixes):
+            continue
+        reasons.append(
+            FailureReason(
+                category="missing_resource",
+                description=issue.description,
+                evidence=issue.evidence,
+                goal_index=index,
+            )
+        )
+        fixes.append(
+            SuggestedFix(fix_type="drop_goal", goal_index=index, description=f"drop it: {issue.description}")
+        )
+    if not reasons or len(fixes) >= len(intent.goals):
+        return None  # nothing goal-shaped, or nothing would be left to do
+    return TaskVerdict(status="INFEASIBLE", failure_reasons=reasons, suggested_fixes=fixes, confidence="high")
+
+
+class DialogOutcome(BaseModel):
+    """The end of a TrajectoryValidation <-> Modify loop."""
+
+    accepted: bool
+    rounds: int = Field(description="Modify rounds done (0: the first dialogue passed).")
+    intent: UserIntent = Field(description="The task the final dialogue was synthesized for.")
+    dialog: Dialog = Field(description="The last dialogue validated.")
+    verdict: DialogVerdict
+    judged: TrajectoryVerdict
+    repairs: list[list[Repair]] = Field(default_factory=list, description="Task edits of each round.")
+    reason: str | None = Field(default=None, description="Why it was rejected (the last verdict's reasons).")
+
+
+async def validate_with_dialog_repair(
+    pack: DomainPack,
+    intent: UserIntent,
+    dialog: Dialog,
+    state: Mapping[str, Any],
+    gateway: Gateway,
+    runner: Runner,
+    *,
+    max_rounds: int = 3,
+    max_turns: int = MAX_TURNS,
+    timeout_s: float | None = None,
+) -> DialogOutcome:
+    """Judge; while it fails and fewer than ``max_rounds`` rounds were done, repair and re-synthesize.
+
+    A repair is minimal: goals the agent never achieved are dropped from the task by the Modify
+    worker (``repair_request``), other findings keep the task; then the dialogue is synthesized
+    again from the initial state, so every call after the change re-runs in the sandbox. Each
+    round samples with a new seed (an LLM backend writes a new dialogue; the rules backend is
+    deterministic per input, so only a task change makes a difference there).
+    """
+    repairs: list[list[Repair]] = []
+    rounds = 0
+    while True:
+        verdict, judged = await judge_dialog(pack, intent, dialog, gateway)
+        if verdict.passed or rounds >= max_rounds:
+            reason = None
+            if not verdict.passed:
+                reason = f"still failing after {rounds} repair round(s): " + "; ".join(verdict.reasons)
+            return DialogOutcome(
+                accepted=verdict.passed,
+                rounds=rounds,
+                intent=intent,
+                dialog=dialog,
+                verdict=verdict,
+                judged=judged,
+                repairs=repairs,
+                reason=reason,
+            )
+        rounds += 1
+        request = repair_request(intent, verdict)
+        if request is not None:
+            intent, edits = await modify_task(intent, request, rounds, gateway=gateway)
+            repairs.append(edits)
+        else:
+            repairs.append([])
+        dialog = await synthesize_dialog(
+            pack,
+            intent,
+            state,
+            gateway,
+            runner,
+            max_turns=max_turns,
+            sampling=Sampling(seed=rounds),
+            timeout_s=timeout_s,
+        )

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from arena.config import EigenSettings
 from arena.hashing import content_hash
 from arena.llm.core import InvalidOutput, Role, Undecidable
 from arena.llm.gateway import Gateway
@@ -86,7 +87,9 @@ __all__ = [
     "make_prompt_sets",
     "measure_batch",
     "pilot",
+    "pilot_key",
     "plan_workflow",
+    "thresholds_from",
 ]
 
 MAX_PILOT_ITERATIONS = 16
@@ -236,6 +239,7 @@ async def make_prompt_sets(
                 parent=prompt_set.parent,
                 focus=prompt_set.focus,
                 summary=prompt_set.summary,
+                snapshot=prompt_set.model_dump_json(),
             )
         sets.append(prompt_set)
     return sets
@@ -568,7 +572,26 @@ def _record_evolution(
             prompt_versions=current.prompt_versions,
             iteration=iteration,
             reason=f"critique of iteration {iteration}: {reasons}",
+            snapshot=current.model_dump_json(),
         )
+
+
+def thresholds_from(cfg: EigenSettings) -> PilotThresholds:
+    """The pilot's convergence thresholds as configured (``ARENA_EIGEN__*``)."""
+    return PilotThresholds(
+        max_infeasibility=cfg.max_infeasibility,
+        min_validity=cfg.min_validity,
+        max_quality_change=cfg.max_quality_change,
+    )
+
+
+def pilot_key(record: PilotMetrics) -> str:
+    """Key of a ``eigen.pilot.metrics`` record: the content hash of the whole record.
+
+    Not (set, iteration): a set sent back to phase 2 pilots again from iteration 0, and its second
+    pilot must not overwrite the first one's records in the lake; a replay is still idempotent.
+    """
+    return content_hash(record.model_dump(mode="json"), prefix="pm-", length=24)
 
 
 # --------------------------------------------------------------------------- phase 3: drift

@@ -1,0 +1,65 @@
+"""Stage ``eigen.tasks -> eigen.dialogs``: DialogSynthesis (EigenData §4.2).
+
+The UserSimulator (instructed by the task, with stop / transfer / out-of-scope signals) and the
+TrajectoryAgent (the pack's policy and agent tools) talk; every agent and user tool call runs in
+the sandbox against the dialogue's own copy of the database (``streams.eigen.dialogs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from arena.llm.roles.eigen_dialogs import EIGEN_TRAJECTORY_AGENT
+from arena.llm.roles.user_sim import USER_SIMULATOR
+from arena.records.eigen import EigenItem
+from streams.eigen.dialogs import synthesize_dialog
+from streams.eigen.items import (
+    DialogPayload,
+    TaskPayload,
+    lineage_of,
+    load_pack,
+    load_prompt_set,
+    load_state,
+    make_item,
+    payload,
+)
+from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
+from streams.runtime import Context, Emit, StageDef
+
+STAGE_VERSION = "1"
+ROLES = (EIGEN_TRAJECTORY_AGENT.name, USER_SIMULATOR.name)
+
+
+async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    assert isinstance(record, EigenItem)
+    task = payload(record, TaskPayload)
+    pack = await load_pack(ctx.settings, task.scenario.pack_id)
+    state = await load_state(ctx.settings, task.scenario)
+    prompt_set, _ = await load_prompt_set(eigen_store_for(ctx.settings), record.prompt_set)
+    dialog = await synthesize_dialog(
+        pack,
+        task.intent,
+        state,
+        gateway_for(ctx.settings),
+        await sandbox_pool_for(ctx.settings),
+        max_turns=ctx.settings.eigen.max_turns,
+        timeout_s=ctx.settings.sandbox.timeout_s,
+    )
+    body = DialogPayload(
+        scenario=task.scenario, intent=task.intent, task_repair_rounds=task.repair_rounds, dialog=dialog
+    )
+    item = make_item("dialog", record, body, domain=record.domain, prompt_set=record.prompt_set)
+    return [Emit("eigen.dialogs", item.item_id, item, (ctx.source_key,), **lineage_of(prompt_set, ROLES))]
+
+
+STAGE = StageDef(
+    name="eigen-dialogs",
+    input="eigen.tasks",
+    version=STAGE_VERSION,
+    handler=handle,
+    outputs=("eigen.dialogs",),
+    description="EigenData DialogSynthesis: user simulator and trajectory agent, every call in the sandbox",
+    dedupe=True,
+)

@@ -1,0 +1,84 @@
+"""Stage ``eigen.seeds -> eigen.intents``: RandomPool and UserIntent (EigenData §4.2).
+
+A seed names a published pack, a database seed, a scenario seed and the prompt set (phase 3)
+that draws it. RandomPool draws persona, environment context and difficulty factors with the
+set's parameters; UserIntent turns the draw into a task on the database slice it names. A set
+the phase-3 audit sent back to phase 2 is piloted again first (``streams.eigen.audit.repilot``);
+its per-iteration metrics go to ``eigen.pilot.metrics`` with the item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from arena.llm.roles.eigen import EIGEN_RANDOM_POOL, EIGEN_USER_INTENT, RandomPoolInput, UserIntentInput
+from arena.records.eigen import EigenItem
+from streams.eigen.audit import repilot
+from streams.eigen.evolution import PILOT_TOPIC, pilot_key
+from streams.eigen.items import (
+    IntentPayload,
+    Scenario,
+    lineage_of,
+    load_pack,
+    load_prompt_set,
+    load_state,
+    make_item,
+    payload,
+)
+from streams.eigen.workers import domain_summary, entity_refs, state_slice
+from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
+from streams.runtime import Context, Emit, StageDef
+
+STAGE_VERSION = "1"
+ROLES = (EIGEN_RANDOM_POOL.name, EIGEN_USER_INTENT.name)
+
+
+async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    assert isinstance(record, EigenItem)
+    scenario = payload(record, Scenario)
+    pack = await load_pack(ctx.settings, scenario.pack_id)
+    state = await load_state(ctx.settings, scenario)
+    store = eigen_store_for(ctx.settings)
+    gateway = gateway_for(ctx.settings)
+    prompt_set, phase = await load_prompt_set(store, record.prompt_set)
+    emits: list[Emit] = []
+    if phase == 2:  # the phase-3 audit found drift: optimise again before drawing more
+        prompt_set, metrics = await repilot(
+            prompt_set,
+            gateway=gateway,
+            runner=await sandbox_pool_for(ctx.settings),
+            pack=pack,
+            state=state,
+            store=store,
+            cfg=ctx.settings.eigen,
+            timeout_s=ctx.settings.sandbox.timeout_s,
+        )
+        emits += [Emit(PILOT_TOPIC, pilot_key(m), m, (ctx.source_key,)) for m in metrics]
+    domain = domain_summary(pack, state)
+    draw_input = RandomPoolInput(
+        domain=domain, seed=scenario.seed, params=prompt_set.params, entities=entity_refs(state)
+    )
+    draw = (await gateway.call(prompt_set.role(EIGEN_RANDOM_POOL), draw_input)).output
+    intent_input = UserIntentInput(draw=draw, domain=domain, records=state_slice(state, draw))
+    intent = (await gateway.call(prompt_set.role(EIGEN_USER_INTENT), intent_input)).output
+    body = IntentPayload(
+        scenario=scenario.model_copy(update={"set_version": prompt_set.version}), draw=draw, intent=intent
+    )
+    item = make_item("intent", record, body, domain=pack.name, prompt_set=prompt_set.set_id)
+    emits.append(
+        Emit("eigen.intents", item.item_id, item, (ctx.source_key,), **lineage_of(prompt_set, ROLES))
+    )
+    return emits
+
+
+STAGE = StageDef(
+    name="eigen-intents",
+    input="eigen.seeds",
+    version=STAGE_VERSION,
+    handler=handle,
+    outputs=("eigen.intents", PILOT_TOPIC),
+    description="EigenData RandomPool + UserIntent: a task per seed with its prompt set (re-pilots drifted sets)",
+    dedupe=True,
+)

@@ -1,0 +1,101 @@
+"""Stage ``eigen.intents -> eigen.tasks``: TaskValidation with Modify repair (EigenData §4.2).
+
+The feasibility probe executes the task's reads and dry-runs its writes in the sandbox against a
+copy of the database (``streams.eigen.workers.probe_task``); an INFEASIBLE task is repaired by
+Modify and validated again, at most ``eigen.max_repair_rounds`` times, then rejected to
+``eigen.intents.rejected`` with the last verdict's reasons. Each item's repair rounds and schema
+problems are phase-3 audit figures of its prompt set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from arena.llm.roles.eigen import EIGEN_MODIFY, EIGEN_TASK_VALIDATION
+from arena.records.eigen import EigenItem
+from streams.eigen.audit import record_and_audit
+from streams.eigen.items import (
+    IntentPayload,
+    TaskPayload,
+    lineage_of,
+    load_pack,
+    load_prompt_set,
+    load_state,
+    make_item,
+    payload,
+)
+from streams.eigen.workers import static_problems, validate_with_repair
+from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
+from streams.runtime import Context, Emit, StageDef
+
+STAGE_VERSION = "1"
+GATE = "task_validation"
+ROLES = (EIGEN_TASK_VALIDATION.name, EIGEN_MODIFY.name)
+
+
+async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    assert isinstance(record, EigenItem)
+    body = payload(record, IntentPayload)
+    pack = await load_pack(ctx.settings, body.scenario.pack_id)
+    state = await load_state(ctx.settings, body.scenario)
+    store = eigen_store_for(ctx.settings)
+    outcome = await validate_with_repair(
+        body.intent,
+        gateway=gateway_for(ctx.settings),
+        runner=await sandbox_pool_for(ctx.settings),
+        pack=pack,
+        state=state,
+        max_rounds=ctx.settings.eigen.max_repair_rounds,
+        timeout_s=ctx.settings.sandbox.timeout_s,
+    )
+    await record_and_audit(
+        store,
+        ctx.settings.eigen,
+        set_id=record.prompt_set,
+        stage=STAGE.name,
+        item_id=record.item_id,
+        version=body.scenario.set_version,
+        figures={
+            "repair_rounds": float(outcome.rounds),
+            "schema_errors": float(len(static_problems(pack, body.intent))),
+            "infeasible": float(outcome.verdicts[0].status == "INFEASIBLE"),
+        },
+    )
+    prompt_set, _ = await load_prompt_set(store, record.prompt_set)
+    if not outcome.accepted:
+        return [
+            ctx.reject(
+                GATE,
+                record.item_id,
+                outcome.reason or "infeasible",
+                details={
+                    "rounds": outcome.rounds,
+                    "reasons": [r for v in outcome.verdicts for r in v.reasons],
+                    "repairs": [[e.model_dump(mode="json") for e in edits] for edits in outcome.repairs],
+                },
+                record=record.model_dump(mode="json"),
+            )
+        ]
+    task = TaskPayload(
+        scenario=body.scenario,
+        intent=outcome.final_intent,
+        plan=outcome.plan,
+        repair_rounds=outcome.rounds,
+        first_reasons=outcome.verdicts[0].reasons if outcome.rounds else [],
+        repairs=outcome.repairs,
+    )
+    item = make_item("task", record, task, domain=record.domain, prompt_set=record.prompt_set)
+    return [Emit("eigen.tasks", item.item_id, item, (ctx.source_key,), **lineage_of(prompt_set, ROLES))]
+
+
+STAGE = StageDef(
+    name="eigen-tasks",
+    input="eigen.intents",
+    version=STAGE_VERSION,
+    handler=handle,
+    outputs=("eigen.tasks",),
+    description="EigenData TaskValidation (sandbox feasibility probe) with at most 3 Modify repair rounds",
+    dedupe=True,
+)

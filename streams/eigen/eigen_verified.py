@@ -1,0 +1,194 @@
+"""Stage ``eigen.dialogs.validated -> eigen.verified``: the VerificationFunction (EigenData §4.2, §5).
+
+From an accepted dialogue: the reference calls (every agent and user call, replayed from the
+seeded database with the pack's tools) and the reference final state give the generated
+``verify(initial_state, final_state, calls)`` (``streams.eigen.verification``). It is run in the
+sandbox on the dialogue's own final state and call log, which it must pass; the instance is then
+catalogued with its split (content hash mod ``envs.heldout_k``, bucket 0 held out for
+``arena eval``). Training-split instances go out as
+
+- ``samples.verified`` (``kind = interactive``): initial state, tools code, verifier, user
+  instructions, requirements and user tools, for GRPO with the user simulator in the loop;
+- ``samples.sft``: the dialogue for the agent (``role_target = agent``) and its user-view for the
+  user simulator (``role_target = user``, ``trainer.user_sim.user_view_messages``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from arena.hashing import content_hash
+from arena.records.eigen import EigenItem
+from arena.records.envs import VerifiedSample
+from arena.records.sft import SftSample
+from lake.env_packages import split_of
+from producers.domain_packs import DomainPack
+from sandbox.env_runtime import Runner
+from streams.eigen.dialogs import Dialog, user_instructions
+from streams.eigen.items import ValidatedPayload, VerifiedPayload, load_pack, make_item, payload
+from streams.eigen.verification import build_instance, interactive_sample
+from streams.resources import eigen_store_for, sandbox_pool_for
+from streams.runtime import Context, Emit, StageDef
+from trainer.environments import Verdict, verify_program
+from trainer.render import ToolCall
+from trainer.user_sim import MARKERS, Signal, ViewTurn, user_view_messages
+
+STAGE_VERSION = "1"
+GATE = "verification"
+SOURCE = "eigen"
+
+
+async def run_in_sandbox(
+    runner: Runner, instance: dict[str, Any], dialog: Dialog, timeout_s: float
+) -> Verdict | str:
+    """The instance's verifier on the dialogue's final state and calls, in the sandbox; error text if it cannot run."""
+    program = verify_program(instance["verify"], dialog.initial_state, dialog.final_state, dialog.records())
+    result = await runner.run(program, timeout_s=timeout_s)
+    if not result.ok:
+        return f"{result.error_type}: {result.error}"
+    try:
+        return Verdict.model_validate(result.return_value)
+    except ValidationError as exc:
+        return f"verify returned {str(result.return_value)[:200]!r}: {exc.error_count()} error(s)"
+
+
+def user_view(body: ValidatedPayload, pack: DomainPack) -> list[dict[str, Any]]:
+    """The dialogue as the simulated user saw it (its texts, its app actions, its end signal)."""
+    dialog = body.dialog
+    turns: list[ViewTurn] = []
+    for n, message in enumerate(dialog.messages[1:], start=1):
+        text = message.get("content") or ""
+        if message["role"] == "user":
+            actions = [
+                ToolCall(name=c.name, arguments=c.arguments)
+                for c in dialog.calls
+                if c.actor == "user" and c.message_index == n
+            ]
+            turns.append(ViewTurn(role="user", text=text, actions=actions))
+        elif message["role"] == "assistant" and text.strip():
+            turns.append(ViewTurn(role="assistant", text=text))
+    signal: Signal = dialog.end_signal if dialog.end_signal in MARKERS else "continue"  # type: ignore[assignment]
+    if signal != "continue" and turns and turns[-1].role == "assistant":
+        turns.append(ViewTurn(role="user", text=""))  # the user ended with the marker alone
+    return user_view_messages(
+        user_instructions(body.intent), body.intent.requirements, pack.user_tools, turns, signal
+    )
+
+
+def sft_samples(body: ValidatedPayload, pack: DomainPack, origin: str) -> list[SftSample]:
+    """The agent-side and the user-side training conversations of an accepted dialogue."""
+    sides: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = [
+        ("agent", body.dialog.messages, pack.agent_tools),
+        ("user", user_view(body, pack), pack.user_tools),
+    ]
+    return [
+        SftSample(
+            # Keyed by origin and side, not content: the dialogue carries the tools' timestamps and uuids.
+            sample_id=content_hash({"origin": origin, "target": target}, prefix="sft-", length=24),
+            messages=messages,
+            tools=tools,
+            role_target=target,  # type: ignore[arg-type]
+            source=SOURCE,
+            reward=1.0,
+            origin_id=origin,
+        )
+        for target, messages, tools in sides
+    ]
+
+
+async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+    assert isinstance(record, EigenItem)
+    body = payload(record, ValidatedPayload)
+    pack = await load_pack(ctx.settings, body.scenario.pack_id)
+    dialog = body.dialog
+    task = {
+        # Only calls that ran are the reference: a call the tools refused changed nothing, and
+        # replaying it would fail again (the verifier still sees every attempt of a rollout).
+        "calls": [c for c in dialog.records() if c["ok"]],
+        "user_instructions": user_instructions(body.intent),
+        "requirements": body.intent.requirements,
+    }
+    try:
+        instance = await asyncio.to_thread(
+            build_instance,
+            pack,
+            body.scenario.state_seed,
+            size=body.scenario.size,
+            task=task,
+            must_have=body.intent.must_have_functions,
+            max_user_turns=ctx.settings.eigen.max_turns,
+        )
+    except ValueError as exc:  # a reference call failed on replay, or the verifier rejects its reference
+        return [ctx.reject(GATE, record.item_id, str(exc), record=record.model_dump(mode="json"))]
+    if instance["initial_state"] != dialog.initial_state:
+        reason = "the dialogue did not start from the seeded database it names"
+        return [ctx.reject(GATE, record.item_id, reason, record=record.model_dump(mode="json"))]
+    pool = await sandbox_pool_for(ctx.settings)
+    verdict = await run_in_sandbox(pool, instance, dialog, ctx.settings.sandbox.timeout_s)
+    if isinstance(verdict, str) or not verdict.passed:
+        reason = (
+            verdict
+            if isinstance(verdict, str)
+            else f"the verifier fails its own dialogue: {verdict.components}"
+        )
+        return [ctx.reject(GATE, record.item_id, reason, record=record.model_dump(mode="json"))]
+    instance.update({"prompt_set": record.prompt_set, "item_id": record.item_id})
+    split = split_of(instance["instance_id"], ctx.settings.envs.heldout_k)
+    sample = _sample(pack, instance, dialog, split, record.item_id)
+    store = eigen_store_for(ctx.settings)
+    await asyncio.to_thread(
+        store.record_instance,
+        instance["instance_id"],
+        pack.name,
+        split,
+        sample.sample_id,
+        sample.model_dump_json(),
+    )
+    verified = VerifiedPayload(
+        scenario=body.scenario,
+        instance=instance,
+        sample_id=sample.sample_id,
+        split=split,
+        verdict=verdict.model_dump(mode="json"),
+    )
+    item = make_item("verified", record, verified, domain=pack.name, prompt_set=record.prompt_set)
+    emits = [Emit("eigen.verified", item.item_id, item, (ctx.source_key,))]
+    if split == "heldout":
+        return emits  # held out: catalogued for `arena eval`, never trained on
+    emits.append(Emit("samples.verified", sample.sample_id, sample, (item.item_id,)))
+    emits += [
+        Emit("samples.sft", s.sample_id, s, (item.item_id,)) for s in sft_samples(body, pack, item.item_id)
+    ]
+    return emits
+
+
+def _sample(
+    pack: DomainPack, instance: dict[str, Any], dialog: Dialog, split: str, origin: str
+) -> VerifiedSample:
+    """The ``interactive`` sample, opening the way the accepted dialogue did (system policy + date, first user turn).
+
+    Keyed by the validated item it came from: its verifier embeds replayed timestamps, so a content
+    hash would give a replayed item a second sample.
+    """
+    sample = interactive_sample(pack, instance, split=split)
+    return sample.model_copy(
+        update={
+            "sample_id": content_hash({"kind": "interactive", "origin": origin}, prefix="vs-", length=24),
+            "prompt": [dict(m) for m in dialog.messages[:2]],
+        }
+    )
+
+
+STAGE = StageDef(
+    name="eigen-verified",
+    input="eigen.dialogs.validated",
+    version=STAGE_VERSION,
+    handler=handle,
+    outputs=("eigen.verified", "samples.verified", "samples.sft"),
+    description="EigenData VerificationFunction (run in the sandbox); verified instances to samples.verified/sft",
+    dedupe=True,
+)
