@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -662,8 +661,7 @@ def eval_cmd(
     user: Annotated[
         str,
         typer.Option(
-            click_type=click.Choice(["gateway", "policy"]),
-            help="Who plays the user of interactive instances: the LLM gateway's simulator, or the policy.",
+            help="Who plays the user of interactive instances: 'gateway' (its simulator) or 'policy'."
         ),
     ] = "gateway",
 ) -> None:
@@ -674,6 +672,8 @@ def eval_cmd(
     from trainer.evaluate import report_table, run_eval
 
     cfg = settings()
+    if user not in ("gateway", "policy"):
+        raise UserError(f"--user {user!r}: use 'gateway' or 'policy'")
     n = trials if trials is not None else k
     if n < k:
         raise UserError(f"--trials {n} < --k {k} (fix: pass^k needs at least k trials per package)")
@@ -692,7 +692,7 @@ def eval_cmd(
         elif not (model / "config.json").is_file():
             raise UserError(f"--model {model}: no config.json there (fix: a Hugging Face model folder)")
         try:
-            report = run_eval(cfg, str(model), k=k, trials=n, user=user)  # type: ignore[arg-type]  # click.Choice
+            report = run_eval(cfg, str(model), k=k, trials=n, user=user)  # type: ignore[arg-type]  # checked above
         except ValueError as exc:  # nothing held out
             raise UserError(
                 f"{exc} (fix: `arena demo`, or `arena publish qa` / `arena publish domain` and `arena worker`)"

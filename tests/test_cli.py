@@ -159,6 +159,7 @@ def test_train_eval_export_user_errors(tmp_path: Path) -> None:
         assert_user_error(run_arena(["train"], bad_model, check=None), "no config.json", str(tmp_path))
     assert_user_error(run_arena(["eval"], env, check=None), "has no weights yet")
     assert_user_error(run_arena(["eval", "--k", "4", "--trials", "2"], env, check=None), "--trials 2 < --k 4")
+    assert_user_error(run_arena(["eval", "--user", "robot"], env, check=None), "--user 'robot'")
     assert_user_error(run_arena(["eval", "--model", str(tmp_path)], env, check=None), "no config.json")
     assert_user_error(run_arena(["export", "verl", str(tmp_path / "out")], env, check=None), "no verified")
 
