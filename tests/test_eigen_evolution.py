@@ -26,7 +26,7 @@ from sandbox import SandboxPool
 from streams.eigen.evolution import PILOT_TOPIC, detect_drift, make_prompt_sets, pilot, plan_workflow
 from tests.fixtures.domain import sandboxed
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(180)  # the 16-iteration pilots take ~60 s on 2 loaded cores
 
 BAD = PoolParams(error_prone_parameters=0.9, policy_pressure=0.8)
 THRESHOLDS = PilotThresholds(max_infeasibility=0.2, min_validity=0.9)
