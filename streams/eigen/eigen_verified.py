@@ -1,7 +1,7 @@
 """Stage ``eigen.dialogs.validated -> eigen.verified``: the VerificationFunction (EigenData §4.2, §5).
 
-From an accepted dialogue: the reference calls (every agent and user call, replayed from the
-seeded database with the pack's tools) and the reference final state give the generated
+From an accepted dialogue: the reference calls (every agent and user call that ran, replayed from
+the seeded database with the pack's tools) and the reference final state give the generated
 ``verify(initial_state, final_state, calls)`` (``streams.eigen.verification``). It is run in the
 sandbox on the dialogue's own final state and call log, which it must pass; the instance is then
 catalogued with its split (content hash mod ``envs.heldout_k``, bucket 0 held out for
