@@ -118,6 +118,16 @@ async def _run(runner: Runner, program: str, timeout_s: float | None) -> Sandbox
         return f"sandbox_error: {exc}"
 
 
+def read_verdict(result: SandboxResult) -> Verdict | str:
+    """The ``Verdict`` a run of ``verify_program`` returned, or why there is none (error text)."""
+    if not result.ok:
+        return _failure(result)
+    try:
+        return Verdict.model_validate(result.return_value)
+    except ValidationError as exc:
+        return f"verify returned {str(result.return_value)[:200]!r}: {exc.error_count()} error(s)"
+
+
 # --------------------------------------------------------------------------- QA environments
 
 
@@ -413,14 +423,7 @@ class InteractiveEnvironment:
             verify_program(self.spec.verify, self.initial_state, self.state, calls),
             self.timeout_s,
         )
-        if isinstance(result, str):
-            return result
-        if not result.ok:
-            return _failure(result)
-        try:
-            return Verdict.model_validate(result.return_value)
-        except ValidationError as exc:
-            return f"verify returned {str(result.return_value)[:200]!r}: {exc.error_count()} error(s)"
+        return result if isinstance(result, str) else read_verdict(result)
 
     async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
         """1.0 when the verification function passes on this instance's final state, else 0.0.

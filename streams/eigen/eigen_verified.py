@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from arena.hashing import content_hash
 from arena.records.eigen import EigenItem
@@ -27,33 +27,18 @@ from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
 from lake.env_packages import split_of
 from producers.domain_packs import DomainPack
-from sandbox.env_runtime import Runner
 from streams.eigen.dialogs import Dialog, user_instructions
 from streams.eigen.items import ValidatedPayload, VerifiedPayload, load_pack, make_item, payload
 from streams.eigen.verification import build_instance, interactive_sample
 from streams.resources import eigen_store_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
-from trainer.environments import Verdict, verify_program
+from trainer.environments import read_verdict, verify_program
 from trainer.render import ToolCall
 from trainer.user_sim import MARKERS, Signal, ViewTurn, user_view_messages
 
 STAGE_VERSION = "1"
 GATE = "verification"
 SOURCE = "eigen"
-
-
-async def run_in_sandbox(
-    runner: Runner, instance: dict[str, Any], dialog: Dialog, timeout_s: float
-) -> Verdict | str:
-    """The instance's verifier on the dialogue's final state and calls, in the sandbox; error text if it cannot run."""
-    program = verify_program(instance["verify"], dialog.initial_state, dialog.final_state, dialog.records())
-    result = await runner.run(program, timeout_s=timeout_s)
-    if not result.ok:
-        return f"{result.error_type}: {result.error}"
-    try:
-        return Verdict.model_validate(result.return_value)
-    except ValidationError as exc:
-        return f"verify returned {str(result.return_value)[:200]!r}: {exc.error_count()} error(s)"
 
 
 def user_view(body: ValidatedPayload, pack: DomainPack) -> list[dict[str, Any]]:
@@ -128,7 +113,8 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
         reason = "the dialogue did not start from the seeded database it names"
         return [ctx.reject(GATE, record.item_id, reason, record=record.model_dump(mode="json"))]
     pool = await sandbox_pool_for(ctx.settings)
-    verdict = await run_in_sandbox(pool, instance, dialog, ctx.settings.sandbox.timeout_s)
+    program = verify_program(instance["verify"], dialog.initial_state, dialog.final_state, dialog.records())
+    verdict = read_verdict(await pool.run(program, timeout_s=ctx.settings.sandbox.timeout_s))
     if isinstance(verdict, str) or not verdict.passed:
         reason = (
             verdict
