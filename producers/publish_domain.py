@@ -39,7 +39,7 @@ from streams.eigen.evolution import (
     pilot_key,
     thresholds_from,
 )
-from streams.eigen.items import Scenario, make_item, pack_id_of
+from streams.eigen.items import Scenario, generating_set, make_item, pack_id_of
 from streams.runtime import Emit
 
 SEEDS_TOPIC = "eigen.seeds"
@@ -100,9 +100,9 @@ def seed_items(
 async def _pilot_or_resume(
     prompt_set: PromptSet, store: EigenCatalog, run: Callable[[PromptSet], Awaitable[PilotResult]]
 ) -> tuple[PromptSet, PilotResult | None]:
-    row = await asyncio.to_thread(store.prompt_set, prompt_set.set_id)
-    if row is not None and row.phase == 3 and row.snapshot not in ("", "{}"):
-        return PromptSet.model_validate_json(row.snapshot), None  # piloted by an earlier publication
+    done = await generating_set(store, prompt_set.set_id)
+    if done is not None:
+        return done, None  # piloted by an earlier publication
     result = await run(prompt_set)
     return result.prompt_set, result
 

@@ -24,6 +24,7 @@ from lake.eigen_catalog import AuditRow, EigenCatalog
 from producers.domain_packs import DomainPack
 from sandbox.env_runtime import Runner
 from streams.eigen.evolution import PromptSet, detect_drift, pilot, thresholds_from
+from streams.eigen.items import generating_set
 
 log = logging.getLogger("arena.eigen.audit")
 
@@ -100,9 +101,9 @@ async def repilot(
     """
     lock = _locks.setdefault(prompt_set.set_id, asyncio.Lock())
     async with lock:
-        row = await asyncio.to_thread(store.prompt_set, prompt_set.set_id)
-        if row is not None and row.phase == 3 and row.snapshot not in ("", "{}"):
-            return PromptSet.model_validate_json(row.snapshot), []
+        done = await generating_set(store, prompt_set.set_id)
+        if done is not None:
+            return done, []
         result = await pilot(
             prompt_set,
             gateway=gateway,

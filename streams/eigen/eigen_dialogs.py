@@ -19,11 +19,8 @@ from streams.eigen.items import (
     DialogPayload,
     TaskPayload,
     lineage_of,
-    load_pack,
-    load_prompt_set,
-    load_state,
     make_item,
-    payload,
+    open_item,
 )
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
@@ -34,14 +31,12 @@ ROLES = (EIGEN_TRAJECTORY_AGENT.name, USER_SIMULATOR.name)
 
 async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     assert isinstance(record, EigenItem)
-    task = payload(record, TaskPayload)
-    pack = await load_pack(ctx.settings, task.scenario.pack_id)
-    state = await load_state(ctx.settings, task.scenario)
-    prompt_set, _ = await load_prompt_set(eigen_store_for(ctx.settings), record.prompt_set)
+    work = await open_item(ctx.settings, eigen_store_for(ctx.settings), record, TaskPayload)
+    task = work.body
     dialog = await synthesize_dialog(
-        pack,
+        work.pack,
         task.intent,
-        state,
+        work.state,
         gateway_for(ctx.settings),
         await sandbox_pool_for(ctx.settings),
         max_turns=ctx.settings.eigen.max_turns,
@@ -51,7 +46,9 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
         scenario=task.scenario, intent=task.intent, task_repair_rounds=task.repair_rounds, dialog=dialog
     )
     item = make_item("dialog", record, body, domain=record.domain, prompt_set=record.prompt_set)
-    return [Emit("eigen.dialogs", item.item_id, item, (ctx.source_key,), **lineage_of(prompt_set, ROLES))]
+    return [
+        Emit("eigen.dialogs", item.item_id, item, (ctx.source_key,), **lineage_of(work.prompt_set, ROLES))
+    ]
 
 
 STAGE = StageDef(

@@ -23,11 +23,8 @@ from streams.eigen.items import (
     DialogPayload,
     ValidatedPayload,
     lineage_of,
-    load_pack,
-    load_prompt_set,
-    load_state,
     make_item,
-    payload,
+    open_item,
 )
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
@@ -39,16 +36,14 @@ ROLES = (EIGEN_TRAJECTORY_VALIDATION.name, EIGEN_MODIFY.name)
 
 async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     assert isinstance(record, EigenItem)
-    body = payload(record, DialogPayload)
-    pack = await load_pack(ctx.settings, body.scenario.pack_id)
-    state = await load_state(ctx.settings, body.scenario)
     store = eigen_store_for(ctx.settings)
-    prompt_set, _ = await load_prompt_set(store, record.prompt_set)
+    work = await open_item(ctx.settings, store, record, DialogPayload)
+    body = work.body
     outcome = await validate_with_dialog_repair(
-        pack,
+        work.pack,
         body.intent,
         body.dialog,
-        state,
+        work.state,
         gateway_for(ctx.settings),
         await sandbox_pool_for(ctx.settings),
         max_rounds=ctx.settings.eigen.max_repair_rounds,
@@ -95,7 +90,11 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     item = make_item("validated", record, validated, domain=record.domain, prompt_set=record.prompt_set)
     return [
         Emit(
-            "eigen.dialogs.validated", item.item_id, item, (ctx.source_key,), **lineage_of(prompt_set, ROLES)
+            "eigen.dialogs.validated",
+            item.item_id,
+            item,
+            (ctx.source_key,),
+            **lineage_of(work.prompt_set, ROLES),
         )
     ]
 

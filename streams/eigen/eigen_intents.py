@@ -21,11 +21,8 @@ from streams.eigen.items import (
     IntentPayload,
     Scenario,
     lineage_of,
-    load_pack,
-    load_prompt_set,
-    load_state,
     make_item,
-    payload,
+    open_item,
 )
 from streams.eigen.workers import domain_summary, entity_refs, state_slice
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
@@ -37,14 +34,12 @@ ROLES = (EIGEN_RANDOM_POOL.name, EIGEN_USER_INTENT.name)
 
 async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     assert isinstance(record, EigenItem)
-    scenario = payload(record, Scenario)
-    pack = await load_pack(ctx.settings, scenario.pack_id)
-    state = await load_state(ctx.settings, scenario)
     store = eigen_store_for(ctx.settings)
+    work = await open_item(ctx.settings, store, record, Scenario)
+    scenario, pack, state, prompt_set = work.scenario, work.pack, work.state, work.prompt_set
     gateway = gateway_for(ctx.settings)
-    prompt_set, phase = await load_prompt_set(store, record.prompt_set)
     emits: list[Emit] = []
-    if phase == 2:  # the phase-3 audit found drift: optimise again before drawing more
+    if work.phase == 2:  # the phase-3 audit found drift: optimise again before drawing more
         prompt_set, metrics = await repilot(
             prompt_set,
             gateway=gateway,

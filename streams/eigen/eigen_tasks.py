@@ -20,11 +20,8 @@ from streams.eigen.items import (
     IntentPayload,
     TaskPayload,
     lineage_of,
-    load_pack,
-    load_prompt_set,
-    load_state,
     make_item,
-    payload,
+    open_item,
 )
 from streams.eigen.workers import static_problems, validate_with_repair
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
@@ -37,10 +34,9 @@ ROLES = (EIGEN_TASK_VALIDATION.name, EIGEN_MODIFY.name)
 
 async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     assert isinstance(record, EigenItem)
-    body = payload(record, IntentPayload)
-    pack = await load_pack(ctx.settings, body.scenario.pack_id)
-    state = await load_state(ctx.settings, body.scenario)
     store = eigen_store_for(ctx.settings)
+    work = await open_item(ctx.settings, store, record, IntentPayload)
+    body, pack, state = work.body, work.pack, work.state
     outcome = await validate_with_repair(
         body.intent,
         gateway=gateway_for(ctx.settings),
@@ -63,7 +59,6 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
             "infeasible": float(outcome.verdicts[0].status == "INFEASIBLE"),
         },
     )
-    prompt_set, _ = await load_prompt_set(store, record.prompt_set)
     if not outcome.accepted:
         return [
             ctx.reject(
@@ -87,7 +82,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
         repairs=outcome.repairs,
     )
     item = make_item("task", record, task, domain=record.domain, prompt_set=record.prompt_set)
-    return [Emit("eigen.tasks", item.item_id, item, (ctx.source_key,), **lineage_of(prompt_set, ROLES))]
+    return [Emit("eigen.tasks", item.item_id, item, (ctx.source_key,), **lineage_of(work.prompt_set, ROLES))]
 
 
 STAGE = StageDef(

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from typing import Annotated, Any, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -29,7 +30,7 @@ from arena.hashing import content_hash
 from arena.llm.roles.eigen import PlanStep, PoolDraw, Repair, UserIntent
 from arena.llm.roles.eigen_dialogs import TrajectoryVerdict
 from arena.records.eigen import EigenItem
-from lake.eigen_catalog import EigenCatalog
+from lake.eigen_catalog import EigenCatalog, PromptSetRow
 from producers.domain_packs import DomainPack
 from streams.eigen.dialogs import Dialog, DialogVerdict
 from streams.eigen.evolution import PromptSet
@@ -174,12 +175,53 @@ async def load_state(settings: ArenaSettings, scenario: Scenario) -> dict[str, A
     return state
 
 
+def _snapshot(row: PromptSetRow | None) -> PromptSet | None:
+    """The set a catalog row stores, or None (no row, or none stored)."""
+    if row is None or row.snapshot in ("", "{}"):
+        return None
+    return PromptSet.model_validate_json(row.snapshot)
+
+
 async def load_prompt_set(store: EigenCatalog, set_id: str) -> tuple[PromptSet, int]:
     """The set's current snapshot and its phase (1 new, 2 pilot, 3 large-scale generation)."""
     row = await asyncio.to_thread(store.prompt_set, set_id)
-    if row is None or row.snapshot in ("", "{}"):
+    current = _snapshot(row)
+    if row is None or current is None:
         raise LookupError(f"prompt set {set_id} is not in the catalog (fix: `arena publish domain PATH`)")
-    return PromptSet.model_validate_json(row.snapshot), row.phase
+    return current, row.phase
+
+
+async def generating_set(store: EigenCatalog, set_id: str) -> PromptSet | None:
+    """The stored set when it is in phase 3 (large-scale generation), else None (it needs a pilot)."""
+    row = await asyncio.to_thread(store.prompt_set, set_id)
+    return _snapshot(row) if row is not None and row.phase == 3 else None
+
+
+W = TypeVar("W", Scenario, IntentPayload, TaskPayload, DialogPayload, ValidatedPayload)
+
+
+@dataclass(frozen=True)
+class OpenItem(Generic[W]):
+    """An item's payload and what a stage works on: its pack, its database, its prompt set."""
+
+    body: W
+    scenario: Scenario
+    pack: DomainPack
+    state: dict[str, Any]
+    prompt_set: PromptSet
+    phase: int
+
+
+async def open_item(
+    settings: ArenaSettings, store: EigenCatalog, item: EigenItem, model: type[W]
+) -> OpenItem[W]:
+    """Validate the item's payload as ``model`` and load its pack, database and prompt set."""
+    body = payload(item, model)
+    scenario = body if isinstance(body, Scenario) else body.scenario
+    pack = await load_pack(settings, scenario.pack_id)
+    state = await load_state(settings, scenario)
+    prompt_set, phase = await load_prompt_set(store, item.prompt_set)
+    return OpenItem(body, scenario, pack, state, prompt_set, phase)
 
 
 def lineage_of(prompt_set: PromptSet, roles: tuple[str, ...]) -> dict[str, str | None]:
