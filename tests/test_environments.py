@@ -501,8 +501,8 @@ def test_rules_user_simulator_rules_in_order() -> None:
     assert user_turn(_sim([opening, ("assistant", "Why?")], max_turns=1, turn=1), rng).signal == "stop"
 
 
-def test_user_tool_calls_run_against_the_same_state() -> None:
-    """Dual control: a user-only tool, called by the simulated user (a scripted user rule here)."""
+def _with_confirm_in_app(**spec_updates: Any) -> tuple[dict[str, Any], VerifiedSample]:
+    """The order sample plus a user-only tool, ``confirm_in_app`` (dual control)."""
     confirm = _tool(
         "confirm_in_app", "The customer confirms in the app.", {"order_id": {"type": "string"}}, ["order_id"]
     )
@@ -511,8 +511,13 @@ def test_user_tool_calls_run_against_the_same_state() -> None:
         "    STATE.setdefault('confirmed', []).append(order_id)\n"
         "    return {'confirmed': order_id}\n"
     )
-    spec = ORDERS_SPEC.model_copy(update={"code": code, "user_tools": [confirm]})
-    sample = ORDER_SAMPLE.model_copy(update={"reward_spec": spec.model_dump()})
+    spec = ORDERS_SPEC.model_copy(update={"code": code, "user_tools": [confirm], **spec_updates})
+    return confirm, ORDER_SAMPLE.model_copy(update={"reward_spec": spec.model_dump()})
+
+
+def test_user_tool_calls_run_against_the_same_state() -> None:
+    """Dual control: a user-only tool, called by the simulated user (a scripted user rule here)."""
+    confirm, sample = _with_confirm_in_app()
 
     def scripted_user(inputs: BaseModel, rng: random.Random) -> BaseModel:
         assert isinstance(inputs, UserSimInput) and inputs.user_tools == [confirm]
@@ -549,16 +554,7 @@ class RecordingUser:
 
 def test_a_pluggable_user_runs_its_tools_even_on_the_stopping_turn() -> None:
     """Any UserSimulator plays the user: its calls run before its signal ends the dialogue."""
-    confirm = _tool(
-        "confirm_in_app", "The customer confirms in the app.", {"order_id": {"type": "string"}}, ["order_id"]
-    )
-    code = ORDERS_CODE + (
-        "\n\ndef confirm_in_app(order_id):\n"
-        "    STATE.setdefault('confirmed', []).append(order_id)\n"
-        "    return {'confirmed': order_id}\n"
-    )
-    spec = ORDERS_SPEC.model_copy(update={"code": code, "user_tools": [confirm], "max_user_turns": 2})
-    sample = ORDER_SAMPLE.model_copy(update={"reward_spec": spec.model_dump()})
+    _, sample = _with_confirm_in_app(max_user_turns=2)
     action = ToolCall(name="confirm_in_app", arguments={"order_id": "O-1001"})
     user = RecordingUser(
         [
