@@ -86,3 +86,13 @@ def detect_language(text: str, default: str = "en") -> str:
     if latin and letters < SHORT_LETTERS and prob < AMBIGUOUS and default in {c for c, _ in ranked[:3]}:
         return default
     return best
+
+
+_WORD = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+"
+)
+
+
+def count_words(text: str) -> int:
+    """Words in ``text``; each CJK character counts as one (those scripts use no spaces)."""
+    return len(_WORD.findall(text))

@@ -16,7 +16,7 @@ descriptions of several words, so every tool and server passes the gates):
     input offsets commit in one Kafka transaction) normalises, gates and
     classifies each server into ``tools.servers``; the ``lake-sink`` Faust
     worker writes every topic to Parquet (plus the SQLite catalog). Both
-    workers run as separate processes under ``arena.worker.Supervisor``.
+    workers run as separate processes under ``app.worker.Supervisor``.
     Worker start-up is excluded: timing starts only once both consumer groups
     are Stable and one warm-up server has gone all the way to the lake (so the
     embedding model is loaded, transactional producers exist and the lake
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 
-# Same thread settings as the worker processes (arena.worker.Supervisor._env), set before torch loads.
+# Same thread settings as the worker processes (app.worker.Supervisor._env), set before torch loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -451,7 +451,7 @@ def _wait(
 
 def groups_stable(bootstrap: str, groups: list[str]) -> bool:
     """Every group is listed by the broker and described as Stable with at least one member."""
-    from arena.admin import admin_client
+    from streams.admin import admin_client
 
     with admin_client(bootstrap) as admin:
         listed = {str(g["group_id"]) for g in admin.list_groups()}
@@ -526,7 +526,7 @@ class CpuMeter:
 def create_bench_topic(bootstrap: str) -> None:
     from kafka.admin import NewTopic
 
-    from arena.admin import admin_client
+    from streams.admin import admin_client
 
     with admin_client(bootstrap) as admin:
         admin.create_topics(
@@ -539,7 +539,7 @@ def topic_record_count(bootstrap: str, topic: str) -> int:
     from kafka import TopicPartition
     from kafka.admin import OffsetSpec
 
-    from arena.admin import admin_client, partition_counts
+    from streams.admin import admin_client, partition_counts
 
     with admin_client(bootstrap) as admin:
         n = partition_counts(admin, [topic]).get(topic, 0)
@@ -594,9 +594,9 @@ def run_arena(
     warmup: Any,
     timeout_s: float,
 ) -> ArenaResult:
+    from app.registry import topics_by_group
     from consumers.lag import drained
     from lake.store import open_store
-    from streams.registry import topics_by_group
 
     lake = LakeCounter(open_store(settings), "tools.servers")
     groups = topics_by_group(WORKER_NAMES)
@@ -847,12 +847,12 @@ def _terminate(signum: int, _frame: object) -> None:
 
 
 def bench(n: int, t: int, seed: int, timeout_s: float) -> dict[str, Any]:
-    from arena import stack
-    from arena.admin import ensure_topics
+    from app import stack
+    from app.registry import worker
+    from app.worker import Supervisor
     from arena.config import ArenaSettings
-    from arena.worker import Supervisor
     from producers.publish_tools import raw_key
-    from streams.registry import worker
+    from streams.admin import ensure_topics
 
     servers = synthetic_servers(n, t, seed)
     warmup = synthetic_server(random.Random(seed ^ 0x5EED), WARMUP_NAME, max(3, t))

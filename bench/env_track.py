@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import BaseModel
 from sft_stages import outputs, run_stage  # a sibling script (bench/ is on sys.path)
 
+from app.demo import demo_seeds
 from arena.config import ArenaSettings
-from arena.demo import demo_seeds
 from sandbox import SandboxResult, run_once
 from streams import resources
 from streams.envs import envs_code, envs_verified, qa_traces, qa_validated, samples_verified

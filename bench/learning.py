@@ -190,12 +190,12 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
     from arena.hashing import content_hash
     from arena.records.envs import EnvPackage
     from arena.records.sft import SftSample
+    from environments.environment import QaEnvironment
+    from environments.rewards import f1_reward
     from lake.env_packages import EnvPackageStore
     from sandbox import SandboxPool
     from streams.envs.samples_verified import sample_of
-    from trainer.environments import QaEnvironment
     from trainer.reference import ReferenceCallFailed, reference_conversation
-    from trainer.rewards import f1_reward
 
     store = EnvPackageStore(settings.catalog)
     try:
@@ -453,11 +453,11 @@ def _after_demo(
     timings: dict[str, float],
     started: float,
 ) -> dict[str, Any]:
-    from arena.admin import ensure_topics
+    from app.stack import resolve_broker
     from arena.config import ArenaSettings
-    from arena.stack import resolve_broker
+    from environments.render import render_text
+    from streams.admin import ensure_topics
     from trainer.evaluate import heldout_cases
-    from trainer.render import render_text
 
     settings = ArenaSettings()
     bootstrap, _ = resolve_broker(settings, start=True)

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from app.demo import sample_tools_dir
 from arena.config import ArenaSettings
-from arena.demo import sample_tools_dir
 from arena.topics import topic
 from producers.publish_tools import raw_key
 from producers.tool_docs import load_tool_docs

@@ -41,7 +41,7 @@ Set-up (not timed, shared by both sides):
     batch, Arena's default), group std scaling, constant learning rate, AdamW, grad clip 1.0, fp32,
     no gradient checkpointing, one optimizer step per generation batch of P x G completions, CPU.
     TRL's default GRPOTrainer is single-turn: a completion is one assistant turn and no tool runs.
-    Its reward function is the same F1 (``trainer.rewards.f1_reward``) with the completion text
+    Its reward function is the same F1 (``environments.rewards.f1_reward``) with the completion text
     standing in for the tool outputs and c = the completion's emitted ``<tool_call>`` blocks (at
     least 1). Timing by a ``TrainerCallback`` (``on_step_begin`` -> ``on_step_end``: generation,
     reward, loss, backward, optimizer step); rollout = ``_generate_and_score_completions`` minus
@@ -118,8 +118,8 @@ async def build_packages(needed: int, seed: int, home: Path) -> tuple[list[Any],
     """Run the environment track (rules backend, in-process) until it verifies ``needed`` packages."""
     from sft_stages import outputs, run_stage  # a sibling script (bench/ is on sys.path)
 
+    from app.demo import demo_seeds
     from arena.config import ArenaSettings
-    from arena.demo import demo_seeds
     from streams import resources
 
     instances = max(2, -(-needed // 2))
@@ -158,7 +158,7 @@ async def reference_conversations(
     pool: Any,
 ) -> list[list[dict[str, Any]]]:
     """Per sample: the prompt, one assistant tool call per job (run in the sandbox), the answer."""
-    from trainer.environments import QaEnvironment
+    from environments.environment import QaEnvironment
     from trainer.reference import ReferenceCallFailed, reference_conversation
 
     conversations = []
@@ -186,8 +186,8 @@ def build_policy(
     import torch
     from torch.optim import AdamW
 
+    from environments.render import render, render_text
     from trainer.policy import load_policy
-    from trainer.render import render, render_text
     from trainer.sft import SftExample, sft_loss_backward
     from trainer.tiny import build_tiny
 
@@ -359,9 +359,9 @@ async def arena_phase(
 ) -> tuple[dict[str, Any], list[str]]:
     """Warm-up + timed GRPO steps on Arena's path; returns the figures and the prompts' rendered text."""
     import trainer.episodes as episodes_module
+    from environments.render import generation_header, render
     from trainer.episodes import Episodes
     from trainer.learner import Learner
-    from trainer.render import generation_header, render
 
     cfg = settings.train
     clock = Clock()
@@ -498,9 +498,9 @@ class TrlClock:
 
 
 def trl_reward(clock: TrlClock) -> Callable[..., list[float]]:
-    """F1 (trainer.rewards) with the completion text as the only observation; c = its call blocks (>= 1)."""
-    from trainer.render import parse_assistant
-    from trainer.rewards import f1_reward
+    """F1 (environments.rewards) with the completion text as the only observation; c = its call blocks (>= 1)."""
+    from environments.render import parse_assistant
+    from environments.rewards import f1_reward
 
     def f1(completions: list[str], jobs: list[str], **kwargs: Any) -> list[float]:
         started = time.perf_counter()

@@ -33,7 +33,7 @@ from kafka.errors import KafkaError, UnsupportedVersionError
 from pydantic import BaseModel, Field
 from rich.table import Table
 
-from arena.admin import admin_client, partition_counts
+from streams.admin import admin_client, partition_counts
 
 PENDING_CAP = 10_000
 """Records counted per partition at most; beyond it ``pending`` is a lower bound."""

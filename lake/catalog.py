@@ -22,8 +22,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Field, Session, SQLModel, col, create_engine, func, select
 
-from arena.config import redact_url
+from arena.config import ArenaSettings, redact_url
 from arena.hashing import content_hash
+from arena.llm.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -340,3 +341,8 @@ class Catalog:
         stmt = select(PromptVersion).where(PromptVersion.role == role).order_by(col(PromptVersion.version))
         with self._session() as session:
             return list(session.exec(stmt).all())
+
+
+def open_gateway(settings: ArenaSettings) -> Gateway:
+    """The gateway ``settings`` describe, recording its prompt versions in this catalog (which it owns)."""
+    return Gateway.from_settings(settings, catalog=Catalog(settings.catalog))

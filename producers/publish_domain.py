@@ -1,6 +1,6 @@
 """`arena publish domain PATH`: a domain pack into the EigenData track (EigenData §4.1, §4.4).
 
-1. The pack is loaded and checked (``producers.domain_packs``; a bad pack is a ``DomainPackError``
+1. The pack is loaded and checked (``streams.eigen.packs``; a bad pack is a ``DomainPackError``
    naming file, field and fix) and stored in the catalog by content hash, so every stage works on
    exactly the pack its items name.
 2. Planning and phase 1: the Planner's worker DAG, then K prompt sets, each conditioned on the
@@ -24,10 +24,9 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from arena.config import ArenaSettings
-from arena.llm.gateway import Gateway
 from arena.records.eigen import EigenItem, PilotMetrics
+from lake.catalog import open_gateway
 from lake.eigen_catalog import EigenCatalog
-from producers.domain_packs import DomainPack, DomainPackError, builtin_pack_path, builtin_packs, load_pack
 from producers.publish import publish
 from sandbox import SandboxPool
 from streams.eigen.evolution import (
@@ -40,6 +39,7 @@ from streams.eigen.evolution import (
     thresholds_from,
 )
 from streams.eigen.items import Scenario, generating_set, make_item, pack_id_of
+from streams.eigen.packs import DomainPack, DomainPackError, builtin_pack_path, builtin_packs, load_pack
 from streams.runtime import Emit
 
 SEEDS_TOPIC = "eigen.seeds"
@@ -121,7 +121,7 @@ async def publish_domain(
     count = cfg.instances if instances is None else instances
     evolve = cfg.evolve if evolve is None else evolve
     store = EigenCatalog(settings.catalog)
-    gateway = Gateway.from_settings(settings)
+    gateway = open_gateway(settings)
     pack_id = pack_id_of(pack)
     metrics: list[PilotMetrics] = []
 

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from arena.config import ArenaSettings
 from arena.llm.gateway import Gateway
-from lake.chain_graphs import ChainGraphStore
+from lake.catalog import open_gateway
 from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from sandbox.env_runtime import Runner
+from streams.sft.chain_graph_store import ChainGraphStore
 
 if TYPE_CHECKING:  # lancedb takes ~1.5 s to import; only the stages that use the index pay for it
     from lake.tool_index import ToolIndex
@@ -40,7 +41,7 @@ _pool_starts: dict[int, asyncio.Future[None]] = {}
 
 def gateway_for(settings: ArenaSettings) -> Gateway:
     if id(settings) not in _gateways:
-        _gateways[id(settings)] = Gateway.from_settings(settings)
+        _gateways[id(settings)] = open_gateway(settings)
     return _gateways[id(settings)]
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lake.chain_graphs import ChainGraphStore
 from streams.sft.chain_graph import TransitionGraph, Walk
+from streams.sft.chain_graph_store import ChainGraphStore
 
 
 def graph_of(*chains: list[str], nodes: list[str] | None = None) -> TransitionGraph:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from arena.cli import app as cli_app
-from producers.domain_packs import builtin_pack_path
-from streams.registry import WORKERS
+from app.cli import app as cli_app
+from app.registry import WORKERS
+from streams.eigen.packs import builtin_pack_path
 from tests.cli import ARENA, arena_env, broker_of, children_of, read_all, run_arena, stack_stopped_after
 from tests.test_compose import COMPOSE_ARENA_COMMANDS
 
@@ -107,7 +107,7 @@ def test_every_compose_command_runs(tmp_path: Path) -> None:
                 deadline = time.monotonic() + 120
                 # Running = its worker processes exist and their groups are stable (static
                 # members of an earlier run keep a group stable, so both are needed).
-                while len([c for c in children_of(proc.pid).values() if "streams.run" in c]) < len(
+                while len([c for c in children_of(proc.pid).values() if "app.run" in c]) < len(
                     names
                 ) or not stable_groups(broker_of(home), groups):
                     assert time.monotonic() < deadline, (

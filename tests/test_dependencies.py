@@ -6,7 +6,7 @@ from typing import Any
 
 from arena.records.sft import Slot
 from arena.records.tools import NormalizedTool, ToolFunction
-from streams.sft.dependencies import (
+from arena.tool_links import (
     Argument,
     feeding_fields,
     is_identifier,
@@ -14,7 +14,7 @@ from streams.sft.dependencies import (
     snake,
     verify_dependencies,
 )
-from streams.sft.dependencies import (
+from arena.tool_links import (
     failed as failed_deps,
 )
 

@@ -1,6 +1,6 @@
 """Domain packs (issue 6): the format, the loader's errors, the built-in customer-service pack.
 
-The pack's tools run in the real sandbox through ``trainer.environments.state_program`` (the
+The pack's tools run in the real sandbox through ``environments.environment.state_program`` (the
 interactive environments' execution contract); its policy rules fire on violating calls.
 """
 
@@ -16,16 +16,16 @@ from typing import Any, Literal
 import pytest
 
 from arena.config import SandboxSettings
-from producers.domain_packs import (
+from environments.environment import state_program
+from sandbox import SandboxPool
+from streams.eigen.packs import (
     DomainPack,
     DomainPackError,
     builtin_pack_path,
     load_pack,
     schema_of,
 )
-from sandbox import SandboxPool
 from streams.eigen.verification import field_class, replay_reference
-from trainer.environments import state_program
 
 pytestmark = pytest.mark.timeout(60)
 

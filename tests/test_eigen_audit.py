@@ -18,12 +18,12 @@ from arena.llm.roles.eigen import PoolParams
 from arena.records.eigen import EigenItem, PilotMetrics
 from arena.topics import topic
 from lake.eigen_catalog import AuditRow, EigenCatalog
-from producers.domain_packs import DomainPack
 from producers.publish_domain import seed_items
 from streams.eigen import eigen_intents
 from streams.eigen.audit import audit_points, audit_set, record_and_audit
 from streams.eigen.evolution import make_prompt_sets, pilot_key
 from streams.eigen.items import IntentPayload, pack_id_of
+from streams.eigen.packs import DomainPack
 from streams.resources import close_sandbox_pool, eigen_store_for, gateway_for
 from streams.runtime import Context, run_handler
 

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import PoolParams, UserIntent
-from producers.domain_packs import DomainPack
+from environments.environment import verify_program
 from sandbox import SandboxPool
+from simulator.backend import RulesBackend
 from streams.eigen.dialogs import Dialog, DialogCall, judge_dialog, synthesize_dialog, validate_dialog
+from streams.eigen.packs import DomainPack
 from streams.eigen.verification import verification_source
 from streams.eigen.workers import random_pool, user_intent, validate_with_repair
 from tests.fixtures.domain import sandboxed_with_gateway
-from trainer.environments import verify_program
 
 pytestmark = pytest.mark.timeout(60)
 

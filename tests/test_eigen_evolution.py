@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import PoolParams
 from arena.llm.roles.eigen_orchestration import EIGEN_JUDGE, PilotThresholds
 from arena.records.eigen import PilotMetrics
 from lake.catalog import Catalog
 from lake.eigen_catalog import EigenCatalog
-from producers.domain_packs import DomainPack
 from sandbox import SandboxPool
+from simulator.backend import RulesBackend
 from streams.eigen.evolution import PILOT_TOPIC, detect_drift, make_prompt_sets, pilot, plan_workflow
+from streams.eigen.packs import DomainPack
 from tests.fixtures.domain import sandboxed
 
 pytestmark = pytest.mark.timeout(180)  # the 16-iteration pilots take ~60 s on 2 loaded cores

@@ -18,8 +18,9 @@ from arena.config import ArenaSettings
 from arena.records.eigen import EigenItem
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
+from environments.environment import Verdict, verify_program
+from environments.user_view import MARKERS, parse_user_turn
 from lake.eigen_catalog import EigenCatalog
-from producers.domain_packs import builtin_pack_path, load_pack
 from producers.publish import publish
 from producers.publish_domain import SEEDS_TOPIC
 from sandbox import SandboxPool
@@ -32,13 +33,12 @@ from streams.eigen.items import (
     VerifiedPayload,
     make_item,
 )
+from streams.eigen.packs import builtin_pack_path, load_pack
 from streams.eigen.verification import replay_reference
 from streams.runtime import Emit
 from tests.cli import lake_json, read_all, run_arena
 from tests.fixtures.demo import Demo, values
 from tests.fixtures.domain import sandboxed
-from trainer.environments import Verdict, verify_program
-from trainer.user_sim import MARKERS, parse_user_turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 

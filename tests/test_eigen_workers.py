@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import (
     EIGEN_MODIFY,
@@ -25,10 +24,11 @@ from arena.llm.roles.eigen import (
     PoolParams,
     UserIntent,
 )
-from arena.llm.rules import RULES
-from producers.domain_packs import DomainPack
 from sandbox import SandboxPool
 from sandbox.pool import SandboxResult
+from simulator import RULES
+from simulator.backend import RulesBackend
+from streams.eigen.packs import DomainPack
 from streams.eigen.workers import (
     MAX_ROUNDS,
     probe_task,

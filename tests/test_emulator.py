@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from arena.llm.backends.rules import RulesBackend
+from arena.emulated_results import Generator, finish
 from arena.llm.gateway import Gateway
 from arena.llm.roles.emulation import (
     TOOL_EMULATION,
@@ -20,13 +20,14 @@ from arena.llm.roles.emulation import (
     noun_of,
     operation_of,
 )
-from arena.llm.rules import RULES
-from arena.llm.rules.emulation import Generator, emulate, finish
 from arena.records.tools import NormalizedTool
 from producers.tool_docs import load_tool_docs
+from simulator import RULES
+from simulator.backend import RulesBackend
+from simulator.emulation import emulate
 from streams.sft.emulator import Emulator
 from streams.sft.normalize import normalize_server
-from streams.sft.tool_pool import ToolResult, schema_errors
+from streams.sft.tool_results import ToolResult, schema_errors
 
 SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
 T = TypeVar("T")

@@ -21,7 +21,6 @@ import pytest
 from pydantic import BaseModel
 
 from arena.config import EnvSettings, SandboxSettings
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.core import Undecidable
 from arena.llm.gateway import Gateway
 from arena.llm.roles.envs import (
@@ -33,8 +32,13 @@ from arena.llm.roles.envs import (
     ToolSpec,
     ToolSpecInput,
 )
-from arena.llm.rules import RULES
-from arena.llm.rules.envs import (
+from arena.records.envs import EnvPackage, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
+from sandbox import SandboxPool
+from sandbox.env_runtime import call_program, contains_answer, job_program, verify_package
+from sandbox.pool import SandboxResult
+from simulator import RULES
+from simulator.backend import RulesBackend
+from simulator.envs import (
     EXTRA_PARAMS,
     homogeneous_groups,
     tool_implementation,
@@ -42,10 +46,6 @@ from arena.llm.rules.envs import (
     tool_scaling,
     tool_spec,
 )
-from arena.records.envs import EnvPackage, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
-from sandbox import SandboxPool
-from sandbox.env_runtime import call_program, contains_answer, job_program, verify_package
-from sandbox.pool import SandboxResult
 from streams.envs.synthesis import SynthesisResult, package_id, synthesize_package
 
 T = TypeVar("T")

@@ -21,17 +21,18 @@ import pytest
 from pydantic import BaseModel
 
 from arena.config import SandboxSettings
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.user_sim import DialogueMessage, UserAction, UserSimInput, UserTurn
-from arena.llm.rules.user_sim import CONFIRMATION, NO_INFO, NUDGE, THANKS, user_turn
 from arena.records.envs import EnvJob, EnvPackage, SubQA, VerifiedSample
+from environments.environment import InteractiveEnvironment, InteractiveSpec, QaEnvironment, environment_for
+from environments.render import ToolCall
+from environments.user_view import ParsedUserTurn, UserContext
 from sandbox import SandboxPool
 from sandbox.env_runtime import verify_package
+from simulator.backend import RulesBackend
+from simulator.user_sim import CONFIRMATION, NO_INFO, NUDGE, THANKS, user_turn
 from streams.envs.samples_verified import sample_of
-from trainer.environments import InteractiveEnvironment, InteractiveSpec, QaEnvironment, environment_for
 from trainer.rollout import Trajectory
-from trainer.user_sim import ParsedUserTurn, ToolCall, UserContext
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from arena.config import ArenaSettings, SandboxSettings
 from arena.records.envs import VerifiedSample
+from environments.render import IM_END, encode_segment
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from tests.test_export_verl import packages
@@ -43,7 +44,6 @@ from trainer.evaluate import (
     trial_success,
 )
 from trainer.policy import Generation
-from trainer.render import IM_END, encode_segment
 from trainer.rollout import Trajectory
 from trainer.tiny import build_tiny
 

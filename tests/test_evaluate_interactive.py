@@ -23,10 +23,12 @@ from transformers import AutoTokenizer
 
 from arena.config import ArenaSettings, SandboxSettings
 from arena.records.envs import VerifiedSample
+from environments.render import IM_END, ToolCall, encode_segment, render_text
+from environments.user_view import ParsedUserTurn, UserContext
 from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
-from producers.domain_packs import DomainPack
 from sandbox import SandboxPool
+from streams.eigen.packs import DomainPack
 from streams.eigen.verification import build_instance, interactive_sample
 from tests.test_export_verl import packages
 from trainer.evaluate import (
@@ -41,9 +43,7 @@ from trainer.evaluate import (
     run_eval,
 )
 from trainer.policy import Generation
-from trainer.render import IM_END, encode_segment, render_text
 from trainer.tiny import build_tiny
-from trainer.user_sim import ParsedUserTurn, ToolCall, UserContext
 
 pytestmark = pytest.mark.timeout(240)
 torch.set_num_threads(1)

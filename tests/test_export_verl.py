@@ -3,7 +3,7 @@
 Packages are written by hand in the shape the environment track emits (lookup functions over
 per-tool tables, one job per sub-question), checked in the real sandbox, and recorded in a real
 catalog (SQLite) with their split. The export is read back with pyarrow; the exported
-``reward.py`` is imported from the written file and compared with ``trainer.rewards`` (with Arena
+``reward.py`` is imported from the written file and compared with ``environments.rewards`` (with Arena
 importable and standalone); ``tests/verl_tool_check.py`` then runs in the verl virtualenv
 (``ARENA_VERL_PYTHON``, default ``.venv-verl/bin/python``), loads the tool config with verl's own
 loader and executes every job through ``ArenaEnvTool`` in the sandbox. That test fails, never
@@ -29,14 +29,14 @@ import yaml
 from arena.config import SandboxSettings
 from arena.hashing import content_hash
 from arena.records.envs import EnvJob, EnvPackage
+from environments.environment import QaEnvironment
+from environments.render import parse_assistant
+from environments.rewards import f1_reward
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from sandbox.env_runtime import verify_package
 from streams.envs.samples_verified import sample_of
-from trainer.environments import QaEnvironment
 from trainer.export_verl import VERL_REWARD_SOURCE, export_verl, verl_tool_schema
-from trainer.render import parse_assistant
-from trainer.rewards import f1_reward
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -255,18 +255,18 @@ def test_conflicting_specs_and_schema_repair(tmp_path: Path) -> None:
 
 
 def load_reward(path: Path, standalone: bool) -> ModuleType:
-    """Import the exported reward.py; ``standalone`` hides trainer.rewards (as on a verl-only machine)."""
+    """Import the exported reward.py; ``standalone`` hides environments.rewards (as on a verl-only machine)."""
     spec = importlib.util.spec_from_file_location(f"exported_reward_{standalone}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    saved = sys.modules.get("trainer.rewards")
+    saved = sys.modules.get("environments.rewards")
     if standalone:
-        sys.modules["trainer.rewards"] = None  # type: ignore[assignment]  # import now raises ImportError
+        sys.modules["environments.rewards"] = None  # type: ignore[assignment]  # import now raises ImportError
     try:
         spec.loader.exec_module(module)
     finally:
         if standalone:
-            sys.modules["trainer.rewards"] = saved  # type: ignore[assignment]
+            sys.modules["environments.rewards"] = saved  # type: ignore[assignment]
     return module
 
 
@@ -347,7 +347,7 @@ def test_exported_reward_equals_trainer_rewards(tmp_path: Path, standalone: bool
         emitted = sum(parse_assistant(t).emitted for t in turns)
         want = f1_reward(JOBS, outputs, emitted)
         assert want.f1 == pytest.approx(f1, abs=1e-6)
-        # the self-contained copy gives the same numbers as trainer.rewards
+        # the self-contained copy gives the same numbers as environments.rewards
         assert reward.f1_parts(JOBS, outputs, emitted) == pytest.approx(want.model_dump())
         text = transcript(turns, responses)
         assert reward.parse_response(text) == (emitted, outputs, len(responses))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.rewards import F1Parts, f1_reward, reward_value, solved_jobs
+from environments.rewards import F1Parts, f1_reward, reward_value, solved_jobs
 
 EPS = 1e-8
 

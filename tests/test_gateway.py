@@ -16,11 +16,11 @@ from pydantic import BaseModel, Field
 
 from arena.config import ArenaSettings
 from arena.llm.backends import BackendError, LlmTarget, make_backend, parse_llm_url
-from arena.llm.backends.rules import RuleFn, RulesBackend, UnknownRole
 from arena.llm.cache import ResponseCache
 from arena.llm.core import Backend, Completion, CompletionRequest, InvalidOutput, Role, Sampling, Undecidable
 from arena.llm.gateway import CACHE_FILE, Gateway, NoJsonObject, cache_key, extract_json
-from lake.catalog import Catalog
+from lake.catalog import Catalog, open_gateway
+from simulator.backend import RuleFn, RulesBackend, UnknownRole
 
 
 class EchoIn(BaseModel):
@@ -308,7 +308,7 @@ def test_usage_snapshot_counts_per_role(tmp_path: Path) -> None:
 
 def test_from_settings_uses_home_cache_and_catalog(tmp_path: Path) -> None:
     settings = ArenaSettings(home=tmp_path / "home", llm="rules", llm_max_attempts=2, seed=5)
-    gateway = Gateway.from_settings(settings)
+    gateway = open_gateway(settings)
     assert isinstance(gateway.backend, RulesBackend) and gateway.backend.seed == 5
     assert gateway.max_attempts == 2 and gateway.cache is not None
     assert gateway.cache.path == settings.home / CACHE_FILE

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from arena.hashing import content_hash
-from arena.llm.rules.qa import Kb
 from arena.records.envs import Cell, KbTable, KnowledgeBase
 from producers.knowledge import (
     BUILTIN_DOMAINS,
@@ -23,6 +22,7 @@ from producers.knowledge import (
     slug,
     unconditional_seed,
 )
+from simulator.qa import Kb
 
 
 def table(kb: KnowledgeBase, name: str) -> dict[str, dict[str, Cell]]:

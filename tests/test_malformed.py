@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import KafkaProducer
 
+from app.registry import topics_by_group
 from consumers.lag import compute_lag, drained
-from streams.registry import topics_by_group
 from tests.cli import ARENA, BACKBONE_ARGS, BACKBONE_WORKERS, arena_env, broker_of, read_all, run_arena
 
 pytestmark = pytest.mark.integration

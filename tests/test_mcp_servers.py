@@ -21,14 +21,15 @@ from typing import Any
 import pytest
 
 from arena.config import ArenaSettings
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.records.sft import ServerRef
 from arena.records.tools import McpEndpoint, RawToolServer, ToolDocFormat
 from producers.mcp_tools import OUTPUT_SCHEMA_KEY, fetch_mcp_server
+from simulator.backend import RulesBackend
 from streams.sft.mcp_client import McpToolSession, McpUnreachable
 from streams.sft.normalize import normalize_server
-from streams.sft.tool_pool import ToolResult, open_session, schema_errors
+from streams.sft.tool_pool import open_session
+from streams.sft.tool_results import ToolResult, schema_errors
 from tests.fixtures import free_ports
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from arena.demo import sample_tools_dir
+from app.demo import sample_tools_dir
 from tests.cli import (
     BACKBONE_ARGS,
     arena_env,

@@ -17,10 +17,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
 from arena.records.tools import NormalizedTool, ToolDocFormat, ToolFunction, ToolServer
+from environments.render import IM_END, assistant_text, encode_segment, generation_header, render
 from lake.parquet import LakeRow, LakeWriter
 from lake.store import LocalStore
 from trainer.policy import Generation, HfBackend, load_policy, stop_ids_of, token_logprobs
-from trainer.render import IM_END, assistant_text, encode_segment, generation_header, render
 from trainer.tiny import SPECIAL_TOKENS, build_tiny, lake_texts, train_tokenizer
 
 TOOL = {

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from arena.llm.rules.qa import FREE_FORM, synthesize_instance
 from arena.records.envs import QaSeed, QaTrace
 from producers.knowledge import builtin_knowledge, unconditional_seed
+from simulator.qa import FREE_FORM, synthesize_instance
 from streams.envs.qa_synthesis import synthesis_inputs
 from tests.cli import arena_env, broker_of, read_all, run_arena, stack_stopped_after
 from tests.test_cli import assert_user_error

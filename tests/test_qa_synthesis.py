@@ -19,14 +19,14 @@ from pydantic import BaseModel
 
 from arena.config import EnvSettings
 from arena.hashing import content_hash
-from arena.llm.backends.rules import RuleFn, RulesBackend
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.qa import QaDraft, QaSynthesisInput
-from arena.llm.rules import RULES
-from arena.llm.rules.qa import FREE_FORM, Kb, parse_question
 from arena.records.envs import STRUCTURES, KbTable, KnowledgeBase, QaSeed, QaTrace, SubQA
 from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge, question_seeds, unconditional_seed
+from simulator import RULES
+from simulator.backend import RuleFn, RulesBackend
+from simulator.qa import FREE_FORM, Kb, parse_question
 from streams.envs.qa_synthesis import Outcome, grounding_problems, synthesize
 
 

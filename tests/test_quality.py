@@ -15,10 +15,12 @@ import pytest
 from pydantic import ValidationError
 
 from arena.config import EnvSettings
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.llm.roles.qa import QaDraft, QaJudgeInput, QaSynthesisInput, StepVerdict, ToolNeedInput
-from arena.llm.rules.qa import (
+from arena.records.envs import STRUCTURES, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
+from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge
+from simulator.backend import RulesBackend
+from simulator.qa import (
     FLAW_KINDS,
     atomicity,
     caught,
@@ -29,8 +31,6 @@ from arena.llm.rules.qa import (
     synthesize_instance,
     tool_needs,
 )
-from arena.records.envs import STRUCTURES, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
-from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge
 from streams.envs.quality import (
     GATE_LEAF,
     GATE_QUALITY,

@@ -77,7 +77,7 @@ def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -
 
             wait_for(lambda: progress() >= 10, 180, "the stage to commit some records")
             done_at_kill = progress()
-            victims = {pid: cmd for pid, cmd in children_of(sup.pid).items() if "streams.run" in cmd}
+            victims = {pid: cmd for pid, cmd in children_of(sup.pid).items() if "app.run" in cmd}
             assert len(victims) == 2, victims
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from environments.environment import QaEnvironment
+from environments.render import render_text
+from environments.rewards import f1_reward
 from sandbox import SandboxPool
 from streams.envs.samples_verified import sample_of
 from tests.fixtures.domain import sandboxed
 from tests.test_environments import library_package
-from trainer.environments import QaEnvironment
 from trainer.reference import ReferenceCallFailed, invocation_call, reference_conversation
-from trainer.render import render_text
-from trainer.rewards import f1_reward
 
 SPEC = {"function": {"name": "get_x", "parameters": {"properties": {"a": {}, "b": {}}}}}
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from trainer.render import (
+from environments.render import (
     IM_END,
     ToolCall,
     assistant_text,

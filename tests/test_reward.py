@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.judges import QUERY_UNDERSTANDING, ROUND_PLANNING, Judgement
-from arena.llm.rules import RULES
 from arena.records.sft import CallStatus, Trajectory
+from simulator import RULES
+from simulator.backend import RulesBackend
 from streams.sft.reward import (
     DIMENSIONS,
     Judged,

@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
+from environments.environment import InteractiveEnvironment, QaEnvironment
+from environments.render import IM_END, Tokenizer, assistant_text, encode_segment, render
 from sandbox import SandboxPool
+from simulator.backend import RulesBackend
 from streams.envs.samples_verified import sample_of
 from tests.test_environments import ORDER_SAMPLE, POOL, library_package
-from trainer.environments import InteractiveEnvironment, QaEnvironment
 from trainer.policy import Generation, HfBackend, load_policy, stop_ids_of
-from trainer.render import IM_END, Tokenizer, assistant_text, encode_segment, render
 from trainer.rollout import Trajectory, derive_seed, rollout, rollout_group
 from trainer.tiny import build_tiny
 

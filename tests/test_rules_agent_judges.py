@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel
 
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.core import Undecidable
 from arena.llm.gateway import Gateway
 from arena.llm.roles import agent as agent_roles
@@ -36,9 +35,11 @@ from arena.llm.roles.judges import (
     RoundView,
     TrajectoryView,
 )
-from arena.llm.rules import RULES
-from arena.llm.rules.agent import agent_turn, failure_kind, stated_values
-from arena.llm.rules.judges import (
+from arena.records.sft import CallStatus, Trajectory
+from simulator import RULES
+from simulator.agent import agent_turn, failure_kind, stated_values
+from simulator.backend import RulesBackend
+from simulator.judges import (
     answer_correlation,
     answer_summary,
     call_conciseness,
@@ -47,7 +48,6 @@ from arena.llm.rules.judges import (
     round_planning,
     round_understanding,
 )
-from arena.records.sft import CallStatus, Trajectory
 from streams.sft.reward import DIMENSIONS, score_trajectory
 from tests.test_reward import (
     CHECK_OK,

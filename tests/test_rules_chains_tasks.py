@@ -32,8 +32,12 @@ from arena.llm.roles.tasks import (
     TaskScoreInput,
     TaskScores,
 )
-from arena.llm.rules import RULES
-from arena.llm.rules.chains import (
+from arena.records.sft import ServerRef
+from arena.records.tools import NormalizedTool
+from arena.tool_links import arguments, failed, is_identifier, verify_dependencies
+from producers.tool_docs import load_tool_docs
+from simulator import RULES
+from simulator.chains import (
     chain_coherence,
     chain_synthesis,
     kind_of,
@@ -41,11 +45,7 @@ from arena.llm.rules.chains import (
     task_from_chain,
     unreflected_tools,
 )
-from arena.llm.rules.tasks import anchor_tool, augment_task, score_task, task_from_server
-from arena.records.sft import ServerRef
-from arena.records.tools import NormalizedTool
-from producers.tool_docs import load_tool_docs
-from streams.sft.dependencies import arguments, failed, is_identifier, verify_dependencies
+from simulator.tasks import anchor_tool, augment_task, score_task, task_from_server
 from streams.sft.normalize import normalize_server, server_id
 
 SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"

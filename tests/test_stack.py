@@ -13,11 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from arena import stack
-from arena.admin import TopicPartitionMismatch, admin_client, ensure_topics, partition_counts
-from arena.config import ArenaSettings
-from arena.records.common import DeadLetter
-from arena.stack import (
+from app import stack
+from app.stack import (
     ExternalBrokerConfigured,
     StackNotRunning,
     StackStartError,
@@ -27,7 +24,10 @@ from arena.stack import (
     status,
     up,
 )
+from arena.config import ArenaSettings
+from arena.records.common import DeadLetter
 from arena.topics import TOPICS, TopicSpec
+from streams.admin import TopicPartitionMismatch, admin_client, ensure_topics, partition_counts
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +209,7 @@ def test_stop_escalates_to_sigkill() -> None:
 def test_down_from_another_process(settings: ArenaSettings) -> None:
     """`arena up` and `arena down` run in different processes: the broker is not our child."""
     code = (
-        "from arena.config import ArenaSettings; from arena.stack import up; "
+        "from arena.config import ArenaSettings; from app.stack import up; "
         f"print(up(ArenaSettings(home={str(settings.home)!r}, broker=None)).pid)"
     )
     out = subprocess.run(
@@ -279,7 +279,7 @@ def test_ensure_topics_whole_registry(tmp_path: Path) -> None:
 
 
 def test_ensure_topics_unreachable_broker_is_clear() -> None:
-    from arena.admin import BrokerUnreachable
+    from streams.admin import BrokerUnreachable
 
     with pytest.raises(BrokerUnreachable, match="arena up"):
         with admin_client(_free_closed_port(), bootstrap_timeout_ms=500):

@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 from arena.config import ArenaSettings
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
 from arena.records.sft import CallStatus, ServerRef
 from producers.tool_docs import load_tool_docs
+from simulator.backend import RulesBackend
 from streams.sft.emulator import Emulator
 from streams.sft.normalize import normalize_server
-from streams.sft.tool_pool import ToolResult, open_session
+from streams.sft.tool_pool import open_session
+from streams.sft.tool_results import ToolResult
 
 SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
 

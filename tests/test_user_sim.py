@@ -26,30 +26,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from arena.config import ArenaSettings
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
-from producers.domain_packs import DomainPack
+from environments.environment import InteractiveEnvironment, environment_for
+from environments.render import IM_END, ToolCall, encode_segment, render, render_text
+from environments.user_view import (
+    STOP,
+    GatewayUserSimulator,
+    ParsedUserTurn,
+    UserContext,
+    ViewTurn,
+    user_body,
+    user_view_messages,
+)
 from sandbox import SandboxPool
+from streams.eigen.packs import DomainPack
 from streams.eigen.verification import build_instance, interactive_sample
 from tests.fixtures.domain import sandboxed
-from trainer.environments import InteractiveEnvironment, environment_for
 from trainer.policy import Generation, HfBackend, stop_ids_of
-from trainer.render import IM_END, encode_segment, render, render_text
 from trainer.rollout import rollout
 from trainer.service import TrainerService, TrainOptions, UserSimChoice, user_simulator_kind
 from trainer.sft import sft_example, sft_loss_backward
 from trainer.tiny import build_tiny
-from trainer.user_sim import (
-    STOP,
-    GatewayUserSimulator,
-    ParsedUserTurn,
-    PolicyUserSimulator,
-    ToolCall,
-    UserContext,
-    ViewTurn,
-    read_user_generation,
-    user_body,
-    user_prompt_ids,
-    user_view_messages,
-)
+from trainer.user_sim import PolicyUserSimulator, read_user_generation, user_prompt_ids
 
 pytestmark = pytest.mark.timeout(240)
 torch.set_num_threads(1)

@@ -4,7 +4,7 @@ A verifier from ``streams.eigen.verification`` passes the reference trajectory; 
 the dialogue is paraphrased (it reads calls and states, never text: reworded free-text
 arguments and state fields) and timestamps/uuids differ; fails when a key argument of a
 state-changing call changes; fails when a policy rule is broken. Every verify run goes through
-``trainer.environments.verify_program`` and a real ``SandboxPool``; the end-to-end test drives
+``environments.environment.verify_program`` and a real ``SandboxPool``; the end-to-end test drives
 ``InteractiveEnvironment`` itself.
 """
 
@@ -15,10 +15,17 @@ from typing import Any
 
 import pytest
 
-from arena.llm.backends.rules import RulesBackend
 from arena.llm.gateway import Gateway
-from producers.domain_packs import DomainPack
+from environments.environment import (
+    InteractiveEnvironment,
+    InteractiveSpec,
+    Verdict,
+    state_program,
+    verify_program,
+)
 from sandbox import SandboxPool
+from simulator.backend import RulesBackend
+from streams.eigen.packs import DomainPack
 from streams.eigen.verification import (
     build_instance,
     field_class,
@@ -28,13 +35,6 @@ from streams.eigen.verification import (
 )
 from tests.fixtures.domain import sandboxed
 from tests.test_environments import trajectory
-from trainer.environments import (
-    InteractiveEnvironment,
-    InteractiveSpec,
-    Verdict,
-    state_program,
-    verify_program,
-)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,14 +19,14 @@ from typing import Any
 from arena.config import ArenaSettings
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
+from environments.environment import environment_for
+from environments.user_view import GatewayUserSimulator, UserSimulator
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from trainer.batching import Group
-from trainer.environments import environment_for
 from trainer.learner import Learner
 from trainer.mixing import ToolMixer, pool_from_store
 from trainer.rollout import derive_seed, rollout_group
-from trainer.user_sim import GatewayUserSimulator, UserSimulator
 
 # Trajectory fields the update needs; messages and raw outputs stay out of the checkpointed buffer.
 KEEP = (
@@ -89,9 +89,9 @@ class Episodes:
 
     def _gateway_for(self) -> Any:
         if self._gateway is None:
-            from arena.llm.gateway import Gateway
+            from lake.catalog import open_gateway
 
-            self._gateway = Gateway.from_settings(self.settings)
+            self._gateway = open_gateway(self.settings)
         return self._gateway
 
     def use_user_simulator(self, user: UserSimulator | None) -> None:

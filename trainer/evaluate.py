@@ -45,11 +45,11 @@ from sandbox.env_runtime import normalise
 from streams.envs.samples_verified import sample_of
 
 if TYPE_CHECKING:
+    from environments.environment import Environment
+    from environments.user_view import UserSimulator
     from sandbox.env_runtime import Runner
-    from trainer.environments import Environment
     from trainer.policy import RolloutBackend
     from trainer.rollout import Trajectory
-    from trainer.user_sim import UserSimulator
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class EvalCase(BaseModel):
 
     sample: Annotated[VerifiedSample, Field(description="The sample rolled out.")]
     make_env: Annotated[
-        Callable[[], Any], Field(description="Returns a new Environment (trainer.environments) per call.")
+        Callable[[], Any], Field(description="Returns a new Environment (environments.environment) per call.")
     ]
 
 
@@ -329,7 +329,7 @@ def heldout_cases(settings: ArenaSettings | EnvPackageStore) -> list[HeldOut]:
 
 def qa_cases(heldout: Sequence[HeldOut], runner: Runner, *, timeout_s: float | None = None) -> list[EvalCase]:
     """One case per held-out package: a fresh ``QaEnvironment`` (no mixed-in tools) per trial."""
-    from trainer.environments import QaEnvironment
+    from environments.environment import QaEnvironment
 
     def factory(h: HeldOut) -> Callable[[], Any]:
         return lambda: QaEnvironment(h.sample, h.package, runner, timeout_s=timeout_s)
@@ -363,7 +363,7 @@ def interactive_cases(
     samples: Sequence[VerifiedSample], runner: Runner, user: UserSimulator, *, timeout_s: float | None = None
 ) -> list[EvalCase]:
     """One case per held-out instance: a fresh ``InteractiveEnvironment`` per trial, ``user`` as the user."""
-    from trainer.environments import InteractiveEnvironment
+    from environments.environment import InteractiveEnvironment
 
     def factory(sample: VerifiedSample) -> Callable[[], Any]:
         return lambda: InteractiveEnvironment(sample, runner, user, timeout_s=timeout_s)
@@ -397,8 +397,9 @@ def run_eval(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from arena.llm.gateway import Gateway
+    from environments.user_view import GatewayUserSimulator
+    from lake.catalog import open_gateway
     from sandbox import SandboxPool
-    from trainer.user_sim import GatewayUserSimulator
 
     heldout = heldout_cases(settings)[:limit]
     instances = heldout_instances(settings)[:limit]
@@ -422,7 +423,7 @@ def run_eval(
                 if user == "policy":
                     simulator = _policy_user(backend, tokenizer, settings, seed)
                 else:
-                    gateway = Gateway.from_settings(settings)
+                    gateway = open_gateway(settings)
                     simulator = GatewayUserSimulator(gateway)
                 cases += interactive_cases(instances, pool, simulator)
             with Progress(

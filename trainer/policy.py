@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
-from trainer.render import IM_END, encode_segment
+from environments.render import IM_END, encode_segment
 
 
 class Generation(BaseModel):

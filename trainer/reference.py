@@ -13,7 +13,7 @@ from typing import Any
 
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
-from trainer.environments import QaEnvironment
+from environments.environment import QaEnvironment
 
 
 class ReferenceCallFailed(Exception):

@@ -7,7 +7,7 @@
         |                                '--> DONE (user_stop | max_turns | max_length)
         '--budget spent------------> DONE (max_length | max_turns)
 
-Token layout (``trainer.render``; ``render(final messages)`` reproduces it):
+Token layout (``environments.render``; ``render(final messages)`` reproduces it):
 ``prompt_ids = render(prompt, tools) + generation_header``; each assistant turn is generated up to
 and including ``<|im_end|>`` (mask 1, the backend's log-probs); then ``turn_suffix`` (the message
 separator), and -- when the dialogue goes on -- the observation segment (tool outputs) or the user
@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from arena.records.envs import VerifiedSample
-from trainer.environments import Environment, Observation
-from trainer.render import (
+from environments.environment import Environment, Observation
+from environments.render import (
     ParsedTurn,
     Tokenizer,
     assistant_text,

@@ -20,9 +20,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from arena.records.sft import SftSample
+from environments.render import Tokenizer, render
 from trainer.grpo import micro_batches
 from trainer.policy import token_logprobs
-from trainer.render import Tokenizer, render
 
 
 class SftExample(BaseModel):

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainer.render import (
+from environments.render import (
     IM_END,
     IM_START,
     TOOL_CALL_CLOSE,

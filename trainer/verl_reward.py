@@ -2,7 +2,7 @@
 
 verl's reward manager passes the decoded response (special tokens skipped), which holds the policy's
 <tool_call> blocks and the <tool_response> blocks of the tool outputs. c counts every <tool_call>
-block the policy emitted (invalid JSON and an unclosed last block too, as trainer.render does); the
+block the policy emitted (invalid JSON and an unclosed last block too, as environments.render does); the
 closed <tool_response> blocks are the outputs, and as in Arena's rollouts only successful ones count
 (error observations -- Arena's "error: ..." and verl's own "Unknown function ..." texts -- never
 solve a sub-task); a sub-task is solved when some output contains its answer (casefold + whitespace
@@ -10,7 +10,7 @@ collapse; an empty answer never counts).
 
     r = n_hat / n,   p = n_hat / (c + eps),   F1 = 2pr / (p + r),   all 0 when n_hat == 0.
 
-Works standalone; uses trainer.rewards.f1_reward when Arena is importable. reward_kwargs
+Works standalone; uses environments.rewards.f1_reward when Arena is importable. reward_kwargs
 ``mode: recall`` or ``mode: precision`` select the ablation rewards.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 _arena_f1_reward: Any
 try:
-    from trainer.rewards import f1_reward as _arena_f1_reward
+    from environments.rewards import f1_reward as _arena_f1_reward
 except ImportError:  # standalone: the copy below
     _arena_f1_reward = None
 
@@ -50,7 +50,7 @@ def parse_response(solution_str: str) -> tuple[int, list[str], int]:
 def f1_parts(
     jobs: list[dict[str, Any]], outputs: list[str], emitted: int, eps: float = EPS
 ) -> dict[str, Any]:
-    """ASTRA eq. 30-31 (the same numbers as trainer.rewards.f1_reward)."""
+    """ASTRA eq. 30-31 (the same numbers as environments.rewards.f1_reward)."""
     texts = [normalise(o) for o in outputs]
     wanted = [normalise(str(job.get("answer", ""))) for job in jobs]
     n, n_hat = len(jobs), sum(1 for w in wanted if w and any(w in t for t in texts))

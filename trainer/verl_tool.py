@@ -8,7 +8,7 @@ so the same name can be served by different packages in one batch.
 
 A call runs ``<tool>(**arguments)`` against the package under Arena's execution contract
 (``sandbox.env_runtime.call_program``) and answers with the observation text Arena's own rollouts
-see (``trainer.environments.QaEnvironment``): missing or unknown arguments are refused before any
+see (``environments.environment.QaEnvironment``): missing or unknown arguments are refused before any
 run (``error: <tool>: ...``), a failed run is ``error: <kind>: <message>``, a good one is stdout
 followed by the return value as JSON, cut at 8192 characters.
 
@@ -50,7 +50,7 @@ PACKAGE_CACHE = 256
 RESULT_MARK = "\x00arena-return-value\x00"
 EXCERPT = 2000
 MAX_OUTPUT_CHARS = 8192
-"""As ``trainer.environments.MAX_OUTPUT_CHARS`` (verl may cut further: max_tool_response_length)."""
+"""As ``environments.environment.MAX_OUTPUT_CHARS`` (verl may cut further: max_tool_response_length)."""
 
 
 @dataclass
@@ -195,7 +195,7 @@ def _sandbox_settings(config: Mapping[str, Any]) -> Any:
 
 
 def argument_error(spec: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
-    """As ``trainer.environments.argument_error``: missing required or unknown argument names."""
+    """As ``environments.environment.argument_error``: missing required or unknown argument names."""
     params = spec.get("function", spec).get("parameters") or {}
     properties = params.get("properties") or {}
     missing = [p for p in params.get("required") or [] if p not in arguments]

@@ -28,7 +28,7 @@ import random
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -50,7 +50,6 @@ from arena.llm.core import (
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
-    from lake.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +178,25 @@ class _Attempts:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
 
 
+class PromptVersionRef(Protocol):
+    """A registered prompt version: its id is the content hash of (role, prompt text)."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class PromptCatalog(Protocol):
+    """Where the gateway records each role's prompt text once (the SQL catalog, ``lake.catalog``)."""
+
+    def register_prompt(self, role: str, text: str) -> PromptVersionRef:
+        """The version of ``role``'s prompt with this exact text, created if new."""
+        ...
+
+    def dispose(self) -> None:
+        """Release the catalog's connections."""
+        ...
+
+
 class Gateway:
     """Typed, validated, retried, cached LLM calls on one backend."""
 
@@ -186,7 +204,7 @@ class Gateway:
         self,
         backend: Backend,
         cache: ResponseCache | None = None,
-        catalog: Catalog | None = None,
+        catalog: PromptCatalog | None = None,
         max_attempts: int = 3,
         seed: int = 0,
         backoff_s: float = 0.5,
@@ -211,19 +229,22 @@ class Gateway:
         return f"Gateway({self.backend!r}, cache={self.cache!r}, max_attempts={self.max_attempts})"
 
     @classmethod
-    def from_settings(cls, settings: ArenaSettings) -> Gateway:
-        """The gateway ``settings`` describe: backend from ARENA_LLM, cache and catalog under home."""
+    def from_settings(cls, settings: ArenaSettings, catalog: PromptCatalog | None = None) -> Gateway:
+        """The gateway ``settings`` describe: backend from ARENA_LLM, cache under home.
+
+        ``catalog`` (``lake.catalog.open_gateway`` passes the SQL catalog) records the prompt versions
+        that lineage names; the gateway owns it from then on and disposes of it in ``aclose``.
+        """
         from arena.llm.backends import make_backend
-        from lake.catalog import Catalog
 
         gateway = cls(
             make_backend(settings),
             cache=ResponseCache(Path(settings.home) / CACHE_FILE),
-            catalog=Catalog(settings.catalog),
+            catalog=catalog,
             max_attempts=settings.llm_max_attempts,
             seed=settings.seed,
         )
-        gateway._owns_catalog = True
+        gateway._owns_catalog = catalog is not None
         return gateway
 
     @property

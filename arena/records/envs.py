@@ -8,6 +8,7 @@ verification detect a tampered table.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -167,3 +168,14 @@ class VerifiedSample(Record):
     ]
     domain: Annotated[str, Field(description="Domain.")]
     split: Annotated[str, Field(description="Split name; held-out samples are never published.")] = "train"
+
+
+def prune_knowledge(kb: KnowledgeBase, sub_qas: Sequence[SubQA]) -> KnowledgeBase:
+    """Only the tables the groundings refer to (and links among them); passages dropped."""
+    used = {s.grounding.table for s in sub_qas if s.grounding is not None}
+    tables = [
+        t.model_copy(update={"links": {c: v for c, v in t.links.items() if v in used}})
+        for t in kb.tables
+        if t.name in used
+    ]
+    return KnowledgeBase(domain=kb.domain, tables=tables)

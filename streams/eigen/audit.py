@@ -21,10 +21,10 @@ from arena.config import EigenSettings
 from arena.llm.gateway import Gateway
 from arena.records.eigen import PilotMetrics
 from lake.eigen_catalog import AuditRow, EigenCatalog
-from producers.domain_packs import DomainPack
 from sandbox.env_runtime import Runner
 from streams.eigen.evolution import PromptSet, detect_drift, pilot, thresholds_from
 from streams.eigen.items import generating_set
+from streams.eigen.packs import DomainPack
 
 log = logging.getLogger("arena.eigen.audit")
 

@@ -3,7 +3,7 @@
 ``synthesize_dialog(pack, intent, state, gateway, runner)`` alternates the UserSimulator
 (``arena.llm.roles.user_sim``, fed the intent's requirements and goal actions) and the
 TrajectoryAgent (``eigen_trajectory_agent``). Every agent and user tool call runs in the sandbox
-through ``trainer.environments.state_program`` against the dialogue's state (a failing call
+through ``environments.environment.state_program`` against the dialogue's state (a failing call
 leaves it as it was). The agent acts until it sends a message; the user answers, first running
 its user-tool calls. Dual-control fill-in: when the agent asked for in-app actions
 (``user_action_requests``) and the simulator made no tool call (the rules simulator never does),
@@ -63,11 +63,11 @@ from arena.llm.roles.eigen_dialogs import (
     TrajectoryVerdict,
 )
 from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInput
-from producers.domain_packs import DomainPack
+from environments.environment import MAX_OUTPUT_CHARS, CallRecord, argument_error, state_program
 from sandbox.env_runtime import Runner
+from streams.eigen.packs import DomainPack
 from streams.eigen.verification import policy_check
 from streams.eigen.workers import modify_task
-from trainer.environments import MAX_OUTPUT_CHARS, CallRecord, argument_error, state_program
 
 MAX_TURNS = 12
 MAX_AGENT_STEPS = 12

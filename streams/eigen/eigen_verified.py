@@ -25,16 +25,16 @@ from arena.hashing import content_hash
 from arena.records.eigen import EigenItem
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
+from environments.environment import read_verdict, verify_program
+from environments.render import ToolCall
+from environments.user_view import MARKERS, Signal, ViewTurn, user_view_messages
 from lake.env_packages import split_of
-from producers.domain_packs import DomainPack
 from streams.eigen.dialogs import Dialog, user_instructions
 from streams.eigen.items import ValidatedPayload, VerifiedPayload, load_pack, make_item, payload
+from streams.eigen.packs import DomainPack
 from streams.eigen.verification import build_instance, interactive_sample
 from streams.resources import eigen_store_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
-from trainer.environments import read_verdict, verify_program
-from trainer.render import ToolCall
-from trainer.user_sim import MARKERS, Signal, ViewTurn, user_view_messages
 
 STAGE_VERSION = "1"
 GATE = "verification"

@@ -38,6 +38,7 @@ from arena.llm.roles.eigen import (
     EIGEN_RANDOM_POOL,
     EIGEN_ROLES,
     EIGEN_USER_INTENT,
+    GOAL_TEMPLATES,
     PoolParams,
     RandomPoolInput,
     TaskVerdict,
@@ -59,12 +60,12 @@ from arena.llm.roles.eigen_orchestration import (
     WorkerPrompt,
     WorkflowPlan,
 )
-from arena.llm.rules.eigen import TEMPLATES
 from arena.records.eigen import PilotMetrics
+from environments.environment import argument_error
 from lake.catalog import Catalog
 from lake.eigen_catalog import EigenCatalog
-from producers.domain_packs import DomainPack
 from sandbox.env_runtime import Runner
+from streams.eigen.packs import DomainPack
 from streams.eigen.workers import (
     MAX_ROUNDS,
     domain_summary,
@@ -74,7 +75,6 @@ from streams.eigen.workers import (
     validate_task,
     validate_with_repair,
 )
-from trainer.environments import argument_error
 
 __all__ = [
     "MAX_PILOT_ITERATIONS",
@@ -292,7 +292,7 @@ def measure_batch(pack: DomainPack, params: PoolParams, results: Sequence[BatchR
     """The batch's metrics (see the module docstring)."""
     done = [r for r in results if r.intent is not None and r.verdict is not None]
     size = len(done)
-    available = [k for k in TEMPLATES if k in set(pack.agent_tool_names)]
+    available = [k for k in GOAL_TEMPLATES if k in set(pack.agent_tool_names)]
     seen = sorted({g.kind for r in done if r.intent for g in r.intent.goals})
     infeasible = [r for r in done if r.verdict and r.verdict.status == "INFEASIBLE"]
     shares: dict[str, float] = {}

@@ -31,9 +31,9 @@ from arena.llm.roles.eigen import PlanStep, PoolDraw, Repair, UserIntent
 from arena.llm.roles.eigen_dialogs import TrajectoryVerdict
 from arena.records.eigen import EigenItem
 from lake.eigen_catalog import EigenCatalog, PromptSetRow
-from producers.domain_packs import DomainPack
 from streams.eigen.dialogs import Dialog, DialogVerdict
 from streams.eigen.evolution import PromptSet
+from streams.eigen.packs import DomainPack
 
 P = TypeVar("P", bound=BaseModel)
 

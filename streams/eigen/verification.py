@@ -48,8 +48,8 @@ from typing import Any
 
 from arena.hashing import content_hash
 from arena.records.envs import VerifiedSample
-from producers.domain_packs import DomainPack
-from trainer.environments import InteractiveSpec
+from environments.environment import InteractiveSpec
+from streams.eigen.packs import DomainPack
 
 SEMANTIC_THRESHOLD = 0.5
 """Word-overlap similarity (Dice over content-word stems) at which two free texts match."""

@@ -60,9 +60,9 @@ from arena.llm.roles.eigen import (
     UserIntent,
     UserIntentInput,
 )
-from producers.domain_packs import DomainPack
+from environments.environment import argument_error, state_program
 from sandbox.env_runtime import Runner
-from trainer.environments import argument_error, state_program
+from streams.eigen.packs import DomainPack
 
 MAX_ROUNDS = 3
 """Most validate <-> modify repair rounds before a task is rejected (EigenData §4.2)."""

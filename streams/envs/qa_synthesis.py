@@ -21,8 +21,8 @@ from arena.hashing import content_hash
 from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.qa import QA_SYNTHESIS, QaDraft, QaSynthesisInput
-from arena.llm.rules.qa import norm, prune_knowledge
-from arena.records.envs import STRUCTURES, KnowledgeBase, QaSeed, QaTrace
+from arena.records.envs import STRUCTURES, KnowledgeBase, QaSeed, QaTrace, prune_knowledge
+from arena.text import norm
 
 MAX_CONCURRENT = 8
 """Instances of one seed in flight at once (the backend bounds its own concurrency too)."""

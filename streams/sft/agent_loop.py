@@ -19,7 +19,7 @@ from arena.llm.core import Answer
 from arena.llm.gateway import Gateway
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurnInput, PlannedCall
 from arena.records.sft import CallStatus
-from streams.sft.tool_pool import ToolSession
+from streams.sft.tool_results import ToolSession
 
 SYSTEM_PROMPT = (
     "You are a helpful assistant that solves the user's request with the tools provided. "

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
+from arena.emulated_results import effective_schema, finish
 from arena.hashing import canonical_json, content_hash
 from arena.llm.core import InvalidOutput
 from arena.llm.roles.emulation import (
@@ -65,9 +66,8 @@ from arena.llm.roles.emulation import (
     singular,
     verb_of,
 )
-from arena.llm.rules.emulation import effective_schema, finish
 from arena.records.tools import NormalizedTool
-from streams.sft.tool_pool import ErrorKind, ToolResult, schema_errors
+from streams.sft.tool_results import ErrorKind, ToolResult, schema_errors
 
 if TYPE_CHECKING:
     from arena.llm.gateway import Gateway

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from arena.records.tools import McpEndpoint
 from streams.sft.normalize import sanitize_tool_name
-from streams.sft.tool_pool import ErrorKind, ToolResult, schema_errors
+from streams.sft.tool_results import ErrorKind, ToolResult, schema_errors
 
 log = logging.getLogger(__name__)
 

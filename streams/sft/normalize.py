@@ -29,6 +29,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from arena.hashing import content_hash
+from arena.lang import count_words
 from arena.records.common import Rejection
 from arena.records.tools import NormalizedTool, RawToolServer, ToolDocFormat, ToolFunction
 
@@ -162,11 +163,6 @@ def sanitize_tool_name(name: str) -> str:
     cleaned = re.sub(r"[^a-zA-Z0-9_.-]+", "_", name.strip())
     cleaned = re.sub(r"_{2,}", "_", cleaned).strip("_")
     return cleaned[:64].rstrip("_") or cleaned[:64]
-
-
-def count_words(text: str) -> int:
-    """Words in ``text``; each CJK character counts as one (those scripts use no spaces)."""
-    return len(_WORD.findall(text))
 
 
 def schema_problems(schema: Any, *, top_level: bool = True) -> list[str]:
@@ -341,10 +337,6 @@ def _list_parameters(items: list[Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # Descriptions
-
-_WORD = re.compile(
-    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]|[^\W\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+"
-)
 
 
 def _squash(text: str) -> str:

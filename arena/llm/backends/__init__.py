@@ -11,13 +11,15 @@ Accepted values of ``ARENA_LLM`` (``ArenaSettings.llm``):
 ``vllm:///abs/path/to/model``
     An in-process vLLM engine (GPU extra: ``pip install 'arena[gpu]'``).
 
-Each backend module imports its heavy dependencies (httpx, transformers, vllm) only when it is
-used, so ``import arena.llm.backends`` stays cheap.
+Backends are found by kind through the ``arena.llm_backends`` entry points (pyproject.toml), so the
+kernel imports none of them: each backend module, and its heavy dependencies (httpx, transformers,
+vllm), is loaded only when it is used, and the ``rules`` simulator lives in its own package.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from pydantic import BaseModel, Field
@@ -114,30 +116,29 @@ def parse_llm_url(url: str) -> LlmTarget:
     raise _bad(url, f"unknown scheme {scheme!r}" if scheme else "not a known backend")
 
 
+BACKEND_GROUP = "arena.llm_backends"
+"""Entry-point group of backend factories, by ``LlmTarget.kind`` (declared in pyproject.toml)."""
+
+
+class BackendFactory(Protocol):
+    """What a backend entry point names: the backend for a parsed target and the settings."""
+
+    def __call__(self, target: LlmTarget, settings: ArenaSettings) -> Backend: ...
+
+
+def backend_factory(kind: str) -> BackendFactory:
+    """The installed factory for backends of ``kind``; a clear error when none is installed."""
+    found = [ep for ep in entry_points(group=BACKEND_GROUP) if ep.name == kind]
+    if not found:
+        raise ValueError(
+            f"no LLM backend {kind!r} is installed (entry point group {BACKEND_GROUP!r}); "
+            "fix: reinstall Arena (`bash scripts/install.sh`) or install the package that provides it"
+        )
+    factory: BackendFactory = found[0].load()
+    return factory
+
+
 def make_backend(settings: ArenaSettings) -> Backend:
     """The backend ``settings.llm`` names, configured from the other ``llm_*`` settings."""
     target = parse_llm_url(settings.llm)
-    if target.kind == "rules":
-        from arena.llm.backends.rules import RulesBackend
-
-        return RulesBackend(seed=settings.seed)
-    if target.kind == "openai":
-        from arena.llm.backends.openai import OpenAIBackend
-
-        assert target.base_url is not None and target.model is not None
-        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
-        return OpenAIBackend(
-            target.base_url,
-            target.model,
-            api_key=key,
-            concurrency=settings.llm_concurrency,
-            timeout_s=settings.llm_timeout_s,
-        )
-    assert target.path is not None
-    if target.kind == "hf":
-        from arena.llm.backends.hf import HfBackend
-
-        return HfBackend(target.path)
-    from arena.llm.backends.vllm import VllmBackend
-
-    return VllmBackend(target.path, seed=settings.seed)
+    return backend_factory(target.kind)(target, settings)

@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from arena.llm.backends import BackendError
+from arena.llm.backends import BackendError, LlmTarget
 from arena.llm.core import Completion, CompletionRequest, Usage
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
 
 
 class HfBackend:
@@ -92,3 +95,9 @@ class HfBackend:
     async def aclose(self) -> None:
         with self._lock:
             self._tokenizer = self._lm = None
+
+
+def from_target(target: LlmTarget, settings: ArenaSettings) -> HfBackend:
+    """The ``hf`` entry point: a local model folder."""
+    assert target.path is not None
+    return HfBackend(target.path)

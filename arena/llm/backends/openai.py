@@ -20,13 +20,16 @@ import asyncio
 import logging
 import time
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from arena.config import redact_url
-from arena.llm.backends import BackendError, RetryAfter
+from arena.llm.backends import BackendError, LlmTarget, RetryAfter
 from arena.llm.core import Completion, CompletionRequest, TransientError, Usage
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +175,16 @@ class OpenAIBackend:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def from_target(target: LlmTarget, settings: ArenaSettings) -> OpenAIBackend:
+    """The ``openai`` entry point: an ``openai://`` / ``openais://`` target with the ``llm_*`` settings."""
+    assert target.base_url is not None and target.model is not None
+    key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+    return OpenAIBackend(
+        target.base_url,
+        target.model,
+        api_key=key,
+        concurrency=settings.llm_concurrency,
+        timeout_s=settings.llm_timeout_s,
+    )

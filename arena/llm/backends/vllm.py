@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from arena.llm.backends import BackendError
+from arena.llm.backends import BackendError, LlmTarget
 from arena.llm.core import Completion, CompletionRequest, TransientError, Usage
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
 
 INSTALL_HINT = (
     "the vllm backend needs vLLM and a CUDA GPU, and vLLM is not installed: pip install 'arena[gpu]' "
@@ -111,3 +114,9 @@ class VllmBackend:
         engine, self._engine = self._engine, None
         if engine is not None and hasattr(engine, "shutdown"):
             await asyncio.to_thread(engine.shutdown)
+
+
+def from_target(target: LlmTarget, settings: ArenaSettings) -> VllmBackend:
+    """The ``vllm`` entry point: an in-process engine on a local model folder."""
+    assert target.path is not None
+    return VllmBackend(target.path, seed=settings.seed)

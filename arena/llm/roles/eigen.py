@@ -70,6 +70,16 @@ DECEPTION_TACTICS = (
 # --------------------------------------------------------------------------- domain
 
 
+GOAL_TEMPLATES = (
+    "cancel_order",
+    "update_order_address",
+    "return_items",
+    "issue_refund",
+    "issue_store_credit",
+)
+"""Goal templates a user intent can draw (``params.task_kinds``), keyed by the write tool they end in."""
+
+
 class ToolBrief(BaseModel):
     """One tool of the domain, as the workers see it."""
 

@@ -4,7 +4,7 @@ A chain is well formed when every required argument of every step is supported
 either by the task specification (the task states a value for it) or by a field
 of an earlier step's output. This module is pure and holds the single notion of
 "an output field can feed an argument" that the rule-based chain synthesiser
-(``arena.llm.rules.chains``) builds chains with, so a synthesised chain and its
+(``simulator.chains``) builds chains with, so a synthesised chain and its
 verification agree on what a link is.
 
 Link rule (field ``f`` of an earlier tool's response schema -> argument ``a``),

@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -46,13 +46,25 @@ from arena.llm.gateway import Gateway
 from arena.llm.roles.user_sim import DialogueMessage, UserSignal
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
+from environments.rewards import RewardMode, f1_reward, reward_value
+from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
 from sandbox.env_runtime import Runner, call_program, output_text
 from sandbox.pool import SandboxResult, SandboxUnavailable
-from trainer.rewards import RewardMode, f1_reward, reward_value
-from trainer.user_sim import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
 
-if TYPE_CHECKING:
-    from trainer.rollout import Trajectory
+
+class Trajectory(Protocol):
+    """What an environment's reward reads of a finished rollout (``trainer.rollout.Trajectory``)."""
+
+    @property
+    def tool_calls(self) -> int:
+        """Calls emitted, invalid ones included (the ``c`` of the F1 reward)."""
+        ...
+
+    @property
+    def tool_outputs(self) -> list[str]:
+        """Outputs of the successful calls, in order."""
+        ...
+
 
 MAX_OUTPUT_CHARS = 8192
 """Observations are cut to this many characters (the sandbox caps output at 64 KiB)."""

@@ -1,4 +1,4 @@
-"""Entry point of one worker process: ``python -m streams.run NAME``.
+"""Entry point of one worker process: ``python -m app.run NAME``.
 
 `arena worker` starts one of these per stage and supervises them.
 """
@@ -14,10 +14,10 @@ import time
 
 import faust
 
+from app.registry import worker
 from arena.config import ArenaSettings
 from streams import fetch_pacing
 from streams.app import make_app
-from streams.registry import worker
 
 
 def exit_with_parent() -> None:
@@ -34,7 +34,7 @@ def exit_with_parent() -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
-        raise SystemExit("usage: python -m streams.run WORKER_NAME")
+        raise SystemExit("usage: python -m app.run WORKER_NAME")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     settings = ArenaSettings()
     if not settings.broker:

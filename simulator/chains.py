@@ -4,7 +4,7 @@ Everything here works from the role input alone (the server's tool schemas,
 the chain, the task text) and the seeded ``random.Random``:
 
 - chains grow along type-compatible output -> input links
-  (``streams.sft.dependencies``: an earlier tool's response field feeds a later
+  (``arena.tool_links``: an earlier tool's response field feeds a later
   tool's required argument, e.g. ``hotels[].hotel_id`` -> ``hotel_id``), starting
   from a tool whose required arguments a user can state;
 - task texts come from templates over the schemas: each step is an imperative
@@ -16,7 +16,7 @@ the chain, the task text) and the seeded ``random.Random``:
   Stated values are returned as slots and occur verbatim in the text;
 - coherence is judged from the task text and the chain's docs.
 
-``arena.llm.rules.tasks`` reuses the value generator and the task writer.
+``simulator.tasks`` reuses the value generator and the task writer.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from arena.lang import detect_language
+from arena.lang import count_words, detect_language
 from arena.llm.core import Undecidable
 from arena.llm.roles.chains import (
     CHAIN_COHERENCE,
@@ -47,7 +47,7 @@ from arena.llm.roles.chains import (
 )
 from arena.records.sft import ServerRef, Slot
 from arena.records.tools import NormalizedTool
-from streams.sft.dependencies import (
+from arena.tool_links import (
     Argument,
     arguments,
     entity_of,
@@ -60,7 +60,6 @@ from streams.sft.dependencies import (
     singular,
     snake,
 )
-from streams.sft.normalize import count_words
 
 OPTIONAL_RATE = 0.3
 """Chance that the user also states a simple optional argument (an enum, a count, a limit)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from arena.llm.roles.eigen import GOAL_TEMPLATES
 from arena.llm.roles.eigen_orchestration import (
     EIGEN_JUDGE,
     EIGEN_PLANNER,
@@ -41,7 +42,6 @@ from arena.llm.roles.eigen_orchestration import (
     WorkerPrompt,
     WorkflowPlan,
 )
-from arena.llm.rules.eigen import TEMPLATES
 
 GUIDANCE_HEADER = "\n\nGuidance from pilot critiques (follow it):"
 FOCUS_HEADER = "\n\nPrompt set focus:"
@@ -151,7 +151,7 @@ def prompt_engineer(inputs: BaseModel, rng: random.Random) -> PromptSetDraft:
     assert isinstance(inputs, PromptEngineerInput)
     domain = inputs.domain
     tools = {t.name for t in domain.tools}
-    available = [k for k in TEMPLATES if k in tools]
+    available = [k for k in GOAL_TEMPLATES if k in tools]
     earlier_ids = [e.set_id for e in inputs.earlier]
     if inputs.current:  # revision: keep the focus, rewrite the guidance section
         prompts = [

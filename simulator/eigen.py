@@ -6,7 +6,7 @@ Deterministic given the role input and the rng (seeded by the backend from the i
   that exist nowhere (for error-prone parameters), and the difficulty factors with the
   probabilities of the ``PoolParams``.
 - ``eigen_user_intent``: composes goals from templates over the domain's write tools
-  (``TEMPLATES``: cancel, address change, return, damaged-item refund, goodwill credit), each on an
+  (``GOAL_TEMPLATES``: cancel, address change, return, damaged-item refund, goodwill credit), each on an
   entity of the slice that is eligible under the policy -- or, when the draw says so, on a
   non-existent id (error-prone parameters) or an ineligible entity / an over-the-cap amount
   (policy violation). Domains without these write tools get ``Undecidable``.
@@ -35,6 +35,7 @@ from arena.llm.roles.eigen import (
     EIGEN_RANDOM_POOL,
     EIGEN_TASK_VALIDATION,
     EIGEN_USER_INTENT,
+    GOAL_TEMPLATES,
     DifficultyFactors,
     EnvironmentContext,
     FailureCategory,
@@ -283,9 +284,6 @@ def _goal(
     raise Undecidable(f"no template for {kind!r}")
 
 
-TEMPLATES = ("cancel_order", "update_order_address", "return_items", "issue_refund", "issue_store_credit")
-"""Goal templates, keyed by the write tool they end in."""
-
 SUMMARIES = {
     "cancel_order": "cancel an order",
     "update_order_address": "change an order's shipping address",
@@ -324,9 +322,9 @@ def user_intent(inputs: BaseModel, rng: random.Random) -> UserIntent:
     assert isinstance(inputs, UserIntentInput)
     draw, domain, records = inputs.draw, inputs.domain, inputs.records
     tools = {t.name for t in domain.tools}
-    kinds = [k for k in TEMPLATES if k in tools and (not draw.task_kinds or k in draw.task_kinds)]
+    kinds = [k for k in GOAL_TEMPLATES if k in tools and (not draw.task_kinds or k in draw.task_kinds)]
     if not kinds or "user" not in records:
-        raise Undecidable(f"domain {domain.name!r} offers none of the goal templates {list(TEMPLATES)}")
+        raise Undecidable(f"domain {domain.name!r} offers none of the goal templates {list(GOAL_TEMPLATES)}")
     user = records["user"]
     orders = sorted(records.get("orders", {}).values(), key=lambda o: o["order_id"])
     difficulty = draw.difficulty

@@ -24,7 +24,7 @@ from datetime import date
 
 from pydantic import BaseModel
 
-from arena.lang import detect_language
+from arena.lang import count_words, detect_language
 from arena.llm.core import Undecidable
 from arena.llm.roles.chains import TaskDraft
 from arena.llm.roles.tasks import (
@@ -37,7 +37,10 @@ from arena.llm.roles.tasks import (
     TaskScoreInput,
     TaskScores,
 )
-from arena.llm.rules.chains import (
+from arena.records.sft import ServerRef
+from arena.records.tools import NormalizedTool
+from arena.tool_links import Argument, arguments, output_fields, required_arguments, snake
+from simulator.chains import (
     STOPWORDS,
     VERBS,
     ValueBook,
@@ -58,10 +61,6 @@ from arena.llm.rules.chains import (
     tool_terms,
     user_can_start,
 )
-from arena.records.sft import ServerRef
-from arena.records.tools import NormalizedTool
-from streams.sft.dependencies import Argument, arguments, output_fields, required_arguments, snake
-from streams.sft.normalize import count_words
 
 WEAK_RATE = 0.25
 """Share of server-only drafts that come out weak (vague or general knowledge)."""

@@ -65,7 +65,7 @@ def settings() -> ArenaSettings:
 
 def broker(cfg: ArenaSettings) -> str:
     """The bootstrap address; starts the embedded stack if needed and says so."""
-    from arena.stack import StackNotRunning, resolve_broker
+    from app.stack import StackNotRunning, resolve_broker
 
     try:
         address, started = resolve_broker(cfg, start=True)
@@ -78,7 +78,7 @@ def broker(cfg: ArenaSettings) -> str:
 
 def ready_broker(cfg: ArenaSettings) -> str:
     """A broker with every topic created with its declared partition count."""
-    from arena.admin import ensure_topics
+    from streams.admin import ensure_topics
 
     address = broker(cfg)
     ensure_topics(address)
@@ -91,8 +91,8 @@ def ready_broker(cfg: ArenaSettings) -> str:
 @app.command()
 def up() -> None:
     """Start the embedded stack (broker, lake, LanceDB, catalog) under $ARENA_HOME."""
-    from arena.admin import ensure_topics
-    from arena.stack import up as stack_up
+    from app.stack import up as stack_up
+    from streams.admin import ensure_topics
 
     cfg = settings()
     if cfg.broker:
@@ -107,7 +107,7 @@ def up() -> None:
 @app.command()
 def status() -> None:
     """Show what runs where."""
-    from arena.stack import status as stack_status
+    from app.stack import status as stack_status
 
     cfg = settings()
     st = stack_status(cfg)
@@ -126,7 +126,7 @@ def status() -> None:
 @app.command()
 def down() -> None:
     """Stop the embedded stack (data is kept under $ARENA_HOME)."""
-    from arena.stack import down as stack_down
+    from app.stack import down as stack_down
 
     stopped = stack_down(settings())
     console.print("stopped" if stopped else "not running")
@@ -144,7 +144,7 @@ def _print_locations(cfg: ArenaSettings) -> None:
 @topics_app.command("create")
 def topics_create() -> None:
     """Create every declared topic with its exact partition count (idempotent)."""
-    from arena.admin import ensure_topics
+    from streams.admin import ensure_topics
 
     created = ensure_topics(broker(settings()))
     console.print(f"{len(created)} topics created" + (f": {', '.join(created)}" if created else ""))
@@ -316,8 +316,8 @@ def publish_domain_cmd(
     ] = False,
 ) -> None:
     """Publish a domain pack: phases 1-2 (prompt sets, pilot) here, then seeds to `eigen.seeds`."""
-    from producers.domain_packs import DomainPackError
     from producers.publish_domain import publish_domain, resolve_pack
+    from streams.eigen.packs import DomainPackError
 
     cfg = settings()
     try:
@@ -598,8 +598,8 @@ def worker_cmd(
     ] = None,
 ) -> None:
     """Run stage workers (Faust, exactly-once) until stopped or drained."""
-    from arena.worker import run_workers
-    from streams.registry import WORKERS
+    from app.registry import WORKERS
+    from app.worker import run_workers
 
     names = stage or list(WORKERS)
     unknown = [n for n in names if n not in WORKERS]
@@ -799,7 +799,7 @@ def demo(
     timeout: Annotated[float, typer.Option(help="Give up if the stages have not drained by then.")] = 600.0,
 ) -> None:
     """Publish the bundled sample tool docs, run every stage until drained, summarise."""
-    from arena.demo import run_demo
+    from app.demo import run_demo
 
     cfg = settings()
     raise typer.Exit(run_demo(cfg, ready_broker(cfg), console=console, timeout_s=timeout))
@@ -814,8 +814,8 @@ def config_cmd() -> None:
 def main() -> None:
     from kafka.errors import KafkaError
 
-    from arena.admin import TopicAdminError
-    from arena.stack import StackError
+    from app.stack import StackError
+    from streams.admin import TopicAdminError
 
     try:
         app()

@@ -22,7 +22,7 @@ OpenAI tool schemas. It never sees the chain a task was built from. Per turn it
    returned and which calls failed.
 
 The module also holds the readers for tasks, tool schemas and tool results
-that the rules judges (``arena.llm.rules.judges``) share, so both sides read a
+that the rules judges (``simulator.judges``) share, so both sides read a
 trajectory the same way.
 """
 

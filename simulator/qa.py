@@ -52,8 +52,18 @@ from arena.llm.roles.qa import (
     ToolNeedInput,
     ToolNeeds,
 )
-from arena.llm.rules.judges import typed_rule
-from arena.records.envs import STRUCTURES, Cell, Grounding, KbTable, KnowledgeBase, Structure, SubQA
+from arena.records.envs import (
+    STRUCTURES,
+    Cell,
+    Grounding,
+    KbTable,
+    KnowledgeBase,
+    Structure,
+    SubQA,
+    prune_knowledge,
+)
+from arena.text import norm
+from simulator.judges import typed_rule
 
 MAX_LINKS = 7
 """Longest foreign-key path walked (hop budget 8 = 7 links + the final lookup)."""
@@ -74,11 +84,6 @@ loses track: both cost DC_i and TC); the others cost one sub-question's DC, SA o
 FREE_FORM = "rules backend cannot decompose free-form questions; use an LLM backend"
 
 # --------------------------------------------------------------------------- text
-
-
-def norm(text: object) -> str:
-    """Casefolded, whitespace-collapsed text."""
-    return " ".join(str(text).split()).casefold()
 
 
 def mentions(text: str, value: str) -> bool:
@@ -235,17 +240,6 @@ class Kb:
 
     def all_keys(self) -> list[str]:
         return [k for rows in self.rows.values() for k in rows]
-
-
-def prune_knowledge(kb: KnowledgeBase, sub_qas: Sequence[SubQA]) -> KnowledgeBase:
-    """Only the tables the groundings refer to (and links among them); passages dropped."""
-    used = {s.grounding.table for s in sub_qas if s.grounding is not None}
-    tables = [
-        t.model_copy(update={"links": {c: v for c, v in t.links.items() if v in used}})
-        for t in kb.tables
-        if t.name in used
-    ]
-    return KnowledgeBase(domain=kb.domain, tables=tables)
 
 
 # --------------------------------------------------------------------------- plans and the grammar

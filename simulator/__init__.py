@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from arena.llm.rules import (
+from simulator import (
     agent,
     chains,
     eigen,

@@ -1,6 +1,6 @@
 """`arena worker`: a supervisor of one Faust worker process per stage.
 
-Each stage runs as ``python -m streams.run NAME`` in its own process group
+Each stage runs as ``python -m app.run NAME`` in its own process group
 (its own consumer group), logging to ``$ARENA_HOME/logs/worker-NAME.log``. A
 worker that dies is restarted with backoff. ``--until-drained`` stops all of
 them and returns 0 once every stage group has nothing pending, measured
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from app.registry import topics_by_group, worker
 from arena.config import ArenaSettings
 from consumers.lag import LagRow, compute_lag, drained
-from streams.registry import topics_by_group, worker
 
 STOP_GRACE_S = 15.0
 MAX_RESTARTS = 5
@@ -68,7 +68,7 @@ class Supervisor:
         )
         with open(child.log_path, "ab") as log:
             child.proc = subprocess.Popen(
-                [sys.executable, "-m", "streams.run", child.name],
+                [sys.executable, "-m", "app.run", child.name],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,4 +1,9 @@
-"""Rules synthesiser of ``tool_emulation``: a tool's JSON result from its schema, the arguments and state.
+"""What an emulated tool returns: a JSON result from its schema, the arguments and the session state.
+
+Shared by the tool emulator stage (``streams.sft.emulator``: ``finish`` makes any backend's answer
+schema-valid and state-consistent) and the rules simulator (``simulator.emulation``: the whole
+answer). This module is over 800 lines on purpose: it is one recursive value generator
+(``Generator``) whose per-type rules call each other; split up, each piece would need the others.
 
 The result is generated from the tool's ``response_schema`` (or, without one,
 from a default schema that confirms the call and echoes its arguments):
@@ -29,15 +34,11 @@ from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel
-
 from arena.hashing import content_hash
 from arena.llm.roles.emulation import (
     NATURAL_KEYS,
     QUERY_ARGS,
     STATUS_AFTER,
-    TOOL_EMULATION,
-    EmulatedResult,
     EmulationInput,
     EntityView,
     is_key_field,
@@ -100,17 +101,6 @@ _TEXT_WORDS = frozenset(
 
 # ---------------------------------------------------------------------------------------------
 # Public API
-
-
-def emulate(inputs: BaseModel, rng: random.Random) -> BaseModel:
-    """The rule of ``tool_emulation``: a schema-valid, state-consistent result for the call.
-
-    ``rng`` is not used: randomness is derived from the session variant, tool
-    and arguments so that the same call yields the same invented data.
-    """
-    assert isinstance(inputs, EmulationInput)
-    gen = Generator(inputs)
-    return EmulatedResult(result=gen.finish(gen.value(gen.schema)))
 
 
 def finish(result: Any, inputs: EmulationInput) -> Any:
@@ -867,6 +857,3 @@ def _coerce(value: Any, kind: str) -> Any:
     except ValueError:
         return value
     return value
-
-
-RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {TOOL_EMULATION.name: emulate}

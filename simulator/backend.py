@@ -10,11 +10,16 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from arena.hashing import content_hash
 from arena.llm.core import Completion, CompletionRequest
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
+    from arena.llm.backends import LlmTarget
 
 RuleFn = Callable[[BaseModel, random.Random], BaseModel]
 
@@ -31,8 +36,9 @@ class RulesBackend:
 
     def __init__(self, seed: int = 0, rules: Mapping[str, RuleFn] | None = None) -> None:
         if rules is None:
-            # Imported here: the rule modules import role definitions, which may import the gateway.
-            from arena.llm.rules import RULES
+            # Imported here: the rule modules are this package's bulk; a backend with custom rules
+            # (tests) does not need them.
+            from simulator import RULES
 
             rules = RULES
         self.seed = seed
@@ -67,3 +73,8 @@ class RulesBackend:
 
     async def aclose(self) -> None:
         return None
+
+
+def from_target(target: LlmTarget, settings: ArenaSettings) -> RulesBackend:
+    """The ``rules`` entry point (``ARENA_LLM=rules``): every role's rule, seeded by ``settings.seed``."""
+    return RulesBackend(seed=settings.seed)

@@ -21,11 +21,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from app.registry import WORKERS
+from app.worker import run_workers
 from arena.config import ArenaSettings
 from arena.records.envs import QaSeed
 from arena.records.tools import McpEndpoint, RawToolServer
 from arena.topics import TOPICS, topic
-from arena.worker import run_workers
 from lake.parquet import lake_listing
 from lake.query import LakeQuery
 from lake.store import open_store
@@ -36,7 +37,6 @@ from producers.publish import publish
 from producers.publish_domain import publish_domain, resolve_pack
 from producers.publish_qa import publish_seeds
 from producers.publish_tools import outgoing, publish_tool_docs
-from streams.registry import WORKERS
 
 EXAMPLE_QUERIES = (
     "select domain, count(*) as servers from tools_servers group by 1 order by 2 desc",
@@ -170,7 +170,7 @@ def demo_seeds(settings: ArenaSettings) -> list[QaSeed]:
 
 
 def run_demo(settings: ArenaSettings, bootstrap: str, *, console: Console, timeout_s: float) -> int:
-    """``bootstrap`` must have every topic created (`arena.cli.ready_broker`)."""
+    """``bootstrap`` must have every topic created (`app.cli.ready_broker`)."""
     mcp = start_demo_mcp(settings.home / "logs")
     try:
         docs, unreadable, deployed = asyncio.run(publish_demo_inputs(bootstrap, mcp))
