@@ -15,10 +15,13 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
 # Only what the package needs (no .venv, tests or local state in the build context copy).
 COPY pyproject.toml constraints.txt README.md* ./
+COPY app/ app/
 COPY arena/ arena/
+COPY simulator/ simulator/
 COPY streams/ streams/
 COPY producers/ producers/
 COPY consumers/ consumers/
+COPY environments/ environments/
 COPY lake/ lake/
 COPY trainer/ trainer/
 COPY sandbox/ sandbox/

@@ -31,7 +31,8 @@ from lake.parquet import lake_listing
 from lake.query import LakeQuery
 from lake.store import open_store
 from lake.tool_index import ToolIndex
-from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge, unconditional_seed
+from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
+from producers.knowledge import unconditional_seed
 from producers.mcp_tools import fetch_mcp_server
 from producers.publish import publish
 from producers.publish_domain import publish_domain, resolve_pack

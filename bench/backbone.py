@@ -1,5 +1,8 @@
 """Backbone benchmark: tool docs per second through publish -> normalise -> lake.
 
+Over 800 lines on purpose: a quarter is the seeded synthetic tool themes (data), and the
+methodology below is part of the figure it prints; the code itself is one script.
+
 Usage::
 
     python bench/backbone.py [--servers N] [--tools-per-server T] [--seed S]

@@ -1,5 +1,9 @@
 """Trainer benchmark: seconds per GRPO step (rollout / reward / update) against TRL's GRPOTrainer.
 
+Over 800 lines on purpose: both sides of the comparison (Arena's step and the TRL baseline on the
+same model, prompts and rewards) must live in one script so that they run in one process and one
+run; most of the length is the set-up they share and the methodology documented here.
+
 Usage::
 
     python bench/trainer.py [--prompts P] [--group G] [--steps N] [--warmup W] [--max-new-tokens T]

@@ -1,4 +1,4 @@
-"""Transition graph and random walks (streams/sft/chain_graph.py) and its store (lake/chain_graphs.py)."""
+"""Transition graph and random walks (streams/sft/chain_graph.py) and its store (streams/sft/chain_graph_store.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Dependency verification of tool chains and the output->input link rule (streams/sft/dependencies.py)."""
+"""Dependency verification of tool chains and the output->input link rule (arena/tool_links.py)."""
 
 from __future__ import annotations
 

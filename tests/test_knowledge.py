@@ -9,10 +9,9 @@ import pytest
 
 from arena.hashing import content_hash
 from arena.records.envs import Cell, KbTable, KnowledgeBase
+from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
 from producers.knowledge import (
-    BUILTIN_DOMAINS,
     KnowledgeError,
-    builtin_knowledge,
     infer_links,
     load_knowledge,
     load_questions,
@@ -22,7 +21,7 @@ from producers.knowledge import (
     slug,
     unconditional_seed,
 )
-from simulator.qa import Kb
+from simulator.knowledge import Kb
 
 
 def table(kb: KnowledgeBase, name: str) -> dict[str, dict[str, Cell]]:

@@ -23,7 +23,8 @@ from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.qa import QaDraft, QaSynthesisInput
 from arena.records.envs import STRUCTURES, KbTable, KnowledgeBase, QaSeed, QaTrace, SubQA
-from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge, question_seeds, unconditional_seed
+from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
+from producers.knowledge import question_seeds, unconditional_seed
 from simulator import RULES
 from simulator.backend import RuleFn, RulesBackend
 from simulator.qa import FREE_FORM, Kb, parse_question

@@ -18,7 +18,7 @@ from arena.config import EnvSettings
 from arena.llm.gateway import Gateway
 from arena.llm.roles.qa import QaDraft, QaJudgeInput, QaSynthesisInput, StepVerdict, ToolNeedInput
 from arena.records.envs import STRUCTURES, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
-from producers.knowledge import BUILTIN_DOMAINS, builtin_knowledge
+from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
 from simulator.backend import RulesBackend
 from simulator.qa import (
     FLAW_KINDS,

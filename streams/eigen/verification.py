@@ -2,7 +2,7 @@
 
 From an accepted dialogue's calls and the resulting (reference) final state, generate the Python
 source of ``verify(initial_state, final_state, calls) -> {"pass", "reward", "components"}``, the
-binary state-based reward of ``InteractiveSpec.verify`` (trainer/environments.py). It judges
+binary state-based reward of ``InteractiveSpec.verify`` (environments/environment.py). It judges
 observable outcomes -- state and calls -- never the dialogue text, so paraphrases do not matter.
 Three parts, all must pass:
 

@@ -16,8 +16,8 @@ per-tool gates from the paper:
 gate ``min_tools``. Over-long descriptions are capped at a UTF-8 boundary and
 flagged, not rejected.
 
-No ``jsonschema`` package is installed, so ``schema_problems`` is a structural
-validator for exactly the JSON Schema subset the converter emits.
+The schema conversion itself, and ``schema_problems``' structural check of the
+JSON Schema subset it emits, are in ``streams.sft.json_schema``.
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ from arena.hashing import content_hash
 from arena.lang import count_words
 from arena.records.common import Rejection
 from arena.records.tools import NormalizedTool, RawToolServer, ToolDocFormat, ToolFunction
+from streams.sft.json_schema import (
+    Converter,
+    SchemaError,
+    check_structure,
+    type_name,
+)
 
 MIN_TOOLS = 3
 MIN_DESCRIPTION_WORDS = 3
-MAX_SCHEMA_DEPTH = 64
-"""Deeper schemas are refused: no tool needs them and they cost stack."""
-MAX_SCHEMA_NODES = 20_000
-"""Budget of schema nodes after ``$ref`` inlining (a DAG of refs can expand exponentially)."""
 
 GATES: tuple[str, ...] = (
     "schema",
@@ -172,7 +174,7 @@ def schema_problems(schema: Any, *, top_level: bool = True) -> list[str]:
     parameters must be.
     """
     problems: list[str] = []
-    _check(schema, "$", problems, 0)
+    check_structure(schema, "$", problems, 0)
     if top_level and isinstance(schema, dict) and schema.get("type") != "object":
         problems.append(f"$: parameters must have type 'object', got {schema.get('type')!r}")
     return problems
@@ -190,10 +192,6 @@ class _Drop(Exception):
         self.gate = gate
         self.reason = reason
         self.details = details or {}
-
-
-class _SchemaError(Exception):
-    """A schema cannot be mapped to the unified format."""
 
 
 def _drop(server: str, label: str, index: int, drop: _Drop, record: dict[str, Any]) -> GateDrop:
@@ -245,7 +243,7 @@ def _function_part(entry: Any) -> dict[str, Any]:
 def _convert_entry(entry: Any, fmt: ToolDocFormat, context: Any, max_bytes: int) -> NormalizedTool:
     if not isinstance(entry, dict):
         raise _Drop(
-            "schema", f"entry is a {_type_name(entry)}, not a tool object", {"problems": ["not an object"]}
+            "schema", f"entry is a {type_name(entry)}, not a tool object", {"problems": ["not an object"]}
         )
     # Dispatch on the entry's shape too: a function doc inside an OpenAPI-labelled server still converts.
     is_operation = fmt == ToolDocFormat.openapi and ("operation" in entry or "path" in entry)
@@ -254,7 +252,7 @@ def _convert_entry(entry: Any, fmt: ToolDocFormat, context: Any, max_bytes: int)
     description, truncated = _gate_description(source.name, source.description, max_bytes)
     try:
         params = source.parameters()
-    except (_SchemaError, RecursionError) as exc:
+    except (SchemaError, RecursionError) as exc:
         raise _Drop(
             "schema", f"{source.where} cannot be converted to JSON Schema: {exc}", {"problems": [str(exc)]}
         ) from None
@@ -267,7 +265,7 @@ def _convert_entry(entry: Any, fmt: ToolDocFormat, context: Any, max_bytes: int)
         )
     try:
         response = source.response()
-    except (_SchemaError, RecursionError):
+    except (SchemaError, RecursionError):
         response = None
     if response is not None and schema_problems(response, top_level=False):
         response = None  # metadata only: an unusable output schema is dropped, not the tool
@@ -312,13 +310,13 @@ class _FunctionEntry:
             raw = fn.get("parameters")
         if isinstance(raw, list):
             raw = _list_parameters(raw)
-        return _Converter(raw).parameters(raw)
+        return Converter(raw).parameters(raw)
 
     def response(self) -> dict[str, Any] | None:
         for holder in (self.fn, self.entry):  # `response` may sit next to `function` when wrapped
             for key in ("response", "outputSchema", "output_schema", "returns"):
                 if isinstance(holder.get(key), dict):
-                    return _Converter(holder[key]).schema(holder[key], key, 0)
+                    return Converter(holder[key]).schema(holder[key], key, 0)
         return None
 
 
@@ -328,7 +326,7 @@ def _list_parameters(items: list[Any]) -> dict[str, Any]:
     required: list[str] = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
-            raise _SchemaError(f"parameters[{i}] must be an object with a string 'name'")
+            raise SchemaError(f"parameters[{i}] must be an object with a string 'name'")
         props[item["name"]] = {k: v for k, v in item.items() if k not in ("name", "required", "in")}
         if item.get("required") is True:
             required.append(item["name"])
@@ -349,8 +347,8 @@ def _gate_description(name: str, value: Any, max_bytes: int) -> tuple[str, bool]
     if not isinstance(value, str):
         raise _Drop(
             "description_missing",
-            f"tool description is a {_type_name(value)}, not text",
-            {"description_type": _type_name(value)},
+            f"tool description is a {type_name(value)}, not text",
+            {"description_type": type_name(value)},
         )
     text = value.replace("\r\n", "\n").strip()
     if _squash(text) == _squash(name):
@@ -389,7 +387,7 @@ class _OpenApiEntry:
         if not isinstance(op, dict) or not isinstance(method, str) or not isinstance(path, str):
             raise _Drop(
                 "schema",
-                f"{self.where} is not an operation object (got a {_type_name(op)})",
+                f"{self.where} is not an operation object (got a {type_name(op)})",
                 {"problems": ["operation is not an object"], "path": str(path)[:200]},
             )
         self.op = op
@@ -405,7 +403,7 @@ class _OpenApiEntry:
                 # Summary is the short form and description the details: keep both.
                 self.description = f"{summary.strip().rstrip('.')}. {desc.strip()}"
         components = context.get("components") if isinstance(context, dict) else None
-        self.conv = _Converter({"components": components if isinstance(components, dict) else {}})
+        self.conv = Converter({"components": components if isinstance(components, dict) else {}})
 
     def parameters(self) -> dict[str, Any]:
         return _openapi_parameters(self.conv, self.entry.get("path_parameters"), self.op)
@@ -414,19 +412,19 @@ class _OpenApiEntry:
         return _openapi_response(self.conv, self.op)
 
 
-def _openapi_parameters(conv: _Converter, shared: Any, op: dict[str, Any]) -> dict[str, Any]:
+def _openapi_parameters(conv: Converter, shared: Any, op: dict[str, Any]) -> dict[str, Any]:
     """Path/query/header parameters and the JSON request body, merged into one object schema."""
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for source in (shared, op.get("parameters")):
         if source is None:
             continue
         if not isinstance(source, list):
-            raise _SchemaError(f"'parameters' must be a list, got a {_type_name(source)}")
+            raise SchemaError(f"'parameters' must be a list, got a {type_name(source)}")
         for i, p in enumerate(source):
             param = conv.deref(p, f"parameters[{i}]")
             pname, loc = param.get("name"), param.get("in")
             if not isinstance(pname, str) or not pname or loc not in ("path", "query", "header", "cookie"):
-                raise _SchemaError(
+                raise SchemaError(
                     f"parameters[{i}] needs a string 'name' and 'in' of path/query/header/cookie"
                 )
             merged[(pname, str(loc))] = param  # operation-level overrides path-level (same name + in)
@@ -440,7 +438,7 @@ def _openapi_parameters(conv: _Converter, shared: Any, op: dict[str, Any]) -> di
         if isinstance(param.get("description"), str) and "description" not in schema:
             schema["description"] = param["description"]
         if pname in properties:
-            raise _SchemaError(f"parameter {pname!r} is defined in both {loc} and another location")
+            raise SchemaError(f"parameter {pname!r} is defined in both {loc} and another location")
         properties[pname] = schema
         if loc == "path" or param.get("required") is True:
             required.append(pname)
@@ -454,7 +452,7 @@ def _openapi_parameters(conv: _Converter, shared: Any, op: dict[str, Any]) -> di
     return out
 
 
-def _parameter_schema(conv: _Converter, param: dict[str, Any], pname: str) -> dict[str, Any]:
+def _parameter_schema(conv: Converter, param: dict[str, Any], pname: str) -> dict[str, Any]:
     if "schema" in param:
         return conv.schema(param["schema"], f"parameter {pname}", 0)
     content = param.get("content")
@@ -483,7 +481,7 @@ def _json_media(content: Any) -> Any:
     return None
 
 
-def _merge_body(conv: _Converter, body: Any, properties: dict[str, Any], required: list[str]) -> None:
+def _merge_body(conv: Converter, body: Any, properties: dict[str, Any], required: list[str]) -> None:
     body = conv.deref(body, "requestBody")
     raw_schema = _json_media(body.get("content"))
     if raw_schema is None:
@@ -508,7 +506,7 @@ def _merge_body(conv: _Converter, body: Any, properties: dict[str, Any], require
         required.append(name)
 
 
-def _openapi_response(conv: _Converter, op: dict[str, Any]) -> dict[str, Any] | None:
+def _openapi_response(conv: Converter, op: dict[str, Any]) -> dict[str, Any] | None:
     responses = op.get("responses")
     if not isinstance(responses, dict):
         return None
@@ -521,369 +519,9 @@ def _openapi_response(conv: _Converter, op: dict[str, Any]) -> dict[str, Any] | 
 
 
 # ---------------------------------------------------------------------------------------------
-# Schema conversion
-
-_TYPE_MAP: dict[str, str | None] = {
-    # JSON Schema names map to themselves; BFCL / Python / Java-ish names to theirs; None = any.
-    "object": "object",
-    "dict": "object",
-    "map": "object",
-    "hashmap": "object",
-    "array": "array",
-    "list": "array",
-    "tuple": "array",
-    "arraylist": "array",
-    "set": "array",
-    "string": "string",
-    "str": "string",
-    "char": "string",
-    "text": "string",
-    "file": "string",
-    "number": "number",
-    "float": "number",
-    "double": "number",
-    "decimal": "number",
-    "integer": "integer",
-    "int": "integer",
-    "long": "integer",
-    "short": "integer",
-    "boolean": "boolean",
-    "bool": "boolean",
-    "null": "null",
-    "none": "null",
-    "any": None,
-    "mixed": None,
-}
-_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
-
-_TEXT_KEYS = ("description", "title", "format")
-_NUMBER_KEYS = ("minimum", "maximum", "multipleOf")
-_COUNT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
-_BOOL_KEYS = ("uniqueItems", "readOnly", "writeOnly", "deprecated")
-_VALUE_KEYS = ("default", "const")
-_COMBINERS = ("anyOf", "oneOf", "allOf")
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-class _Converter:
-    """Raw schema -> JSON Schema, resolving local ``$ref``s against ``root`` (inlined)."""
-
-    def __init__(self, root: Any) -> None:
-        self.root = root
-        self.budget = MAX_SCHEMA_NODES
-        self.stack: list[str] = []
-
-    # -- references ------------------------------------------------------------------------
-    def resolve(self, ref: Any) -> Any:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise _SchemaError(f"$ref {str(ref)[:100]!r} is not a local reference ('#/...')")
-        node = self.root
-        for raw_part in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = raw_part.replace("%25", "%").replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise _SchemaError(f"$ref {ref[:100]!r} does not resolve")
-        return node
-
-    def deref(self, node: Any, where: str) -> dict[str, Any]:
-        """Follow ``$ref`` chains of a non-schema object (parameter, request body, response)."""
-        seen: set[str] = set()
-        while isinstance(node, dict) and "$ref" in node:
-            ref = node["$ref"]
-            if not isinstance(ref, str) or ref in seen:
-                raise _SchemaError(f"{where}: $ref {str(ref)[:100]!r} loops or is not a string")
-            seen.add(ref)
-            node = self.resolve(ref)
-        if not isinstance(node, dict):
-            raise _SchemaError(f"{where} must be an object, got a {_type_name(node)}")
-        return node
-
-    # -- schemas ---------------------------------------------------------------------------
-    def parameters(self, node: Any) -> dict[str, Any]:
-        """The top-level parameters schema: always ``type: object`` with ``properties``."""
-        if node is None or node == {}:
-            return {"type": "object", "properties": {}}  # a tool without arguments
-        if isinstance(node, dict) and "type" not in node and "$ref" not in node and "properties" in node:
-            node = {**node, "type": "object"}  # common omission; the properties say it all
-        out = self.schema(node, "parameters", 0)
-        if out.get("type") != "object":
-            raise _SchemaError(f"parameters must be an object schema, got type {out.get('type', 'any')!r}")
-        out.setdefault("properties", {})
-        return out
-
-    def schema(self, node: Any, where: str, depth: int) -> dict[str, Any]:
-        self.budget -= 1
-        if self.budget < 0:
-            raise _SchemaError(f"schema has more than {MAX_SCHEMA_NODES} nodes after $ref expansion")
-        if depth > MAX_SCHEMA_DEPTH:
-            raise _SchemaError(f"{where}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
-        if node is True:
-            return {}
-        if not isinstance(node, dict):
-            raise _SchemaError(f"{where}: a schema must be an object, got a {_type_name(node)}")
-        if "$ref" in node:
-            return self._ref(node, where, depth)
-
-        out: dict[str, Any] = {}
-        if "type" in node:
-            mapped = self._type(node["type"], where)
-            if mapped is not None:
-                out["type"] = mapped
-        if node.get("nullable") is True and isinstance(out.get("type"), str):
-            out["type"] = [out["type"], "null"]  # OpenAPI 3.0 `nullable` -> JSON Schema type list
-
-        for key in _TEXT_KEYS:
-            if isinstance(node.get(key), str):
-                out[key] = node[key]
-        if isinstance(node.get("pattern"), str) and _compiles(node["pattern"]):
-            out["pattern"] = node["pattern"]
-        for key in _NUMBER_KEYS:
-            if _is_number(node.get(key)):
-                out[key] = node[key]
-        if "multipleOf" in out and out["multipleOf"] <= 0:
-            del out["multipleOf"]
-        for key in ("exclusiveMinimum", "exclusiveMaximum"):
-            value, bound = node.get(key), "minimum" if key == "exclusiveMinimum" else "maximum"
-            if _is_number(value):
-                out[key] = value
-            elif value is True and bound in out:  # draft-4 / OpenAPI 3.0 boolean form
-                out[key] = out.pop(bound)
-        for key in _COUNT_KEYS:
-            if _is_count(node.get(key)):
-                out[key] = node[key]
-        for key in _BOOL_KEYS:
-            if isinstance(node.get(key), bool):
-                out[key] = node[key]
-        for key in _VALUE_KEYS:
-            if key in node:
-                out[key] = node[key]
-        if isinstance(node.get("examples"), list):
-            out["examples"] = node["examples"]
-        if "enum" in node:
-            enum = node["enum"]
-            if not isinstance(enum, list) or not enum:
-                raise _SchemaError(f"{where}: 'enum' must be a non-empty list, got {str(enum)[:60]!r}")
-            out["enum"] = enum
-
-        if "properties" in node:
-            out.update(self._properties(node, where, depth))
-        elif "required" in node and isinstance(node["required"], list) and node["required"]:
-            raise _SchemaError(
-                f"{where}: 'required' lists {node['required'][:5]} but there are no properties"
-            )
-        if "items" in node:
-            items = node["items"]
-            if isinstance(items, list):  # draft-4 tuple form
-                out["prefixItems"] = [
-                    self.schema(s, f"{where}.items[{i}]", depth + 1) for i, s in enumerate(items)
-                ]
-            elif isinstance(items, dict | bool):
-                out["items"] = {} if items is True else self.schema(items, f"{where}.items", depth + 1)
-            else:
-                raise _SchemaError(f"{where}: 'items' must be a schema, got a {_type_name(items)}")
-        if isinstance(node.get("prefixItems"), list):
-            out["prefixItems"] = [
-                self.schema(s, f"{where}.prefixItems[{i}]", depth + 1)
-                for i, s in enumerate(node["prefixItems"])
-            ]
-        extra = node.get("additionalProperties")
-        if isinstance(extra, bool):
-            out["additionalProperties"] = extra
-        elif isinstance(extra, dict):
-            out["additionalProperties"] = self.schema(extra, f"{where}.additionalProperties", depth + 1)
-        for key in _COMBINERS:
-            if key in node:
-                subs = node[key]
-                if not isinstance(subs, list) or not subs:
-                    raise _SchemaError(f"{where}: '{key}' must be a non-empty list of schemas")
-                out[key] = [self.schema(s, f"{where}.{key}[{i}]", depth + 1) for i, s in enumerate(subs)]
-        if isinstance(node.get("not"), dict):
-            out["not"] = self.schema(node["not"], f"{where}.not", depth + 1)
-
-        if "allOf" in out:
-            _flatten_all_of(out)
-        if "type" not in out and "properties" in out:
-            out["type"] = "object"
-        # Everything else ($defs after inlining, x-* extensions, xml, discriminator, example,
-        # $schema, $id) is dropped: annotations without meaning for a tool-calling model.
-        return out
-
-    def _ref(self, node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
-        ref = node["$ref"]
-        if isinstance(ref, str) and ref in self.stack:
-            # A recursive type (e.g. a tree): stop inlining and accept anything below here.
-            return {"description": f"recursive reference to {ref}"}
-        target = self.resolve(ref)
-        self.stack.append(str(ref))
-        try:
-            out = dict(self.schema(target, str(ref), depth + 1))
-        finally:
-            self.stack.pop()
-        if isinstance(node.get("description"), str):
-            out["description"] = node["description"]  # a sibling description is more specific
-        return out
-
-    def _type(self, value: Any, where: str) -> str | list[str] | None:
-        names = value if isinstance(value, list) else [value]
-        if not names:
-            raise _SchemaError(f"{where}: 'type' is an empty list")
-        mapped: list[str] = []
-        for name in names:
-            if not isinstance(name, str) or name.strip().lower() not in _TYPE_MAP:
-                raise _SchemaError(f"{where}: unknown type {str(name)[:40]!r}")
-            m = _TYPE_MAP[name.strip().lower()]
-            if m is None:
-                return None  # `any` anywhere in the union: no type constraint at all
-            if m not in mapped:
-                mapped.append(m)
-        return mapped[0] if len(mapped) == 1 else mapped
-
-    def _properties(self, node: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
-        props = node["properties"]
-        if not isinstance(props, dict):
-            raise _SchemaError(f"{where}: 'properties' must be an object, got a {_type_name(props)}")
-        out_props: dict[str, Any] = {}
-        lifted: list[str] = []
-        for key, sub in props.items():
-            if isinstance(sub, dict) and isinstance(sub.get("required"), bool):
-                # Draft-3 style `required: true` on the property itself: lift it to the parent.
-                if sub["required"]:
-                    lifted.append(key)
-                sub = {k: v for k, v in sub.items() if k != "required"}
-            out_props[key] = self.schema(sub, f"{where}.{key}", depth + 1)
-        required = node.get("required", [])
-        if isinstance(required, bool) or required is None:
-            required = []
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise _SchemaError(f"{where}: 'required' must be a list of property names")
-        names = list(dict.fromkeys([*required, *lifted]))
-        missing = [r for r in names if r not in out_props]
-        if missing:
-            raise _SchemaError(f"{where}: required {missing[:5]} not defined in properties")
-        result: dict[str, Any] = {"properties": out_props}
-        if names:
-            result["required"] = names
-        return result
-
-
-def _flatten_all_of(out: dict[str, Any]) -> None:
-    """Merge ``allOf`` of plain object schemas into one object (what OpenAPI models mean)."""
-    parts = out["allOf"]
-    plain = all(
-        isinstance(p, dict)
-        and (p.get("type") == "object" or "properties" in p)
-        and not any(k in p for k in (*_COMBINERS, "not", "additionalProperties"))
-        for p in parts
-    )
-    if not plain or out.get("type") not in (None, "object"):
-        return
-    props: dict[str, Any] = dict(out.get("properties", {}))
-    required: list[str] = list(out.get("required", []))
-    for part in parts:
-        for key, sub in part.get("properties", {}).items():
-            props.setdefault(key, sub)
-        required.extend(r for r in part.get("required", []) if r not in required)
-        if "description" in part and "description" not in out:
-            out["description"] = part["description"]
-    del out["allOf"]
-    out["type"] = "object"
-    out["properties"] = props
-    if required:
-        out["required"] = required
-
-
-def _compiles(pattern: str) -> bool:
-    try:
-        re.compile(pattern)
-    except (re.error, RecursionError, OverflowError):
-        return False
-    return True
-
-
-# ---------------------------------------------------------------------------------------------
-# Structural validation of the emitted subset
-
-
-def _check(s: Any, at: str, problems: list[str], depth: int) -> None:
-    if depth > MAX_SCHEMA_DEPTH + 8:
-        problems.append(f"{at}: nested too deeply")
-        return
-    if isinstance(s, bool):
-        return
-    if not isinstance(s, dict):
-        problems.append(f"{at}: a schema must be an object or boolean, got a {_type_name(s)}")
-        return
-    for key in s:
-        if not isinstance(key, str):
-            problems.append(f"{at}: key {key!r} is not a string")
-    t = s.get("type")
-    if t is not None:
-        types = t if isinstance(t, list) else [t]
-        if not types or any(x not in _JSON_TYPES for x in types) or len(set(map(str, types))) != len(types):
-            problems.append(f"{at}: invalid type {t!r}")
-    props = s.get("properties")
-    if props is not None:
-        if not isinstance(props, dict):
-            problems.append(f"{at}.properties: must be an object")
-        else:
-            for k, sub in props.items():
-                _check(sub, f"{at}.properties.{k}", problems, depth + 1)
-    if "required" in s:
-        req = s["required"]
-        if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
-            problems.append(f"{at}.required: must be a list of strings")
-        else:
-            if len(set(req)) != len(req):
-                problems.append(f"{at}.required: duplicate names")
-            missing = [r for r in req if not isinstance(props, dict) or r not in props]
-            if missing:
-                problems.append(f"{at}.required: {missing[:5]} not in properties")
-    if "enum" in s and (not isinstance(s["enum"], list) or not s["enum"]):
-        problems.append(f"{at}.enum: must be a non-empty list")
-    for key in ("items", "additionalProperties", "not"):
-        if key in s:
-            _check(s[key], f"{at}.{key}", problems, depth + 1)
-    for key in (*_COMBINERS, "prefixItems"):
-        if key in s:
-            subs = s[key]
-            if not isinstance(subs, list) or not subs:
-                problems.append(f"{at}.{key}: must be a non-empty list")
-            else:
-                for i, sub in enumerate(subs):
-                    _check(sub, f"{at}.{key}[{i}]", problems, depth + 1)
-    for key in (*_TEXT_KEYS, "pattern"):
-        if key in s and not isinstance(s[key], str):
-            problems.append(f"{at}.{key}: must be a string")
-    for key in (*_NUMBER_KEYS, "exclusiveMinimum", "exclusiveMaximum"):
-        if key in s and not _is_number(s[key]):
-            problems.append(f"{at}.{key}: must be a number")
-    for key in _COUNT_KEYS:
-        if key in s and not _is_count(s[key]):
-            problems.append(f"{at}.{key}: must be a non-negative integer")
-    if "pattern" in s and isinstance(s["pattern"], str) and not _compiles(s["pattern"]):
-        problems.append(f"{at}.pattern: not a valid regular expression")
-
-
-# ---------------------------------------------------------------------------------------------
 # Helpers
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def _type_name(v: Any) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(v), type(v).__name__
-    )
 
 
 def _json_safe(value: Any) -> Any:

@@ -1,0 +1,207 @@
+"""`arena publish ...`: tool docs, MCP servers, QA seeds and domain packs into Arena's topics."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from app.cli_common import UserError, console, err, ready_broker, settings
+
+publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's topics.")
+
+
+# --- publish ------------------------------------------------------------
+
+
+@publish_app.command("tools")
+def publish_tools(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders of tool docs (JSON, JSONL, YAML).")],
+) -> None:
+    """Publish tool docs (OpenAI, MCP tools/list, BFCL, OpenAPI 3) to `tools.raw`."""
+    from producers.publish_tools import publish_tool_docs
+
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        raise UserError(f"no such file or folder: {missing[0]} (fix: check the path)")
+    cfg = settings()
+    report = asyncio.run(publish_tool_docs(ready_broker(cfg), paths))
+    if report.servers:
+        table = Table("server", "format", "tools", "source", title="published to tools.raw")
+        for s in report.servers:
+            table.add_row(s.server, s.format.value, str(len(s.entries)), s.source)
+        console.print(table)
+    for e in report.errors:
+        where = e.file + (f" [{e.entry}]" if e.entry else "")
+        err.print(f"[red]error[/red] {where}: {e.problem} (fix: {e.fix})")
+    console.print(
+        f"{len(report.servers)} servers published, {len(report.errors)} rejected "
+        f"(sent to tools.raw.dlq with reasons)"
+    )
+    if report.errors:
+        raise typer.Exit(1)
+
+
+@publish_app.command("mcp")
+def publish_mcp(
+    stdio: Annotated[
+        str | None,
+        typer.Option("--stdio", help="Command that starts the server on stdio, e.g. 'python -m x'."),
+    ] = None,
+    url: Annotated[
+        str | None, typer.Option("--url", help="Streamable-HTTP endpoint, e.g. http://host:port/mcp.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Server name (default: what the server reports).")
+    ] = None,
+) -> None:
+    """Publish a deployed MCP server: its live tools/list goes to `tools.raw`, calls go to the server."""
+    import shlex
+
+    from arena.records.tools import McpEndpoint
+    from producers.mcp_tools import fetch_mcp_server
+    from producers.publish import publish
+    from producers.publish_tools import outgoing
+
+    if (stdio is None) == (url is None):
+        raise UserError("give exactly one of --stdio COMMAND and --url URL")
+    endpoint = (
+        McpEndpoint(transport="stdio", command=shlex.split(stdio))
+        if stdio is not None
+        else McpEndpoint(transport="http", url=url)
+    )
+    cfg = settings()
+    try:
+        raw = asyncio.run(fetch_mcp_server(endpoint, name))
+    except Exception as exc:  # the server is the user's: say what failed, no traceback
+        raise UserError(
+            f"could not list tools of MCP server {endpoint.describe()!r}: {type(exc).__name__}: {exc} "
+            "(fix: check that the server starts / the URL answers)"
+        ) from None
+    asyncio.run(publish(ready_broker(cfg), outgoing([raw], [])))
+    console.print(
+        f"published MCP server {raw.server!r} ({len(raw.entries)} tools, {endpoint.transport}) to tools.raw"
+    )
+
+
+@publish_app.command("qa")
+def publish_qa(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Knowledge sources: Markdown/text corpora, JSON or CSV tables (files or folders)."
+        ),
+    ] = None,
+    builtin: Annotated[
+        list[str] | None,
+        typer.Option("--builtin", help="A built-in seeded knowledge base by domain (repeatable)."),
+    ] = None,
+    questions: Annotated[
+        Path | None,
+        typer.Option(
+            "--questions", help="Main questions (JSONL/JSON/one per line): question-conditional mode."
+        ),
+    ] = None,
+    hops: Annotated[int, typer.Option("--hops", min=1, max=8, help="Hop budget H.")] = 2,
+    count: Annotated[
+        int, typer.Option("--count", min=1, max=1000, help="Instances per source (unconditional mode).")
+    ] = 8,
+) -> None:
+    """Publish QA seeds to `qa.seeds`: knowledge sources plus hop budget, or main questions."""
+    from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
+    from producers.knowledge import (
+        KnowledgeError,
+        load_knowledge,
+        load_questions,
+        question_seeds,
+        unconditional_seed,
+    )
+    from producers.publish_qa import publish_seeds
+
+    cfg = settings()
+    unknown = [d for d in builtin or [] if d not in BUILTIN_DOMAINS]
+    if unknown:
+        raise UserError(
+            f"no built-in knowledge base {unknown[0]!r} (fix: use one of {', '.join(BUILTIN_DOMAINS)})"
+        )
+    if not paths and not builtin:
+        raise UserError("give knowledge sources (PATH...) or --builtin DOMAIN")
+    missing = [p for p in [*(paths or []), *([questions] if questions else [])] if not p.exists()]
+    if missing:
+        raise UserError(f"no such file or folder: {missing[0]} (fix: check the path)")
+    try:
+        sources = [(builtin_knowledge(d, cfg.seed), f"builtin:{d}") for d in builtin or []]
+        for path in paths or []:
+            sources += [(kb, str(path)) for kb in load_knowledge(path)]
+        asked = load_questions(questions) if questions else None
+    except KnowledgeError as exc:
+        raise UserError(str(exc)) from None
+    if asked is not None:
+        seeds = [s for kb, src in sources for s in question_seeds(kb, asked, hop_budget=hops, source=src)]
+    else:
+        seeds = [unconditional_seed(kb, hop_budget=hops, count=count, source=src) for kb, src in sources]
+    asyncio.run(publish_seeds(ready_broker(cfg), seeds))
+    table = Table("seed", "domain", "mode", "tables", "instances", "source", title="published to qa.seeds")
+    for seed in seeds:
+        n = str(seed.count) if seed.mode == "unconditional" else "1"
+        table.add_row(seed.seed_id, seed.domain, seed.mode, str(len(seed.knowledge.tables)), n, seed.source)
+    console.print(table)
+
+
+@publish_app.command("domain")
+def publish_domain_cmd(
+    path: Annotated[
+        str, typer.Argument(help="A domain-pack folder, or a built-in pack name (customer_service).")
+    ],
+    instances: Annotated[
+        int | None,
+        typer.Option(
+            "--instances", min=1, max=100_000, help="Seeds for phase 3 (default ARENA_EIGEN__INSTANCES)."
+        ),
+    ] = None,
+    no_evolution: Annotated[
+        bool, typer.Option("--no-evolution", help="Pilot without Judge critiques (the ablation).")
+    ] = False,
+) -> None:
+    """Publish a domain pack: phases 1-2 (prompt sets, pilot) here, then seeds to `eigen.seeds`."""
+    from producers.publish_domain import publish_domain, resolve_pack
+    from streams.eigen.packs import DomainPackError
+
+    cfg = settings()
+    try:
+        pack = resolve_pack(path)
+    except DomainPackError as exc:
+        raise UserError(str(exc)) from None
+    address = ready_broker(cfg)
+    err.print(
+        f"piloting {cfg.eigen.prompt_sets} prompt set(s) of {pack.name!r} "
+        f"(batches of {cfg.eigen.pilot_batch}, at most {cfg.eigen.pilot_iterations} iterations) ..."
+    )
+    report = asyncio.run(
+        publish_domain(cfg, address, pack, instances=instances, evolve=False if no_evolution else None)
+    )
+    table = Table("prompt set", "focus", "iterations", "converged", "infeasibility", "version", "seeds")
+    for s in report.sets:
+        trend = (
+            " -> ".join(f"{x:.2f}" for x in (s.infeasibility[:1] + s.infeasibility[-1:]))
+            or "(phase 3 already)"
+        )
+        table.add_row(
+            s.set_id,
+            s.focus,
+            str(s.iterations),
+            "yes" if s.converged else "no",
+            trend,
+            str(s.version),
+            str(s.seeds),
+        )
+    console.print(table)
+    for warning in report.warnings:
+        err.print(f"[yellow]{warning}[/yellow]")
+    console.print(
+        f"domain {report.domain!r} ({report.pack_id}{'' if report.new_pack else ', published before'}): "
+        f"{report.pilot_records} records to eigen.pilot.metrics, {report.seeds} seeds to eigen.seeds"
+    )
