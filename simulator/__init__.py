@@ -22,6 +22,7 @@ from simulator import (
     envs,
     judges,
     qa,
+    qa_judges,
     tasks,
     user_sim,
 )
@@ -36,6 +37,7 @@ RULES: dict[str, RuleFn] = {
     **judges.RULES,
     **envs.RULES,
     **qa.RULES,
+    **qa_judges.RULES,
     **user_sim.RULES,
     **eigen.RULES,
     **eigen_dialogs.RULES,

@@ -8,7 +8,7 @@ The gateway retries an undecidable judge and then dead-letters it, so a judge
 never falls back to a default score.
 
 Reading of tasks, tools and tool results is shared with the rules agent
-(``simulator.agent``): a failed tool response is a JSON object with an
+(``simulator.reading``): a failed tool response is a JSON object with an
 ``error`` (or ``isError: true``) or an error / timeout text.
 """
 
@@ -38,7 +38,7 @@ from arena.llm.roles.judges import (
     RoundView,
     TrajectoryView,
 )
-from simulator.agent import (
+from simulator.reading import (
     CallRecord,
     Evidence,
     ResultRecord,

@@ -1,4 +1,4 @@
-"""Rules for the QA roles (ASTRA §2.2.1-2.2.2): knowledge-base walks and the four quality judges.
+"""Rules for QA synthesis (ASTRA §2.2.1): knowledge-base walks, with flaws the QA judges must catch.
 
 Synthesis walks the tables of the knowledge base, so every tool sub-answer is
 one cell, copied verbatim, and its grounding names that cell:
@@ -13,14 +13,10 @@ Main questions follow a small template grammar (``render_question``); question
 mode parses that grammar back (``parse_question``) and builds the same
 instance; anything else is ``Undecidable``. With probability ``flaw_rate`` the
 draft carries one realistic flaw (``FLAW_KINDS``), and the flaw is kept only if
-the judge meant to catch it does: the judges below decide by inspecting the
-instance, with no hidden label.
-
-Judges: DC_i = d_i lists exactly the earlier answers q_i names; SA_i = q_i is
-one lookup or one operation (no "X and the Y"); SR_i = every dependency comes
-earlier and the step feeds the final step; TC = a0 is the final answer, every
-operation recomputes from the sub-answers it quotes, and every lookup key
-comes from q0 or another answer.
+the judge meant to catch it does. The judges (DC, SA, SR, TC) and the
+tool-need rule live in ``simulator.qa_judges`` and decide by inspecting the
+instance, with no hidden label; the knowledge-base view (``Kb``) and the
+answer-text helpers both sides use live in ``simulator.knowledge``.
 """
 
 from __future__ import annotations
@@ -35,38 +31,25 @@ from typing import Any
 from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
-from arena.llm.roles.judges import BinaryJudgement
 from arena.llm.roles.qa import (
-    QA_ATOMICITY,
-    QA_COMPLETENESS,
-    QA_DEPENDENCY,
-    QA_SEQUENCE,
     QA_SYNTHESIS,
-    QA_TOOL_NEED,
     QaDraft,
     QaJudgeInput,
     QaSynthesisInput,
-    StepVerdict,
-    StepVerdicts,
-    ToolNeed,
     ToolNeedInput,
-    ToolNeeds,
 )
 from arena.records.envs import (
     STRUCTURES,
-    Cell,
     Grounding,
-    KbTable,
     KnowledgeBase,
     Structure,
     SubQA,
     prune_knowledge,
 )
 from arena.text import norm
-from simulator.judges import typed_rule
-
-MAX_LINKS = 7
-"""Longest foreign-key path walked (hop budget 8 = 7 links + the final lookup)."""
+from simulator.knowledge import Kb, Route, cell_text, mentions_token, number_text, to_number
+from simulator.qa_judges import atomicity, completeness, dependency, sequence, tool_needs
+from simulator.text import join_list
 
 FLAW_KINDS: dict[str, int] = {
     "inner_no_tool": 3,
@@ -82,165 +65,6 @@ QS < 0.75 for an unsupported a0 past a single hop (a misquoted aggregation input
 loses track: both cost DC_i and TC); the others cost one sub-question's DC, SA or SR."""
 
 FREE_FORM = "rules backend cannot decompose free-form questions; use an LLM backend"
-
-# --------------------------------------------------------------------------- text
-
-
-def mentions(text: str, value: str) -> bool:
-    """Whether ``text`` names ``value`` as a whole token (``3`` is not in ``L-1003``, nor ``4.5`` in ``4.55``)."""
-    v = norm(value)
-    if not v:
-        return False
-    return re.search(rf"(?<![\w-]){re.escape(v)}(?![\w-]|\.\d)", norm(text)) is not None
-
-
-def words(name: str) -> str:
-    """``median_home_price`` -> ``median home price``."""
-    return " ".join(name.replace("_", " ").split())
-
-
-def cell_text(value: Cell) -> str:
-    """A cell as its answer text (exactly as a tool would print it)."""
-    return str(value)
-
-
-def _num(text: str) -> float | None:
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return None
-
-
-def _num_text(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{round(value, 6)}"
-
-
-def _join(items: Sequence[str], conj: str) -> str:
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {conj} {items[-1]}"
-
-
-# --------------------------------------------------------------------------- knowledge view
-
-
-@dataclass(frozen=True)
-class Route:
-    """A foreign-key path: start table, then one link column per hop."""
-
-    tables: tuple[str, ...]
-    links: tuple[str, ...] = ()
-
-    @property
-    def start(self) -> str:
-        return self.tables[0]
-
-    @property
-    def last(self) -> str:
-        return self.tables[-1]
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One lookup of a walk: the row ``key`` of ``table`` and its ``column`` value."""
-
-    table: str
-    key: str
-    column: str
-    value: Cell
-
-
-class Kb:
-    """Indexes over a knowledge base: rows by key, phrases, numeric/categorical columns, routes."""
-
-    def __init__(self, kb: KnowledgeBase) -> None:
-        self.kb = kb
-        self.tables: dict[str, KbTable] = {t.name: t for t in kb.tables}
-        self.rows: dict[str, dict[str, dict[str, Cell]]] = {
-            t.name: {cell_text(r[t.key]): r for r in t.rows if t.key in r} for t in kb.tables
-        }
-        self._by_norm = {name: {norm(k): k for k in rows} for name, rows in self.rows.items()}
-
-    def key_of(self, table: str, text: str) -> str | None:
-        """The key of ``table`` that ``text`` spells (case- and space-insensitive)."""
-        return self._by_norm[table].get(norm(text))
-
-    def entity(self, table: str) -> str:
-        return words(self.tables[table].entity)
-
-    def plural(self, table: str) -> str:
-        return words(table)
-
-    def column_phrase(self, column: str) -> str:
-        return words(column)
-
-    def links(self, table: str) -> list[tuple[str, str]]:
-        t = self.tables[table]
-        return [(c, target) for c, target in t.links.items() if target in self.tables and c in t.columns]
-
-    def link_phrase(self, table: str, column: str) -> str:
-        """How a walk names the row a link points to: ``agent`` for listings.agent_id."""
-        target = self.tables[table].links[column]
-        if list(self.tables[table].links.values()).count(target) == 1:
-            return self.entity(target)
-        return re.sub(r" id$", "", words(column))
-
-    def path_phrase(self, route: Route) -> str:
-        pairs = list(zip(route.tables[:-1], route.links, strict=True))
-        return "".join(f" of the {self.link_phrase(t, c)}" for t, c in reversed(pairs))
-
-    def routes(self, max_links: int = MAX_LINKS) -> list[Route]:
-        """Every simple foreign-key path of at most ``max_links`` links, from every table."""
-        out: list[Route] = []
-
-        def grow(route: Route) -> None:
-            out.append(route)
-            if len(route.links) >= max_links:
-                return
-            for column, target in self.links(route.last):
-                if target not in route.tables:
-                    grow(Route((*route.tables, target), (*route.links, column)))
-
-        for name in self.tables:
-            grow(Route((name,)))
-        return out
-
-    def walk(self, route: Route, key: str, column: str) -> list[Hop] | None:
-        """The lookups from row ``key`` of the start table to ``column`` of the last; None when broken."""
-        hops: list[Hop] = []
-        for table, link in [*zip(route.tables[:-1], route.links, strict=True), (route.last, column)]:
-            row = self.rows[table].get(key)
-            if row is None or link not in row:
-                return None
-            hops.append(Hop(table, key, link, row[link]))
-            key = cell_text(row[link])
-        return hops
-
-    def values(self, table: str, column: str) -> list[Cell]:
-        return [r[column] for r in self.rows[table].values() if column in r]
-
-    def attributes(self, table: str) -> list[str]:
-        """Non-key, non-link columns (facts, not pointers)."""
-        t = self.tables[table]
-        return [c for c in t.columns if c != t.key and c not in t.links]
-
-    def numeric(self, table: str, column: str) -> bool:
-        vals = self.values(table, column)
-        return bool(vals) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals)
-
-    def integral(self, table: str, column: str) -> bool:
-        return self.numeric(table, column) and all(isinstance(v, int) for v in self.values(table, column))
-
-    def categorical(self, table: str, column: str) -> bool:
-        vals = self.values(table, column)
-        return bool(vals) and all(isinstance(v, str) for v in vals) and len(set(vals)) < len(vals)
-
-    def all_values(self) -> list[str]:
-        """Every cell as text, longest first (for masking entity names inside questions)."""
-        vals = {cell_text(v) for t in self.kb.tables for r in t.rows for v in r.values()}
-        return sorted((v for v in vals if len(v) >= 2), key=len, reverse=True)
-
-    def all_keys(self) -> list[str]:
-        return [k for rows in self.rows.values() for k in rows]
-
 
 # --------------------------------------------------------------------------- plans and the grammar
 
@@ -271,11 +95,11 @@ def render_question(kb: Kb, plan: Plan) -> str:
     if plan.op is None:
         return f"What is the {cp} of the {e0} {keys[0]}?"
     if plan.op == "compare":
-        return f"Which {e0} has the {plan.direction} {cp}: {_join(keys, 'or')}?"
+        return f"Which {e0} has the {plan.direction} {cp}: {join_list(keys, 'or')}?"
     if plan.op == "sum":
-        return f"What is the total {cp} of the {kb.plural(plan.route.start)} {_join(keys, 'and')}?"
+        return f"What is the total {cp} of the {kb.plural(plan.route.start)} {join_list(keys, 'and')}?"
     if plan.op == "count":
-        return f'How many of the {kb.plural(plan.route.start)} {_join(keys, "and")} have the {cp} "{plan.target}"?'
+        return f'How many of the {kb.plural(plan.route.start)} {join_list(keys, "and")} have the {cp} "{plan.target}"?'
     return f"Do the {e0} {keys[0]} and the {e0} {keys[1]} have the same {cp}?"
 
 
@@ -385,29 +209,29 @@ def leaf_question(leaf: dict[str, Any], values: Sequence[str]) -> tuple[str, str
     """The aggregation's question over ``values`` and the answer it computes from them."""
     op, keys = leaf["op"], leaf["keys"]
     if op == "compare":
-        nums = [_num(v) for v in values]
+        nums = [to_number(v) for v in values]
         if any(n is None for n in nums):
             raise Infeasible(f"cannot compare non-numeric values {list(values)}")
         best = (max if leaf["direction"] == "higher" else min)(n for n in nums if n is not None)
         if sum(1 for n in nums if n == best) > 1:
-            raise Infeasible(f"the values tie at {_num_text(best)}; nothing to compare")
+            raise Infeasible(f"the values tie at {number_text(best)}; nothing to compare")
         pairs = [f"{k} ({v})" for k, v in zip(keys, values, strict=True)]
         question = (
-            f"Which {leaf['entity']} has the {leaf['direction']} {leaf['column']}: {_join(pairs, 'or')}?"
+            f"Which {leaf['entity']} has the {leaf['direction']} {leaf['column']}: {join_list(pairs, 'or')}?"
         )
         return question, keys[nums.index(best)]
     if op == "sum":
-        nums = [_num(v) for v in values]
+        nums = [to_number(v) for v in values]
         if any(n is None for n in nums):
             raise Infeasible(f"cannot add non-numeric values {list(values)}")
-        return f"What is the sum of {_join(list(values), 'and')}?", _num_text(
+        return f"What is the sum of {join_list(list(values), 'and')}?", number_text(
             sum(n for n in nums if n is not None)
         )
     if op == "count":
         hits = sum(1 for v in values if norm(v) == norm(leaf["target"]))
-        return f'How many of {_join(list(values), "and")} are "{leaf["target"]}"?', str(hits)
+        return f'How many of {join_list(list(values), "and")} are "{leaf["target"]}"?', str(hits)
     same = len({norm(v) for v in values}) == 1
-    return f"Are {_join(list(values), 'and')} the same {leaf['column']}?", "yes" if same else "no"
+    return f"Are {join_list(list(values), 'and')} the same {leaf['column']}?", "yes" if same else "no"
 
 
 def build(kb: Kb, plan: Plan) -> Instance:
@@ -639,8 +463,8 @@ def _other_answer(kb: Kb, final: Step, rng: random.Random) -> str | None:
             return rng.choice([k for k in final.leaf["keys"] if norm(k) != norm(answer)])
         if op == "same":
             return "no" if answer == "yes" else "yes"
-        value = _num(answer) or 0.0
-        return _num_text(value + rng.choice([1, 2]) * (1 if op == "count" else max(1.0, abs(value) // 10)))
+        value = to_number(answer) or 0.0
+        return number_text(value + rng.choice([1, 2]) * (1 if op == "count" else max(1.0, abs(value) // 10)))
     g = final.grounding
     if g is None:
         return None
@@ -667,7 +491,7 @@ def _flaw_extra_dependency(kb: Kb, inst: Instance, rng: random.Random) -> Instan
         (s, e)
         for n, s in enumerate(inst.steps)
         for e in inst.steps[:n]
-        if e.sid not in s.deps and not mentions(s.question, e.answer)
+        if e.sid not in s.deps and not mentions_token(s.question, e.answer)
     ]
     if not options:
         return None
@@ -709,7 +533,9 @@ def _flaw_superfluous(kb: Kb, inst: Instance, rng: random.Random) -> Instance | 
             if column in asked or column == g.key_column or column not in row:
                 continue
             answer = cell_text(row[column])
-            if norm(answer) == norm(inst.answer) or any(mentions(t.question, answer) for t in inst.steps):
+            if norm(answer) == norm(inst.answer) or any(
+                mentions_token(t.question, answer) for t in inst.steps
+            ):
                 continue
             options.append((pos, s, g, column, answer))
     if not options:
@@ -853,243 +679,6 @@ def qa_synthesis(inputs: QaSynthesisInput, rng: random.Random) -> QaDraft:
     return synthesize_instance(inputs, rng)[0]
 
 
-# --------------------------------------------------------------------------- tool need
-
-OPERATIONS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (op, re.compile(pattern))
-    for op, pattern in (
-        ("compare", r"^which .+ has the (higher|lower|highest|lowest) .+:.+\(.+\)"),
-        ("sum", r"^what is the sum of "),
-        ("count", r"^how many of "),
-        ("same", r"^are .+ the same "),
-        ("format", r"^(restate|rewrite|reformat|convert|express) "),
-        ("summarize", r"^(summari[sz]e|describe) "),
-        ("recommend", r"^(recommend|suggest|advise) "),
-        ("rank", r"^(rank|sort|order) "),
-        ("evaluate", r"^(evaluate|assess|rate|judge) "),
-    )
-)
-"""Linguistic operations on known answers: these sub-questions need no tool."""
-
-
-def operation_of(question: str) -> str | None:
-    q = norm(question)
-    return next((op for op, pattern in OPERATIONS if pattern.search(q)), None)
-
-
-def tool_needs(inputs: ToolNeedInput) -> ToolNeeds:
-    items = []
-    for s in inputs.sub_qas:
-        op = operation_of(s.question)
-        if op is None:
-            items.append(
-                ToolNeed(
-                    index=s.index, needs_tool=True, reason="asks for a fact only the knowledge base holds"
-                )
-            )
-        else:
-            items.append(
-                ToolNeed(
-                    index=s.index,
-                    needs_tool=False,
-                    operation=op,
-                    reason=f"a {op} operation on answers already known",
-                )
-            )
-    return ToolNeeds(items=items)
-
-
-# --------------------------------------------------------------------------- judges
-
-
-def _answers(view: QaJudgeInput) -> dict[int, str]:
-    return {s.index: s.answer for s in view.sub_qas}
-
-
-def dependency(view: QaJudgeInput) -> StepVerdicts:
-    """DC_i: every listed dependency's answer is named by q_i, and every earlier answer it names is listed."""
-    answers = _answers(view)
-    out = []
-    for s in view.sub_qas:
-        unknown = [d for d in s.depends_on if d not in answers or d == s.index]
-        unused = [
-            d for d in s.depends_on if d in answers and d != s.index and not mentions(s.question, answers[d])
-        ]
-        named = {norm(a): j for j, a in answers.items() if j < s.index and mentions(s.question, a)}
-        covered = {norm(answers[d]) for d in s.depends_on if d in answers}
-        missing = sorted(j for value, j in named.items() if value not in covered)
-        problems = (
-            [f"d_{s.index} lists unknown {unknown}"] * bool(unknown)
-            + [f"q_{s.index} does not use the answers of {unused}"] * bool(unused)
-            + [f"q_{s.index} uses the answer of {missing} but d_{s.index} omits it"] * bool(missing)
-        )
-        out.append(
-            StepVerdict(
-                index=s.index,
-                score=0.0 if problems else 1.0,
-                reason="; ".join(problems)
-                if problems
-                else f"d_{s.index} = {s.depends_on} names exactly what q_{s.index} uses",
-            )
-        )
-    return StepVerdicts(verdicts=out)
-
-
-_JOINED = re.compile(
-    r"\b(and|as well as|along with) (the|what|which|who|whom|whose|how|where|when|its|their|also)\b"
-)
-
-
-def atomicity(view: QaJudgeInput) -> StepVerdicts:
-    """SA_i: one lookup or one operation; entity names are masked so 'Smith and Sons' is not a conjunction."""
-    values = Kb(view.knowledge).all_values() + sorted({s.answer for s in view.sub_qas}, key=len, reverse=True)
-    out = []
-    for s in view.sub_qas:
-        masked = norm(s.question)
-        for v in values:
-            if norm(v) in masked:
-                masked = re.sub(rf"(?<![\w-]){re.escape(norm(v))}(?![\w-]|\.\d)", "§", masked)
-        joined = _JOINED.search(masked)
-        several = masked.count("?") > 1
-        if joined or several:
-            reason = f"q_{s.index} bundles several requests ('{joined.group(0) if joined else '?...?'}')"
-            out.append(StepVerdict(index=s.index, score=0.0, reason=reason))
-        else:
-            kind = "operation" if operation_of(s.question) else "lookup"
-            out.append(StepVerdict(index=s.index, score=1.0, reason=f"q_{s.index} is one {kind}"))
-    return StepVerdicts(verdicts=out)
-
-
-def _ancestors(view: QaJudgeInput, index: int) -> set[int]:
-    deps = {s.index: s.depends_on for s in view.sub_qas}
-    seen: set[int] = set()
-    todo = [index]
-    while todo:
-        node = todo.pop()
-        if node in seen or node not in deps:
-            continue
-        seen.add(node)
-        todo += deps[node]
-    return seen
-
-
-def sequence(view: QaJudgeInput) -> StepVerdicts:
-    """SR_i: every dependency comes earlier, and the step feeds the final step (no padding)."""
-    if not view.sub_qas:
-        return StepVerdicts(verdicts=[])
-    final = view.sub_qas[-1].index
-    feeding = _ancestors(view, final)
-    out = []
-    for s in view.sub_qas:
-        later = [d for d in s.depends_on if d >= s.index]
-        if later:
-            out.append(
-                StepVerdict(
-                    index=s.index, score=0.0, reason=f"q_{s.index} runs before {later}, which it depends on"
-                )
-            )
-        elif s.index not in feeding:
-            out.append(
-                StepVerdict(
-                    index=s.index,
-                    score=0.0,
-                    reason=f"q_{s.index} is superfluous: nothing that leads to a0 uses it",
-                )
-            )
-        else:
-            out.append(
-                StepVerdict(
-                    index=s.index, score=1.0, reason=f"q_{s.index} runs after its dependencies and feeds a0"
-                )
-            )
-    return StepVerdicts(verdicts=out)
-
-
-def _split_answers(text: str, answers: set[str]) -> list[str] | None:
-    """``text`` as a list of known sub-answers joined by ', ' / ' and ' / ' or '; None otherwise."""
-    t = norm(text)
-    if t in answers:
-        return [t]
-    for sep in (", ", " and ", " or "):
-        for m in re.finditer(re.escape(sep), t):
-            head = t[: m.start()]
-            if head in answers and (rest := _split_answers(t[m.end() :], answers)) is not None:
-                return [head, *rest]
-    return None
-
-
-def recompute(question: str, answers: set[str]) -> tuple[str | None, str]:
-    """What an operation yields from the sub-answers it quotes: (result, why); result None = unsupported."""
-    q = " ".join(question.split())
-    op = operation_of(q)
-    m: re.Match[str] | None
-    if op == "compare" and (m := re.search(r"has the (higher|lower|highest|lowest) .+?: (.+)\?$", q, re.I)):
-        pairs = re.findall(r"(?:^|, | or )(.+?) \(([^()]*)\)", m.group(2))
-        if len(pairs) < 2 or any(norm(v) not in answers for _, v in pairs):
-            return None, "compares values that are not sub-answers"
-        nums = [_num(v) for _, v in pairs]
-        if any(n is None for n in nums):
-            return None, "compares non-numeric values"
-        best = (max if m.group(1).lower() in ("higher", "highest") else min)(n for n in nums if n is not None)
-        return pairs[nums.index(best)][0], "compared the quoted sub-answers"
-    if op == "sum" and (m := re.search(r"sum of (.+)\?$", q, re.I)):
-        parts = _split_answers(m.group(1), answers)
-        nums = [_num(p) for p in parts or []]
-        if not parts or any(n is None for n in nums):
-            return None, "adds values that are not numeric sub-answers"
-        return _num_text(sum(n for n in nums if n is not None)), "added the quoted sub-answers"
-    if op == "count" and (m := re.search(r'how many of (.+) are "(.+)"\?$', q, re.I)):
-        parts = _split_answers(m.group(1), answers)
-        if not parts:
-            return None, "counts values that are not sub-answers"
-        return str(sum(1 for p in parts if p == norm(m.group(2)))), "counted the quoted sub-answers"
-    if op == "same" and (m := re.search(r"^are (.+) the same .+\?$", q, re.I)):
-        parts = _split_answers(m.group(1), answers)
-        if not parts or len(parts) < 2:
-            return None, "compares values that are not sub-answers"
-        return ("yes" if len(set(parts)) == 1 else "no"), "compared the quoted sub-answers"
-    if op == "format" and (m := re.search(r"value (.+) in plain form\.?$", q, re.I)):
-        if norm(m.group(1)) not in answers:
-            return None, "restates a value that is not a sub-answer"
-        return m.group(1), "restated a sub-answer"
-    return "", "operation not checkable by rules"
-
-
-def completeness(view: QaJudgeInput) -> BinaryJudgement:
-    """TC: a0 is the final step's answer, operations recompute, every lookup key is supplied."""
-    if not view.sub_qas:
-        return BinaryJudgement(score=0.0, reason="no sub-questions")
-    final = view.sub_qas[-1]
-    if norm(view.answer) != norm(final.answer):
-        return BinaryJudgement(
-            score=0.0, reason=f"a0 {view.answer!r} is not what the final step yields ({final.answer!r})"
-        )
-    answers = _answers(view)
-    for s in view.sub_qas:
-        others = {norm(a) for j, a in answers.items() if j != s.index}
-        if operation_of(s.question) is not None and s.index in _ancestors(view, final.index):
-            result, why = recompute(s.question, others)
-            if result is None:
-                return BinaryJudgement(score=0.0, reason=f"step {s.index} {why}")
-            if result and norm(result) != norm(s.answer):
-                return BinaryJudgement(
-                    score=0.0, reason=f"step {s.index} answers {s.answer!r} but {why} gives {result!r}"
-                )
-        g = s.grounding
-        if g is not None and not mentions(view.question, g.key) and norm(g.key) not in others:
-            return BinaryJudgement(
-                score=0.0, reason=f"step {s.index} looks up {g.key!r}, which neither q0 nor any answer gives"
-            )
-    uncovered = [
-        k
-        for k in Kb(view.knowledge).all_keys()
-        if mentions(view.question, k) and not any(mentions(s.question, k) for s in view.sub_qas)
-    ]
-    if uncovered:
-        return BinaryJudgement(score=0.0, reason=f"q0 names {uncovered[:3]}, which no sub-question handles")
-    return BinaryJudgement(score=1.0, reason=f"the sub-answers derive a0 = {view.answer!r}")
-
-
 # --------------------------------------------------------------------------- registry
 
 
@@ -1099,11 +688,4 @@ def _synthesis_rule(inputs: BaseModel, rng: random.Random) -> BaseModel:
     return qa_synthesis(inputs, rng)
 
 
-RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {
-    QA_SYNTHESIS.name: _synthesis_rule,
-    QA_TOOL_NEED.name: typed_rule(ToolNeedInput, tool_needs),
-    QA_DEPENDENCY.name: typed_rule(QaJudgeInput, dependency),
-    QA_ATOMICITY.name: typed_rule(QaJudgeInput, atomicity),
-    QA_SEQUENCE.name: typed_rule(QaJudgeInput, sequence),
-    QA_COMPLETENESS.name: typed_rule(QaJudgeInput, completeness),
-}
+RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {QA_SYNTHESIS.name: _synthesis_rule}

@@ -39,28 +39,12 @@ from arena.llm.roles.tasks import (
 )
 from arena.records.sft import ServerRef
 from arena.records.tools import NormalizedTool
-from arena.tool_links import Argument, arguments, output_fields, required_arguments, snake
-from simulator.chains import (
-    STOPWORDS,
-    VERBS,
-    ValueBook,
-    acts_on_deleted,
-    can_follow,
-    compose_task,
-    enum_values,
-    fold,
-    humanize,
-    kind_of,
-    name_words,
-    nonsense_problem,
-    plan_steps,
-    render,
-    singular,
-    slots_of,
-    text_stems,
-    tool_terms,
-    user_can_start,
-)
+from arena.text import fold
+from arena.tool_links import Argument, arguments, output_fields, required_arguments, singular, snake
+from simulator.chains import acts_on_deleted, can_follow, nonsense_problem, user_can_start
+from simulator.task_writer import compose_task, plan_steps, slots_of
+from simulator.text import DOC_STOPWORDS, VERBS, capitalise, humanize, name_words, text_stems, tool_terms
+from simulator.values import ValueBook, enum_values, kind_of, render
 
 WEAK_RATE = 0.25
 """Share of server-only drafts that come out weak (vague or general knowledge)."""
@@ -311,10 +295,6 @@ def _spans(text: str) -> list[tuple[int, int]]:
     return [(m.start(), m.end()) for m in _QUOTED.finditer(text)]
 
 
-def _capitalise_first(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
 def paraphrase(text: str, synonyms: Sequence[tuple[str, str]], rng: random.Random) -> str:
     """Swap up to two whole words/phrases for synonyms, never inside quotes or next to / . @ - or digits."""
     pairs = list(synonyms)
@@ -328,7 +308,7 @@ def paraphrase(text: str, synonyms: Sequence[tuple[str, str]], rng: random.Rando
         )
         if hit is None:
             continue
-        replacement = other if hit.group(0)[0].islower() else other[:1].upper() + other[1:]
+        replacement = other if hit.group(0)[0].islower() else capitalise(other)
         text = text[: hit.start()] + replacement + text[hit.end() :]
         swaps += 1
         if swaps == 2:
@@ -422,7 +402,7 @@ def augment_persona(task: str, tpl: Templates, variant: int, rng: random.Random)
                 and not any(a <= at < b for a, b in _spans(text))
                 and (at == 0 or text[at - 2 : at] == ". ")
             ):
-                text = text[:at] + _capitalise_first(text[at + len(filler) :])
+                text = text[:at] + capitalise(text[at + len(filler) :])
         text = re.sub(r"\s{2,}", " ", text).strip()
         return persona, (text if text != task else f"{task} {tpl.brief}")
     return persona, template.format(task=task)
@@ -514,7 +494,7 @@ _PERIOD = re.compile(
 )
 
 
-_NOT_NAMES = STOPWORDS | {"what", "please", "could", "can", "would", "hello", "hi", "thanks", "also", "then"}
+_NOT_NAMES = DOC_STOPWORDS | frozenset("what please could can would hello hi thanks also then".split())
 """Capitalised words that start a clause, not a name."""
 
 

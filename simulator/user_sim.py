@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
 from arena.llm.roles.user_sim import USER_SIMULATOR, UserSimInput, UserTurn
+from arena.text import norm
 
 NUDGE = "Please go ahead."
 CONFIRMATION = "Yes, please go ahead."
@@ -52,10 +53,6 @@ _CONFIRM_RE = re.compile(
 _SENTENCE_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.casefold().split())
-
-
 def requirements(inputs: UserSimInput) -> list[str]:
     """The requirements: given ones, else the sentences of the instructions."""
     given = [r.strip() for r in inputs.requirements if r.strip()]
@@ -66,8 +63,8 @@ def requirements(inputs: UserSimInput) -> list[str]:
 
 def pending(inputs: UserSimInput) -> list[str]:
     """Requirements no earlier user message has stated yet, in order."""
-    said = [_norm(m.content) for m in inputs.dialogue if m.role == "user"]
-    return [r for r in requirements(inputs) if not any(_norm(r) in s for s in said)]
+    said = [norm(m.content) for m in inputs.dialogue if m.role == "user"]
+    return [r for r in requirements(inputs) if not any(norm(r) in s for s in said)]
 
 
 def _asks(text: str) -> bool:

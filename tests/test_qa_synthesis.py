@@ -27,7 +27,8 @@ from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
 from producers.knowledge import question_seeds, unconditional_seed
 from simulator import RULES
 from simulator.backend import RuleFn, RulesBackend
-from simulator.qa import FREE_FORM, Kb, parse_question
+from simulator.knowledge import Kb
+from simulator.qa import FREE_FORM, parse_question
 from streams.envs.qa_synthesis import Outcome, grounding_problems, synthesize
 
 

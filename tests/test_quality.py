@@ -20,17 +20,8 @@ from arena.llm.roles.qa import QaDraft, QaJudgeInput, QaSynthesisInput, StepVerd
 from arena.records.envs import STRUCTURES, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
 from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
 from simulator.backend import RulesBackend
-from simulator.qa import (
-    FLAW_KINDS,
-    atomicity,
-    caught,
-    completeness,
-    dependency,
-    judge_view,
-    sequence,
-    synthesize_instance,
-    tool_needs,
-)
+from simulator.qa import FLAW_KINDS, caught, judge_view, synthesize_instance
+from simulator.qa_judges import atomicity, completeness, dependency, sequence, tool_needs
 from streams.envs.quality import (
     GATE_LEAF,
     GATE_QUALITY,

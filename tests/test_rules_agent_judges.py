@@ -37,7 +37,7 @@ from arena.llm.roles.judges import (
 )
 from arena.records.sft import CallStatus, Trajectory
 from simulator import RULES
-from simulator.agent import agent_turn, failure_kind, stated_values
+from simulator.agent import agent_turn
 from simulator.backend import RulesBackend
 from simulator.judges import (
     answer_correlation,
@@ -48,6 +48,7 @@ from simulator.judges import (
     round_planning,
     round_understanding,
 )
+from simulator.reading import failure_kind, stated_values
 from streams.sft.reward import DIMENSIONS, score_trajectory
 from tests.test_reward import (
     CHECK_OK,

@@ -1,4 +1,4 @@
-"""Rule-based chain and task roles (arena/llm/rules/{chains,tasks}.py) on the sample servers."""
+"""Rule-based chain and task roles (simulator/{chains,tasks}.py) on the sample servers."""
 
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ from simulator import RULES
 from simulator.chains import (
     chain_coherence,
     chain_synthesis,
-    kind_of,
     start_order,
     task_from_chain,
     unreflected_tools,
 )
 from simulator.tasks import anchor_tool, augment_task, score_task, task_from_server
+from simulator.values import kind_of
 from streams.sft.normalize import normalize_server, server_id
 
 SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
