@@ -106,14 +106,37 @@ def topics_create() -> None:
 
 
 @topics_app.command("list")
-def topics_list() -> None:
-    """The topic registry: name, partitions, key, value schema, retention."""
+def topics_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
+) -> None:
+    """The topic registry: name, partitions, key, value schema, retention, who writes and who reads it."""
+    from app.registry import topic_roles
     from arena.topics import TOPICS
 
-    table = Table("topic", "partitions", "key", "value", "retention", "lake view")
+    roles = topic_roles()
+    rows = []
     for spec in TOPICS.values():
         retention = "forever" if spec.retention_ms < 0 else f"{spec.retention_ms // 86_400_000}d"
-        table.add_row(spec.name, str(spec.partitions), spec.key, spec.value.__name__, retention, spec.table)
+        rows.append(
+            {
+                "topic": spec.name,
+                "partitions": spec.partitions,
+                "key": spec.key,
+                "value": spec.value.__name__,
+                "retention": retention,
+                "lake_view": spec.table,
+                "writers": list(roles[spec.name].writers),
+                "readers": list(roles[spec.name].readers),
+            }
+        )
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table("topic", "partitions", "key", "value", "retention", "lake view", "written by", "read by")
+    for row in rows:
+        cells = [str(row[k]) for k in ("topic", "partitions", "key", "value", "retention", "lake_view")]
+        topic = roles[str(row["topic"])]
+        table.add_row(*cells, ", ".join(topic.writers) or "-", ", ".join(topic.readers) or "-")
     console.print(table)
 
 

@@ -1,18 +1,21 @@
 """Every worker Arena can run: the stages plus the sinks that consume topics.
 
 ``arena worker --stage NAME`` looks names up here; each worker is its own
-Faust app, so its own consumer group (``arena-<name>``).
+Faust app, so its own consumer group (``arena-<name>``). ``topic_roles()`` says
+who writes and who reads each topic: the workers, plus the commands outside
+the worker registry (publishers, the trainer) declared in ``CLIENTS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import faust
 
 from arena.config import ArenaSettings
-from arena.topics import TOPICS
+from arena.topics import TOPICS, topic
 from consumers import tool_indexer
 from streams.app import attach_stage
 from streams.eigen import (
@@ -40,14 +43,14 @@ class WorkerDef:
         return f"arena-{self.name}"
 
 
-def _stage_worker(stage: StageDef) -> WorkerDef:
+def _stage_worker(stage: StageDef[Any]) -> WorkerDef:
     def attach(app: faust.App, settings: ArenaSettings) -> None:
         attach_stage(app, stage, settings)
 
     return WorkerDef(stage.name, (stage.input,), stage.guarantee, attach, stage.description)
 
 
-STAGES: tuple[StageDef, ...] = (
+STAGES: tuple[StageDef[Any], ...] = (
     tools_servers.STAGE,
     tool_indexer.STAGE,
     chains.STAGE,
@@ -98,3 +101,60 @@ def worker(name: str) -> WorkerDef:
 def topics_by_group(names: list[str]) -> dict[str, list[str]]:
     """Input topics per consumer group, for lag and drain checks."""
     return {worker(n).group: list(worker(n).inputs) for n in names}
+
+
+@dataclass(frozen=True)
+class Client:
+    """A command outside the worker registry that writes or reads topics (declared, not imported)."""
+
+    name: str
+    writes: tuple[str, ...]
+    reads: tuple[str, ...] = ()
+
+
+CLIENTS: tuple[Client, ...] = (
+    # producers/publish_tools.py: the servers, and files that do not load as dead letters
+    Client("arena publish tools", writes=("tools.raw", "tools.raw.dlq")),
+    Client("arena publish mcp", writes=("tools.raw",)),
+    Client("arena publish qa", writes=("qa.seeds",)),
+    # producers/publish_domain.py: phase-2 pilot metrics, phase-3 seeds
+    Client("arena publish domain", writes=("eigen.seeds", "eigen.pilot.metrics")),
+    # trainer/service.py + trainer/samples_source.py: a sample that does not decode goes to <topic>.dlq
+    Client(
+        "arena train",
+        writes=("trainer.metrics", "samples.sft.dlq", "samples.verified.dlq"),
+        reads=("samples.sft", "samples.verified"),
+    ),
+)
+"""Writers and readers that are not workers (``WORKERS``), by command name."""
+
+
+@dataclass(frozen=True)
+class TopicRoles:
+    """Who writes a topic and who reads it: worker names and ``CLIENTS`` names, sorted."""
+
+    writers: tuple[str, ...]
+    readers: tuple[str, ...]
+
+
+def topic_roles() -> dict[str, TopicRoles]:
+    """Writers and readers of every topic of the registry, in registry order.
+
+    A stage writes what it may emit (``StageDef.may_emit``: its outputs, its input's .dlq and
+    .rejected, its outputs' .rejected); a worker reads its inputs (the lake sink reads every
+    topic); ``CLIENTS`` add the publishers and the trainer.
+    """
+    writers: dict[str, set[str]] = {name: set() for name in TOPICS}
+    readers: dict[str, set[str]] = {name: set() for name in TOPICS}
+    for stage in STAGES:
+        for name in stage.may_emit:
+            writers[name].add(stage.name)
+    for work in WORKERS.values():
+        for name in work.inputs:
+            readers[name].add(work.name)
+    for client in CLIENTS:
+        for name in client.writes:
+            writers[topic(name).name].add(client.name)
+        for name in client.reads:
+            readers[topic(name).name].add(client.name)
+    return {name: TopicRoles(tuple(sorted(writers[name])), tuple(sorted(readers[name]))) for name in TOPICS}

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from arena.records.common import DeadLetter, Rejection
-from arena.records.eigen import EigenItem, PilotMetrics
+from arena.records.eigen import (
+    EigenDialog,
+    EigenIntent,
+    EigenSeed,
+    EigenTask,
+    EigenValidated,
+    EigenVerified,
+    PilotMetrics,
+)
 from arena.records.envs import EnvPackage, QaSeed, QaTrace, VerifiedSample
 from arena.records.sft import ScoredTrajectory, SftSample, Task, ToolChain, Trajectory
 from arena.records.tools import RawToolServer, ToolServer
@@ -70,12 +78,12 @@ _STAGE_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("envs.verified", 4, "env_id", EnvPackage, FOREVER),
     TopicSpec("samples.verified", 4, "sample_id", VerifiedSample, FOREVER),
     # EigenData track
-    TopicSpec("eigen.seeds", 4, "item_id", EigenItem, FOREVER),
-    TopicSpec("eigen.intents", 4, "item_id", EigenItem),
-    TopicSpec("eigen.tasks", 4, "item_id", EigenItem),
-    TopicSpec("eigen.dialogs", 4, "item_id", EigenItem),
-    TopicSpec("eigen.dialogs.validated", 4, "item_id", EigenItem),
-    TopicSpec("eigen.verified", 4, "item_id", EigenItem, FOREVER),
+    TopicSpec("eigen.seeds", 4, "item_id", EigenSeed, FOREVER),
+    TopicSpec("eigen.intents", 4, "item_id", EigenIntent),
+    TopicSpec("eigen.tasks", 4, "item_id", EigenTask),
+    TopicSpec("eigen.dialogs", 4, "item_id", EigenDialog),
+    TopicSpec("eigen.dialogs.validated", 4, "item_id", EigenValidated),
+    TopicSpec("eigen.verified", 4, "item_id", EigenVerified, FOREVER),
     TopicSpec("eigen.pilot.metrics", 1, "content hash of the record", PilotMetrics),
     # Trainer
     TopicSpec("trainer.metrics", 1, "hash of run id + step", TrainerMetrics),

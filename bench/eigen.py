@@ -68,7 +68,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
-    from arena.records.eigen import EigenItem
+    from arena.records.eigen import EigenSeed
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACK = "customer_service"
@@ -154,7 +154,7 @@ def settings_for(home: Path, args: argparse.Namespace) -> ArenaSettings:
     return settings
 
 
-async def prepare(settings: ArenaSettings, args: argparse.Namespace, count: int) -> list[EigenItem]:
+async def prepare(settings: ArenaSettings, args: argparse.Namespace, count: int) -> list[EigenSeed]:
     """Pack in the catalog, K prompt sets in phase 3, ``count`` seeds; the sandbox pool started."""
     from arena.llm.roles.eigen import PoolParams
     from producers.publish_domain import resolve_pack, seed_items
@@ -184,7 +184,7 @@ async def prepare(settings: ArenaSettings, args: argparse.Namespace, count: int)
     return seed_items(pack_id, pack.name, sets, count, base_seed=args.seed, size=args.size)
 
 
-async def drive(seed: EigenItem, settings: ArenaSettings, tally: Tally, captured: Captured) -> None:
+async def drive(seed: EigenSeed, settings: ArenaSettings, tally: Tally, captured: Captured) -> None:
     """One seed through the five stages, in order, until a gate drops it or it is verified."""
     from arena.records.common import DeadLetter, Rejection
     from arena.records.eigen import EigenItem
@@ -214,7 +214,7 @@ async def drive(seed: EigenItem, settings: ArenaSettings, tally: Tally, captured
         started = time.perf_counter()
         emits = await run_handler(stage, item, ctx, raw)
         tally.handler_s[stage.name] += time.perf_counter() - started
-        following: list[EigenItem] = []
+        following: list[EigenItem[Any]] = []
         ended: str | None = None
         for emit in emits:
             tally.topics[emit.topic] += 1
@@ -248,12 +248,12 @@ async def drive(seed: EigenItem, settings: ArenaSettings, tally: Tally, captured
             return
         item = following[0]
         if produces == "eigen.tasks":
-            tally.task_rounds.append((int(item.payload["repair_rounds"]), True))
+            tally.task_rounds.append((item.payload.repair_rounds, True))
         elif produces == "eigen.dialogs.validated":
-            tally.dialog_rounds.append((int(item.payload["repair_rounds"]), True))
-            dialogue = fingerprint(item.payload)
+            tally.dialog_rounds.append((item.payload.repair_rounds, True))
+            dialogue = fingerprint(item.payload.model_dump(mode="json"))
         elif produces == "eigen.verified":
-            tally.heldout += item.payload.get("split") == "heldout"
+            tally.heldout += item.payload.split == "heldout"
     tally.accepted.add(item.item_id)
     tally.accepted_dialogues.add(dialogue)
     tally.outcomes[seed.item_id] = f"accepted:{dialogue}"
@@ -295,7 +295,7 @@ async def run(
         ) as progress:
             bar = progress.add_task(name, total=len(seeds), accepted=0)
 
-            async def one(seed: EigenItem) -> None:
+            async def one(seed: EigenSeed) -> None:
                 async with gate:
                     await drive(seed, settings, tally, captured)
                 progress.update(bar, advance=1, accepted=len(tally.accepted))

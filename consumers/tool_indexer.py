@@ -8,15 +8,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.records.tools import ToolServer
 from streams.resources import tool_index_for
 from streams.runtime import Context, Emit, StageDef
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, ToolServer)
+async def handle(record: ToolServer, ctx: Context) -> Sequence[Emit]:
     index = tool_index_for(ctx.settings)
     await asyncio.to_thread(index.upsert, record)
     return []
@@ -25,6 +22,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="tool-index",
     input="tools.servers",
+    input_model=ToolServer,
     version="1",
     handler=handle,
     guarantee="at_least_once",

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from arena.llm.core import Sampling
 from arena.llm.gateway import Gateway
 from arena.llm.roles.user_sim import DialogueMessage, UserSignal
+from arena.records.eigen import CallRecord
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
 from environments.rewards import RewardMode, f1_reward, reward_value
@@ -254,16 +255,6 @@ class InteractiveSpec(BaseModel):
         description="OpenAI specs of tools only the user can call (dual control), implemented in code.",
     )
     max_user_turns: Annotated[int, Field(ge=1, le=64, description="Most user replies per dialogue.")] = 16
-
-
-class CallRecord(BaseModel):
-    """One executed call of an interactive dialogue, as ``verify`` receives it."""
-
-    name: Annotated[str, Field(description="Tool name.")]
-    arguments: Annotated[dict[str, Any], Field(description="Arguments as called.")]
-    actor: Annotated[Literal["agent", "user"], Field(description="Who called it.")]
-    ok: Annotated[bool, Field(description="It ran without raising.")]
-    changed_state: Annotated[bool, Field(description="STATE differs after the call.")]
 
 
 class Verdict(BaseModel):

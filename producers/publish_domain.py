@@ -24,7 +24,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from arena.config import ArenaSettings
-from arena.records.eigen import EigenItem, PilotMetrics
+from arena.records.eigen import EigenSeed, PilotMetrics, Scenario
 from lake.catalog import open_gateway
 from lake.eigen_catalog import EigenCatalog
 from producers.publish import publish
@@ -38,7 +38,7 @@ from streams.eigen.evolution import (
     pilot_key,
     thresholds_from,
 )
-from streams.eigen.items import Scenario, generating_set, make_item, pack_id_of
+from streams.eigen.items import generating_set, make_item, pack_id_of
 from streams.eigen.packs import DomainPack, DomainPackError, builtin_pack_path, builtin_packs, load_pack
 from streams.runtime import Emit
 
@@ -85,7 +85,7 @@ def resolve_pack(path_or_name: str) -> DomainPack:
 
 def seed_items(
     pack_id: str, domain: str, sets: list[PromptSet], count: int, *, base_seed: int, size: str
-) -> list[EigenItem]:
+) -> list[EigenSeed]:
     """``count`` seeds, round-robin over ``sets``; seed ``i`` has database seed ``base_seed + i``."""
     items = []
     for i in range(count):
@@ -93,7 +93,7 @@ def seed_items(
         scenario = Scenario(
             pack_id=pack_id, state_seed=base_seed + i, size=size, seed=i, set_version=chosen.version
         )
-        items.append(make_item("seed", None, scenario, domain=domain, prompt_set=chosen.set_id))
+        items.append(make_item(EigenSeed, None, scenario, domain=domain, prompt_set=chosen.set_id))
     return items
 
 

@@ -28,7 +28,7 @@ from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.topics import topic
 from streams.dedupe import SeenKeys
-from streams.runtime import Context, Emit, StageDef, dead_letter_key, decode, encode, run_handler
+from streams.runtime import Context, Emit, In, StageDef, dead_letter_key, decode_input, encode, run_handler
 
 log = logging.getLogger("arena.stage")
 
@@ -123,7 +123,7 @@ class CommitGate:
 
 async def process_event(
     app: faust.App,
-    stage: StageDef,
+    stage: StageDef[In],
     settings: ArenaSettings,
     event: Any,
     gate: CommitGate,
@@ -136,10 +136,9 @@ async def process_event(
     if seen is not None and await seen.seen(message.partition, message.offset, key):
         log.info("%s: %s already handled, skipped", stage.name, key)
         return
-    decoded = decode(
-        spec,
+    decoded = decode_input(
+        stage,
         message.value,
-        stage=stage.name,
         source_key=key,
         partition=message.partition,
         offset=message.offset,
@@ -159,7 +158,7 @@ async def process_event(
         seen.add(message.partition, key)
 
 
-def attach_stage(app: faust.App, stage: StageDef, settings: ArenaSettings) -> None:
+def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings) -> None:
     """Register the Faust agent that runs ``stage`` on its input topic."""
 
     bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)

@@ -1,14 +1,18 @@
 """What every stage shares: decoding, dead letters, rejections, lineage, sending.
 
-A stage is a ``StageDef``: its input topic, a version, a processing guarantee
-and a ``handler`` that turns one validated input record into ``Emit``s. The
-runtime owns everything around the handler, so stage modules stay small:
+A stage is a ``StageDef[In]``: its input topic and that topic's value model
+``In``, a version, a processing guarantee, the topics it emits to, and a
+``handler`` that turns one validated ``In`` record into ``Emit``s. The runtime
+owns everything around the handler, so stage modules stay small:
 
 * bytes that are not JSON, or JSON that does not match the input topic's value
   schema, go to ``<input>.dlq`` (``parse_error`` / ``schema_violation``);
 * a handler that raises sends the record to ``<input>.dlq`` (``crash``);
 * gate drops are ``Emit``s to ``<input>.rejected`` built with ``Context.reject``;
-* every emitted record is keyed by a content hash and carries lineage headers.
+* every emitted record is keyed by a content hash and carries lineage headers;
+* a stage emits only to the topics it declares (``StageDef.may_emit``): its
+  ``outputs``, its input's ``.dlq``/``.rejected`` and its outputs' ``.rejected``;
+  anything else raises ``UndeclaredTopic`` (a bug in the stage, not in the record).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import base64
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -30,6 +34,27 @@ from arena.topics import TopicSpec, topic
 log = logging.getLogger("arena.stage")
 
 Guarantee = Literal["exactly_once", "at_least_once"]
+
+In = TypeVar("In", bound=BaseModel)
+"""A stage's input record type: the value model of its input topic."""
+M = TypeVar("M", bound=BaseModel)
+
+
+class StageContractError(ValueError):
+    """A ``StageDef`` that contradicts the topic registry (unknown topic, wrong input model)."""
+
+
+class UndeclaredTopic(RuntimeError):
+    """A stage emitted to a topic it did not declare."""
+
+    def __init__(self, stage: str, topic: str, declared: Sequence[str]) -> None:
+        self.stage = stage
+        self.topic = topic
+        self.declared = tuple(declared)
+        super().__init__(
+            f"stage {stage!r} emitted to {topic!r}, which it did not declare; "
+            f"it may emit to: {', '.join(self.declared)} (fix: add the topic to the StageDef's outputs)"
+        )
 
 
 @dataclass(frozen=True)
@@ -103,37 +128,77 @@ class Context:
         return Emit(target, key, value, (self.source_key,))
 
 
-Handler = Callable[[BaseModel, Context], Awaitable[Sequence[Emit]]]
+Handler = Callable[[In, Context], Awaitable[Sequence[Emit]]]
+"""``async def handle(record: In, ctx: Context) -> Sequence[Emit]``."""
 
 
 @dataclass(frozen=True)
-class StageDef:
-    """A stream processor between topics."""
+class StageDef(Generic[In]):
+    """A stream processor between topics.
+
+    ``input_model`` must be the value model the registry gives ``input`` (checked here, so a
+    stage cannot be typed for records its topic does not carry); ``outputs`` must be
+    registered topics.
+    """
 
     name: str
     """CLI name and consumer group suffix (group id ``arena-<name>``)."""
     input: str
     """Input topic name (from the registry)."""
+    input_model: type[In]
+    """The input topic's value model: what the handler receives, validated."""
     version: str
     """Bumped when the stage's output for the same input changes."""
-    handler: Handler
+    handler: Handler[In]
     guarantee: Guarantee = "exactly_once"
     outputs: tuple[str, ...] = field(default=())
-    """Topics the handler may emit to (besides the input's .dlq/.rejected)."""
+    """Topics the handler may emit to (besides the side topics, see ``may_emit``)."""
     description: str = ""
     dedupe: bool = False
     """Skip an input whose key this stage already handled (see ``streams.dedupe``)."""
+
+    def __post_init__(self) -> None:
+        try:
+            spec = topic(self.input)
+            for name in self.outputs:
+                topic(name)
+        except KeyError as exc:
+            raise StageContractError(f"stage {self.name!r}: {exc.args[0]}") from None
+        if spec.value is not self.input_model:
+            raise StageContractError(
+                f"stage {self.name!r} declares input model {self.input_model.__name__} but topic "
+                f"{self.input!r} carries {spec.value.__name__} ({spec.value.__module__}); "
+                f"fix: input_model={spec.value.__name__}"
+            )
 
     @property
     def group(self) -> str:
         return f"arena-{self.name}"
 
+    @property
+    def may_emit(self) -> tuple[str, ...]:
+        """Every topic the stage may emit to, sorted.
+
+        Its ``outputs``; its input's ``.dlq`` (dead letters) and ``.rejected`` (gate drops);
+        and each output's ``.rejected`` (a dropped candidate, ``Context.reject(candidate_of=...)``).
+        """
+        spec = topic(self.input)
+        sides = [topic(name).rejected for name in self.outputs]
+        return tuple(sorted({*self.outputs, spec.dlq, spec.rejected, *sides}))
+
+    def check_emits(self, emits: Sequence[Emit]) -> None:
+        """Raise ``UndeclaredTopic`` for the first emit to a topic the stage did not declare."""
+        allowed = self.may_emit
+        for emit in emits:
+            if emit.topic not in allowed:
+                raise UndeclaredTopic(self.name, emit.topic, allowed)
+
 
 @dataclass(frozen=True)
-class Decoded:
+class Decoded(Generic[M]):
     """Result of decoding one raw input value."""
 
-    record: BaseModel | None
+    record: M | None
     dead_letter: DeadLetter | None
 
 
@@ -145,12 +210,40 @@ def decode(
     source_key: str | None,
     partition: int | None = None,
     offset: int | None = None,
-) -> Decoded:
+) -> Decoded[BaseModel]:
     """Validate ``raw`` against the topic's value schema, or explain why not."""
+    return _decode(spec.value, spec, raw, stage, source_key, partition, offset)
+
+
+def decode_input(
+    stage: StageDef[In],
+    raw: bytes | None,
+    *,
+    source_key: str | None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> Decoded[In]:
+    """``decode`` for ``stage``'s input topic, typed as the stage's input model.
+
+    ``StageDef`` checked that its ``input_model`` is the topic's value model, so this is the
+    same validation ``decode`` does.
+    """
+    return _decode(stage.input_model, topic(stage.input), raw, stage.name, source_key, partition, offset)
+
+
+def _decode(
+    model: type[M],
+    spec: TopicSpec,
+    raw: bytes | None,
+    stage: str,
+    source_key: str | None,
+    partition: int | None,
+    offset: int | None,
+) -> Decoded[M]:
     data = raw or b""
     kind: DeadLetterKind
     try:
-        return Decoded(spec.value.model_validate_json(data.decode("utf-8")), None)
+        return Decoded(model.model_validate_json(data.decode("utf-8")), None)
     except UnicodeDecodeError as exc:
         kind, reason = DeadLetterKind.parse_error, f"not UTF-8: {exc}"
     except ValidationError as exc:
@@ -217,10 +310,15 @@ def encode(emit: Emit, *, stage: str, stage_version: str) -> tuple[bytes, bytes,
     return emit.key.encode("utf-8"), value, lineage.to_headers()
 
 
-async def run_handler(stage: StageDef, record: BaseModel, ctx: Context, raw: bytes) -> list[Emit]:
-    """Call the handler; a crash becomes a dead letter instead of killing the worker."""
+async def run_handler(stage: StageDef[In], record: In, ctx: Context, raw: bytes) -> list[Emit]:
+    """Call the handler; a crash becomes a dead letter instead of killing the worker.
+
+    Every path from a handler to Kafka goes through here, so this is where the stage's declared
+    topics are enforced: an emit to any other topic raises ``UndeclaredTopic`` (a bug in the
+    stage, the same for every record, so it is not dead-lettered).
+    """
     try:
-        return list(await stage.handler(record, ctx))
+        emits = list(await stage.handler(record, ctx))
     except InvalidOutput as exc:
         log.warning("stage %s: %s on %s", stage.name, exc, ctx.source_key)
         return [ctx.llm_dead_letter(exc, "record")]
@@ -235,6 +333,8 @@ async def run_handler(stage: StageDef, record: BaseModel, ctx: Context, raw: byt
             source_key=ctx.source_key,
         )
         return [Emit(ctx.input.dlq, dead_letter_key(letter), letter, (ctx.source_key,))]
+    stage.check_emits(emits)
+    return emits
 
 
 def llm_lineage(answers: Sequence[Answer[Any]]) -> dict[str, str | None]:

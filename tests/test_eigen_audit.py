@@ -15,14 +15,14 @@ import pytest
 
 from arena.config import ArenaSettings
 from arena.llm.roles.eigen import PoolParams
-from arena.records.eigen import EigenItem, PilotMetrics
+from arena.records.eigen import EigenIntent, PilotMetrics
 from arena.topics import topic
 from lake.eigen_catalog import AuditRow, EigenCatalog
 from producers.publish_domain import seed_items
 from streams.eigen import eigen_intents
 from streams.eigen.audit import audit_points, audit_set, record_and_audit
 from streams.eigen.evolution import make_prompt_sets, pilot_key
-from streams.eigen.items import IntentPayload, pack_id_of
+from streams.eigen.items import pack_id_of
 from streams.eigen.packs import DomainPack
 from streams.resources import close_sandbox_pool, eigen_store_for, gateway_for
 from streams.runtime import Context, run_handler
@@ -115,7 +115,7 @@ def test_seeds_stage_repilots_a_drifted_set_then_draws_with_it(pack: DomainPack,
     assert versions[-1].reason.startswith("re-piloted after phase-3 drift")
     # The intent was drawn with the evolved parameters and carries the new version.
     item = intents[0].value
-    assert isinstance(item, EigenItem)
-    body = IntentPayload.model_validate(item.payload)
+    assert isinstance(item, EigenIntent)
+    body = item.payload
     assert body.scenario.set_version == row.version
     assert row.params_dict()["error_prone_parameters"] < 0.9

@@ -17,10 +17,12 @@ import pytest
 
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import PoolParams, UserIntent
+from arena.records.eigen import Dialog, DialogCall
 from environments.environment import verify_program
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
-from streams.eigen.dialogs import Dialog, DialogCall, judge_dialog, synthesize_dialog, validate_dialog
+from streams.eigen.dialog_loop import synthesize_dialog
+from streams.eigen.dialogs import judge_dialog, validate_dialog
 from streams.eigen.packs import DomainPack
 from streams.eigen.verification import verification_source
 from streams.eigen.workers import random_pool, user_intent, validate_with_repair

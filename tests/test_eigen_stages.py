@@ -15,24 +15,26 @@ from typing import Any
 import pytest
 
 from arena.config import ArenaSettings
-from arena.records.eigen import EigenItem
+from arena.records.eigen import (
+    DialogPayload,
+    EigenIntent,
+    EigenItem,
+    IntentPayload,
+    Scenario,
+    TaskPayload,
+    ValidatedPayload,
+    VerifiedPayload,
+)
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
+from arena.topics import topic
 from environments.environment import Verdict, verify_program
 from environments.user_view import MARKERS, parse_user_turn
 from lake.eigen_catalog import EigenCatalog
 from producers.publish import publish
 from producers.publish_domain import SEEDS_TOPIC
 from sandbox import SandboxPool
-from streams.eigen.items import (
-    DialogPayload,
-    IntentPayload,
-    Scenario,
-    TaskPayload,
-    ValidatedPayload,
-    VerifiedPayload,
-    make_item,
-)
+from streams.eigen.items import make_item
 from streams.eigen.packs import builtin_pack_path, load_pack
 from streams.eigen.verification import replay_reference
 from streams.runtime import Emit
@@ -52,24 +54,29 @@ CHAIN = (
 )
 
 
-def items(demo: Demo, name: str) -> list[EigenItem]:
-    return [EigenItem.model_validate(v) for v in values(demo.bootstrap, name)]
+def items(demo: Demo, name: str) -> list[EigenItem[Any]]:
+    """The records of ``name``, validated as the topic's own value model (``EigenSeed``, ...)."""
+    model = topic(name).value
+    found = [model.model_validate(v) for v in values(demo.bootstrap, name)]
+    typed = [i for i in found if isinstance(i, EigenItem)]
+    assert len(typed) == len(found), f"{name} does not carry EigenData items"
+    return typed
 
 
 @pytest.fixture(scope="module")
-def verified(demo_run: Demo) -> list[EigenItem]:
+def verified(demo_run: Demo) -> list[EigenItem[Any]]:
     found = items(demo_run, "eigen.verified")
     assert found, "the demo verified no EigenData instance"
     return found
 
 
-def test_every_stage_hands_typed_items_to_the_next(demo_run: Demo, verified: list[EigenItem]) -> None:
-    by_id: dict[str, EigenItem] = {}
+def test_every_stage_hands_typed_items_to_the_next(demo_run: Demo, verified: list[EigenItem[Any]]) -> None:
+    by_id: dict[str, EigenItem[Any]] = {}
     for name, model in CHAIN:
         found = items(demo_run, name)
         assert found, f"nothing reached {name}"
         for item in found:
-            model.model_validate(item.payload)  # each stage's payload is its typed model
+            assert isinstance(item.payload, model)  # each stage's payload is its typed model
             assert item.domain == "customer_service"
             by_id[item.item_id] = item
     # Lineage: every verified instance leads back, stage by stage, to a published seed.
@@ -84,36 +91,36 @@ def test_every_stage_hands_typed_items_to_the_next(demo_run: Demo, verified: lis
     assert len({s.prompt_set for s in seeds}) == 2
 
 
-def test_the_seven_workers_left_their_marks(demo_run: Demo, verified: list[EigenItem]) -> None:
-    intents = [IntentPayload.model_validate(i.payload) for i in items(demo_run, "eigen.intents")]
+def test_the_seven_workers_left_their_marks(demo_run: Demo, verified: list[EigenItem[Any]]) -> None:
+    intents = [i.payload for i in items(demo_run, "eigen.intents")]
     # RandomPool: persona, environment context, difficulty factors; UserIntent: a task on them.
     for body in intents:
         assert body.draw.persona.role and body.draw.difficulty.required_calls >= 1
         assert body.intent.goals and body.intent.rubrics and body.intent.must_have_functions
     # TaskValidation: every task that went on is FEASIBLE with a probe-backed plan; Modify repaired
     # at least one of the demo's tasks (seeded: the seed-2 database has an infeasible first draft).
-    tasks = [TaskPayload.model_validate(i.payload) for i in items(demo_run, "eigen.tasks")]
+    tasks = [i.payload for i in items(demo_run, "eigen.tasks")]
     assert all(t.plan for t in tasks)
     repaired = [t for t in tasks if t.repair_rounds]
     assert repaired and all(t.first_reasons and t.repairs for t in repaired)
     # DialogSynthesis: the agent and the simulated user both called tools (dual control).
     for item in items(demo_run, "eigen.dialogs"):
-        dialog = DialogPayload.model_validate(item.payload).dialog
+        dialog = item.payload.dialog
         assert {c.actor for c in dialog.calls} == {"agent", "user"} and dialog.end_signal == "stop"
     # TrajectoryValidation: the five checks and the judge role passed what went on.
     for item in items(demo_run, "eigen.dialogs.validated"):
-        body = ValidatedPayload.model_validate(item.payload)
+        body = item.payload
         assert body.verdict.passed and body.judged.validation_result == "PASS"
         assert set(body.verdict.ratings) == {"schema", "grounding", "goal", "realism", "policy"}
     # VerificationFunction: generated code that passed the dialogue's own outcome in the sandbox.
     for item in verified:
-        body = VerifiedPayload.model_validate(item.payload)
+        body = item.payload
         assert Verdict.model_validate(body.verdict).passed
         assert "def verify(initial_state, final_state, calls)" in body.instance["verify"]
 
 
-def test_every_verification_function_runs_in_the_sandbox(verified: list[EigenItem]) -> None:
-    instances = [VerifiedPayload.model_validate(i.payload).instance for i in verified]
+def test_every_verification_function_runs_in_the_sandbox(verified: list[EigenItem[Any]]) -> None:
+    instances = [i.payload.instance for i in verified]
 
     async def scenario(pool: SandboxPool) -> list[tuple[bool, bool]]:
         out = []
@@ -144,8 +151,10 @@ def _final(instance: dict[str, Any]) -> dict[str, Any]:
     return final
 
 
-def test_outputs_feed_the_trainer_and_hold_out_a_split(demo_run: Demo, verified: list[EigenItem]) -> None:
-    bodies = [VerifiedPayload.model_validate(i.payload) for i in verified]
+def test_outputs_feed_the_trainer_and_hold_out_a_split(
+    demo_run: Demo, verified: list[EigenItem[Any]]
+) -> None:
+    bodies = [i.payload for i in verified]
     train = {b.sample_id for b in bodies if b.split == "train"}
     heldout = {b.sample_id for b in bodies if b.split == "heldout"}
     assert train and heldout  # ARENA_ENVS__HELDOUT_K=3 in the demo fixture
@@ -203,12 +212,12 @@ def test_pilot_metrics_reach_the_lake_and_versions_the_catalog(demo_run: Demo) -
 def test_unrepairable_task_is_rejected_in_the_stream_after_three_rounds(demo_run: Demo) -> None:
     """A task whose customer does not exist: the probe says why, Modify cannot fix it, 3 rounds."""
     source = items(demo_run, "eigen.intents")[0]
-    body = IntentPayload.model_validate(source.payload)
+    body = source.payload
     ghost = body.intent.model_copy(
         update={"known_info": {**body.intent.known_info, "email": "nobody@example.com"}}
     )
     item = make_item(
-        "intent",
+        EigenIntent,
         None,
         body.model_copy(update={"intent": ghost}),
         domain=source.domain,

@@ -111,10 +111,10 @@ def test_reject_and_encode() -> None:
 
 
 def test_a_crashing_handler_becomes_a_dead_letter() -> None:
-    async def boom(record: BaseModel, ctx: Context) -> list[Emit]:
+    async def boom(record: RawToolServer, ctx: Context) -> list[Emit]:
         raise ZeroDivisionError("division by zero")
 
-    stage = StageDef(name="demo", input="tools.raw", version="1", handler=boom)
+    stage = StageDef(name="demo", input="tools.raw", input_model=RawToolServer, version="1", handler=boom)
     record = RawToolServer(server="s", source="f", format="openai", entries=[])
     emits = asyncio.run(run_handler(stage, record, _ctx(), b"raw-bytes"))
     assert len(emits) == 1 and emits[0].topic == "tools.raw.dlq"

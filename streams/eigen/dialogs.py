@@ -1,16 +1,8 @@
 """EigenData DialogSynthesis and TrajectoryValidation workers (§4.2).
 
-``synthesize_dialog(pack, intent, state, gateway, runner)`` alternates the UserSimulator
-(``arena.llm.roles.user_sim``, fed the intent's requirements and goal actions) and the
-TrajectoryAgent (``eigen_trajectory_agent``). Every agent and user tool call runs in the sandbox
-through ``environments.environment.state_program`` against the dialogue's state (a failing call
-leaves it as it was). The agent acts until it sends a message; the user answers, first running
-its user-tool calls. Dual-control fill-in: when the agent asked for in-app actions
-(``user_action_requests``) and the simulator made no tool call (the rules simulator never does),
-the user performs the requested action if it can -- with the arguments the intent plans for it
-(a goal's user call), else the pre-filled ones completed from ``known_info`` (the code on the
-phone). The dialogue ends on the user's stop / transfer / out_of_scope signal, at ``max_turns``
-user replies, or when the agent does not reach a message in ``max_agent_steps``.
+``synthesize_dialog(pack, intent, state, gateway, runner) -> Dialog`` (the TrajectoryAgent and the
+UserSimulator taking turns, every tool call in the sandbox) is the state machine of
+``streams.eigen.dialog_loop``, re-exported here with its helpers.
 
 ``validate_dialog(pack, intent, dialog) -> DialogVerdict`` runs the five deterministic checks:
 
@@ -24,7 +16,8 @@ user replies, or when the agent does not reach a message in ``max_agent_steps``.
   transfer helpers (must-not); must-have functions not called are a non-critical note;
 - realism: no empty turns, no repeated assistant messages or repeated identical calls without a
   state change in between, no user message copying 10+ consecutive words of the private
-  instructions outside the requirements;
+  instructions outside the requirements; the dialogue did not end on a user-simulator failure
+  (``end_signal`` ``user_error``: an incomplete dialogue, critical);
 - policy: the pack's rules re-checked on every call that ran, replaying the calls from the
   initial state (``streams.eigen.verification.policy_check``).
 
@@ -32,14 +25,14 @@ Pass / fail rule (the appendix TrajectoryValidationAgent prompt): CRITICAL issue
 errors (schema), data fabrication (grounding), severe policy violations (policy rules, must-not),
 goal failure -- fail the dialogue by themselves; each dimension is rated Good / Acceptable / Poor
 and a dialogue FAILS when it has a CRITICAL issue or two or more dimensions rated Poor, and PASSES
-otherwise. Realism findings and unused must-have functions are non-critical (scored).
+otherwise. Realism findings (except a user-simulator failure) and unused must-have functions are
+non-critical (scored).
 ``judge_dialog`` adds the ``eigen_trajectory_validation`` role on top; a PASS that contradicts a
 critical finding is overruled.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Mapping
@@ -47,312 +40,36 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from arena.llm.core import InvalidOutput, Sampling
+from arena.llm.core import Sampling
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import FailureReason, Repair, SuggestedFix, TaskVerdict, UserIntent
 from arena.llm.roles.eigen_dialogs import (
     CRITERIA,
-    EIGEN_TRAJECTORY_AGENT,
     EIGEN_TRAJECTORY_VALIDATION,
-    AgentToolCall,
-    AppEvent,
     DialogIssue,
     DimensionRating,
-    TrajectoryAgentInput,
     TrajectoryValidationInput,
     TrajectoryVerdict,
 )
-from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInput
-from environments.environment import MAX_OUTPUT_CHARS, CallRecord, argument_error, state_program
+from arena.records.eigen import Dialog, DialogVerdict
+from environments.environment import argument_error
 from sandbox.env_runtime import Runner
+from streams.eigen.dialog_loop import (
+    MAX_TURNS,
+    synthesize_dialog,
+    user_instructions,
+)
 from streams.eigen.packs import DomainPack
 from streams.eigen.verification import policy_check
 from streams.eigen.workers import modify_task
 
-MAX_TURNS = 12
-MAX_AGENT_STEPS = 12
 HELPER_WRITES = ("send_verification_code", "add_order_note", "transfer_to_human")
 """State-changing agent tools that are never an unasked-for action."""
-EndSignal = Literal["stop", "transfer", "out_of_scope", "max_turns", "agent_stuck"]
 ID_RE = re.compile(r"\b[A-Z]{1,3}-\d{2,}\b")
 MONEY_RE = re.compile(r"(\d+(?:\.\d+)?)\s*USD|\$\s?(\d+(?:\.\d+)?)")
 DATE_RE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 NUMBER_RE = re.compile(r"\d+(?:\.\d+)?")
 VERBATIM_WORDS = 10
-
-
-class DialogCall(CallRecord):
-    """One executed call of a synthesized dialogue (``CallRecord`` plus output and position)."""
-
-    output: Any = Field(default=None, description="What it returned, or the error text.")
-    message_index: int = Field(default=0, description="Index of the message it belongs to.")
-
-    def record(self) -> dict[str, Any]:
-        """The ``CallRecord`` dict ``verify`` receives."""
-        return CallRecord.model_validate(self.model_dump()).model_dump()
-
-
-class Dialog(BaseModel):
-    """A synthesized dialogue."""
-
-    domain: str
-    messages: list[dict[str, Any]] = Field(description="OpenAI-format messages, system policy first.")
-    calls: list[DialogCall] = Field(default_factory=list, description="Every call, agent and user, in order.")
-    initial_state: dict[str, Any]
-    final_state: dict[str, Any]
-    end_signal: EndSignal
-    turns: int = Field(description="User replies after the opening message.")
-
-    def records(self) -> list[dict[str, Any]]:
-        return [c.record() for c in self.calls]
-
-
-class DialogVerdict(BaseModel):
-    """``validate_dialog``'s result."""
-
-    passed: bool
-    ratings: dict[str, DimensionRating] = Field(description="Criterion -> rating and score.")
-    flags: dict[str, bool] = Field(description="Criterion -> no critical issue found.")
-    issues: list[DialogIssue] = Field(default_factory=list)
-    reasons: list[str] = Field(default_factory=list, description="Why it failed (critical issues first).")
-
-
-# --------------------------------------------------------------------------- synthesis
-
-
-def system_message(pack: DomainPack, state: Mapping[str, Any]) -> str:
-    today = str(state.get("today") or "")
-    return pack.policy_text + (f"\n\nToday's date: {today}." if today else "")
-
-
-def user_instructions(intent: UserIntent) -> str:
-    """The simulated user's private instructions."""
-    known = "; ".join(f"{k}: {v}" for k, v in intent.known_info.items())
-    return (
-        f"You are a {intent.persona.role} ({intent.persona.tone}). Objective: {intent.objective} "
-        f"What you know: {known}. Your requests, in order: " + " ".join(intent.requirements)
-    )
-
-
-def opening_message(intent: UserIntent) -> str:
-    email = intent.known_info.get("email")
-    text = intent.reason_for_call.strip()
-    return f"{text} My email is {email}." if email and email not in text else text
-
-
-def goal_actions(intent: UserIntent) -> list[str]:
-    names: list[str] = []
-    for goal in intent.goals:
-        for call in goal.calls:
-            if call.actor == "agent" and call.name not in names:
-                names.append(call.name)
-    return names
-
-
-def _fill_in(intent: UserIntent, request: AgentToolCall, specs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Arguments the user can give ``request`` (None: the user cannot perform it)."""
-    spec = specs.get(request.name)
-    if spec is None:
-        return None
-    for goal in intent.goals:
-        for call in goal.calls:
-            if call.actor == "user" and call.name == request.name:
-                if all(
-                    call.arguments.get(k) == v for k, v in request.arguments.items() if k in call.arguments
-                ):
-                    return {**request.arguments, **call.arguments}
-    arguments = dict(request.arguments)
-    for name in spec["function"]["parameters"].get("required", []):
-        if arguments.get(name) is not None:
-            continue
-        known = intent.known_info.get(name) or next(
-            (v for k, v in intent.known_info.items() if k.endswith(name)), None
-        )
-        if known is None:
-            return None
-        arguments[name] = known
-    return arguments
-
-
-class _Session:
-    def __init__(self, pack: DomainPack, state: Mapping[str, Any], runner: Runner, timeout_s: float | None):
-        self.pack = pack
-        self.runner = runner
-        self.timeout_s = timeout_s
-        self.state: dict[str, Any] = json.loads(json.dumps(dict(state)))
-        self.calls: list[DialogCall] = []
-        self.specs = {
-            "agent": {s["function"]["name"]: s for s in pack.agent_tools},
-            "user": {s["function"]["name"]: s for s in pack.user_tools},
-        }
-
-    async def execute(
-        self, name: str, arguments: dict[str, Any], actor: Literal["agent", "user"], index: int
-    ) -> DialogCall:
-        spec = self.specs[actor].get(name)
-        error: str | None = None
-        value: Any = None
-        after = self.state
-        if spec is None or not name.isidentifier():
-            error = f"unknown tool {name!r}; available: {sorted(self.specs[actor])}"
-        else:
-            error = argument_error(spec, arguments)
-        if error is None:
-            program = state_program(self.state, self.pack.tools_source, name, arguments)
-            result = await self.runner.run(program, timeout_s=self.timeout_s)
-            out = result.return_value
-            if not result.ok:
-                error = f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
-            elif not isinstance(out, dict) or not isinstance(out.get("state"), dict):
-                error = "the tool left STATE not a JSON object"
-            else:
-                value, after = out.get("value"), out["state"]
-        call = DialogCall(
-            name=name,
-            arguments=arguments,
-            actor=actor,
-            ok=error is None,
-            changed_state=error is None and after != self.state,
-            output=value if error is None else f"error: {error}",
-            message_index=index,
-        )
-        self.state = after
-        self.calls.append(call)
-        return call
-
-
-def _content(call: DialogCall) -> str:
-    text = (
-        call.output
-        if isinstance(call.output, str) and not call.ok
-        else json.dumps(call.output, ensure_ascii=False)
-    )
-    return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "... [cut]"
-
-
-async def synthesize_dialog(
-    pack: DomainPack,
-    intent: UserIntent,
-    state: Mapping[str, Any],
-    gateway: Gateway,
-    runner: Runner,
-    *,
-    max_turns: int = MAX_TURNS,
-    max_agent_steps: int = MAX_AGENT_STEPS,
-    sampling: Sampling | None = None,
-    timeout_s: float | None = None,
-) -> Dialog:
-    """One dialogue on ``state`` for ``intent`` (see the module docstring)."""
-    session = _Session(pack, state, runner, timeout_s)
-    initial = copy.deepcopy(session.state)
-    opening = opening_message(intent)
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": system_message(pack, state)},
-        {"role": "user", "content": opening},
-    ]
-    dialogue = [DialogueMessage(role="user", content=opening)]
-    events: list[AppEvent] = []
-    instructions = user_instructions(intent)
-    goals = goal_actions(intent)
-    turns = 0
-    end: EndSignal = "max_turns"
-    n_calls = 0
-    while True:
-        requests: list[AgentToolCall] = []
-        for _ in range(max_agent_steps):
-            inputs = TrajectoryAgentInput(
-                policy=pack.policy_text,
-                today=str(state.get("today") or ""),
-                tools=pack.agent_tools,
-                user_tools=pack.user_tools,
-                messages=messages,
-                app_events=events,
-            )
-            step = (await gateway.call(EIGEN_TRAJECTORY_AGENT, inputs, sampling)).output
-            if step.tool_calls:
-                ids = [f"call_{n_calls + k}" for k in range(len(step.tool_calls))]
-                n_calls += len(ids)
-                messages.append(
-                    {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {
-                                "id": i,
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                            }
-                            for i, c in zip(ids, step.tool_calls, strict=True)
-                        ],
-                    }
-                )
-                for i, tool_call in zip(ids, step.tool_calls, strict=True):
-                    done = await session.execute(tool_call.name, tool_call.arguments, "agent", len(messages))
-                    messages.append(
-                        {"role": "tool", "tool_call_id": i, "name": tool_call.name, "content": _content(done)}
-                    )
-                continue
-            text = str(step.message)
-            messages.append({"role": "assistant", "content": text})
-            dialogue.append(DialogueMessage(role="assistant", content=text))
-            requests = step.user_action_requests
-            break
-        else:
-            end = "agent_stuck"
-            break
-        if turns >= max_turns:
-            end = "max_turns"
-            break
-        sim = UserSimInput(
-            instructions=instructions,
-            requirements=intent.requirements,
-            goal_actions=goals,
-            completed_actions=[c.name for c in session.calls if c.actor == "agent" and c.changed_state],
-            dialogue=dialogue,
-            user_tools=pack.user_tools,
-            turn=turns,
-            max_turns=max_turns,
-        )
-        try:
-            turn = (await gateway.call(USER_SIMULATOR, sim, sampling)).output
-        except InvalidOutput:
-            end = "stop"
-            break
-        if turn.signal != "continue":
-            end = turn.signal
-            if turn.message.strip():
-                messages.append({"role": "user", "content": turn.message})
-            break
-        actions = [AgentToolCall(name=a.name, arguments=a.arguments) for a in turn.tool_calls]
-        if not actions:
-            for request in requests:
-                filled = _fill_in(intent, request, session.specs["user"])
-                if filled is not None:
-                    actions.append(AgentToolCall(name=request.name, arguments=filled))
-        index = len(messages)
-        for action in actions:
-            done = await session.execute(action.name, action.arguments, "user", index)
-            events.append(
-                AppEvent(
-                    name=done.name,
-                    arguments=done.arguments,
-                    ok=done.ok,
-                    output=done.output,
-                    after_message=index,
-                )
-            )
-        messages.append({"role": "user", "content": turn.message})
-        dialogue.append(DialogueMessage(role="user", content=turn.message))
-        turns += 1
-    return Dialog(
-        domain=pack.name,
-        messages=messages,
-        calls=session.calls,
-        initial_state=initial,
-        final_state=session.state,
-        end_signal=end,
-        turns=turns,
-    )
 
 
 # --------------------------------------------------------------------------- validation
@@ -597,6 +314,14 @@ def _realism_issues(intent: UserIntent, dialog: Dialog) -> list[DialogIssue]:
     return issues
 
 
+def _end_issues(dialog: Dialog) -> list[DialogIssue]:
+    """A dialogue the user simulator broke off is no complete conversation (critical)."""
+    if dialog.end_signal != "user_error":
+        return []
+    what = "the dialogue ended on a user-simulator failure, not on the user's signal"
+    return [_issue("realism", True, what, dialog.error or "", len(dialog.messages) - 1)]
+
+
 def _policy_issues(pack: DomainPack, dialog: Dialog) -> list[DialogIssue]:
     reference = {
         "tools_source": pack.tools_source,
@@ -628,7 +353,7 @@ def validate_dialog(pack: DomainPack, intent: UserIntent, dialog: Dialog) -> Dia
         "schema": _schema_issues(pack, dialog),
         "grounding": _grounding_issues(dialog),
         "goal": _goal_issues(pack, intent, dialog),
-        "realism": _realism_issues(intent, dialog),
+        "realism": _realism_issues(intent, dialog) + _end_issues(dialog),
         "policy": _policy_issues(pack, dialog),
     }
     turns = sum(1 for m in dialog.messages if m.get("role") in ("user", "assistant"))

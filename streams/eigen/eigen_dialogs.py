@@ -9,19 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.roles.eigen_dialogs import EIGEN_TRAJECTORY_AGENT
 from arena.llm.roles.user_sim import USER_SIMULATOR
-from arena.records.eigen import EigenItem
-from streams.eigen.dialogs import synthesize_dialog
-from streams.eigen.items import (
-    DialogPayload,
-    TaskPayload,
-    lineage_of,
-    make_item,
-    open_item,
-)
+from arena.records.eigen import DialogPayload, EigenDialog, EigenTask
+from streams.eigen.dialog_loop import synthesize_dialog
+from streams.eigen.items import lineage_of, make_item, open_item
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
 
@@ -29,9 +21,8 @@ STAGE_VERSION = "1"
 ROLES = (EIGEN_TRAJECTORY_AGENT.name, USER_SIMULATOR.name)
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, EigenItem)
-    work = await open_item(ctx.settings, eigen_store_for(ctx.settings), record, TaskPayload)
+async def handle(record: EigenTask, ctx: Context) -> Sequence[Emit]:
+    work = await open_item(ctx.settings, eigen_store_for(ctx.settings), record)
     task = work.body
     dialog = await synthesize_dialog(
         work.pack,
@@ -45,7 +36,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     body = DialogPayload(
         scenario=task.scenario, intent=task.intent, task_repair_rounds=task.repair_rounds, dialog=dialog
     )
-    item = make_item("dialog", record, body, domain=record.domain, prompt_set=record.prompt_set)
+    item = make_item(EigenDialog, record, body, domain=record.domain, prompt_set=record.prompt_set)
     return [
         Emit("eigen.dialogs", item.item_id, item, (ctx.source_key,), **lineage_of(work.prompt_set, ROLES))
     ]
@@ -54,6 +45,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="eigen-dialogs",
     input="eigen.tasks",
+    input_model=EigenTask,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("eigen.dialogs",),

@@ -12,20 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.roles.eigen import EIGEN_MODIFY
 from arena.llm.roles.eigen_dialogs import EIGEN_TRAJECTORY_VALIDATION
-from arena.records.eigen import EigenItem
+from arena.records.eigen import EigenDialog, EigenValidated, ValidatedPayload
 from streams.eigen.audit import record_and_audit
 from streams.eigen.dialogs import validate_with_dialog_repair
-from streams.eigen.items import (
-    DialogPayload,
-    ValidatedPayload,
-    lineage_of,
-    make_item,
-    open_item,
-)
+from streams.eigen.items import lineage_of, make_item, open_item
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
 
@@ -34,10 +26,9 @@ GATE = "trajectory_validation"
 ROLES = (EIGEN_TRAJECTORY_VALIDATION.name, EIGEN_MODIFY.name)
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, EigenItem)
+async def handle(record: EigenDialog, ctx: Context) -> Sequence[Emit]:
     store = eigen_store_for(ctx.settings)
-    work = await open_item(ctx.settings, store, record, DialogPayload)
+    work = await open_item(ctx.settings, store, record)
     body = work.body
     outcome = await validate_with_dialog_repair(
         work.pack,
@@ -87,7 +78,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
         repair_rounds=outcome.rounds,
         task_repair_rounds=body.task_repair_rounds,
     )
-    item = make_item("validated", record, validated, domain=record.domain, prompt_set=record.prompt_set)
+    item = make_item(EigenValidated, record, validated, domain=record.domain, prompt_set=record.prompt_set)
     return [
         Emit(
             "eigen.dialogs.validated",
@@ -102,6 +93,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="eigen-dialogs-validated",
     input="eigen.dialogs",
+    input_model=EigenDialog,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("eigen.dialogs.validated",),

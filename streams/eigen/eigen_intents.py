@@ -11,19 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.roles.eigen import EIGEN_RANDOM_POOL, EIGEN_USER_INTENT, RandomPoolInput, UserIntentInput
-from arena.records.eigen import EigenItem
+from arena.records.eigen import EigenIntent, EigenSeed, IntentPayload
 from streams.eigen.audit import repilot
 from streams.eigen.evolution import PILOT_TOPIC, pilot_key
-from streams.eigen.items import (
-    IntentPayload,
-    Scenario,
-    lineage_of,
-    make_item,
-    open_item,
-)
+from streams.eigen.items import lineage_of, make_item, open_item
 from streams.eigen.workers import domain_summary, entity_refs, state_slice
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
@@ -32,10 +24,9 @@ STAGE_VERSION = "1"
 ROLES = (EIGEN_RANDOM_POOL.name, EIGEN_USER_INTENT.name)
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, EigenItem)
+async def handle(record: EigenSeed, ctx: Context) -> Sequence[Emit]:
     store = eigen_store_for(ctx.settings)
-    work = await open_item(ctx.settings, store, record, Scenario)
+    work = await open_item(ctx.settings, store, record)
     scenario, pack, state, prompt_set = work.scenario, work.pack, work.state, work.prompt_set
     gateway = gateway_for(ctx.settings)
     emits: list[Emit] = []
@@ -61,7 +52,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     body = IntentPayload(
         scenario=scenario.model_copy(update={"set_version": prompt_set.version}), draw=draw, intent=intent
     )
-    item = make_item("intent", record, body, domain=pack.name, prompt_set=prompt_set.set_id)
+    item = make_item(EigenIntent, record, body, domain=pack.name, prompt_set=prompt_set.set_id)
     emits.append(
         Emit("eigen.intents", item.item_id, item, (ctx.source_key,), **lineage_of(prompt_set, ROLES))
     )
@@ -71,6 +62,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="eigen-intents",
     input="eigen.seeds",
+    input_model=EigenSeed,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("eigen.intents", PILOT_TOPIC),

@@ -11,18 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.roles.eigen import EIGEN_MODIFY, EIGEN_TASK_VALIDATION
-from arena.records.eigen import EigenItem
+from arena.records.eigen import EigenIntent, EigenTask, TaskPayload
 from streams.eigen.audit import record_and_audit
-from streams.eigen.items import (
-    IntentPayload,
-    TaskPayload,
-    lineage_of,
-    make_item,
-    open_item,
-)
+from streams.eigen.items import lineage_of, make_item, open_item
 from streams.eigen.workers import static_problems, validate_with_repair
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
@@ -32,10 +24,9 @@ GATE = "task_validation"
 ROLES = (EIGEN_TASK_VALIDATION.name, EIGEN_MODIFY.name)
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, EigenItem)
+async def handle(record: EigenIntent, ctx: Context) -> Sequence[Emit]:
     store = eigen_store_for(ctx.settings)
-    work = await open_item(ctx.settings, store, record, IntentPayload)
+    work = await open_item(ctx.settings, store, record)
     body, pack, state = work.body, work.pack, work.state
     outcome = await validate_with_repair(
         body.intent,
@@ -81,13 +72,14 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
         first_reasons=outcome.verdicts[0].reasons if outcome.rounds else [],
         repairs=outcome.repairs,
     )
-    item = make_item("task", record, task, domain=record.domain, prompt_set=record.prompt_set)
+    item = make_item(EigenTask, record, task, domain=record.domain, prompt_set=record.prompt_set)
     return [Emit("eigen.tasks", item.item_id, item, (ctx.source_key,), **lineage_of(work.prompt_set, ROLES))]
 
 
 STAGE = StageDef(
     name="eigen-tasks",
     input="eigen.intents",
+    input_model=EigenIntent,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("eigen.tasks",),

@@ -19,18 +19,16 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
 from arena.hashing import content_hash
-from arena.records.eigen import EigenItem
+from arena.records.eigen import Dialog, EigenValidated, EigenVerified, ValidatedPayload, VerifiedPayload
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
 from environments.environment import read_verdict, verify_program
 from environments.render import ToolCall
 from environments.user_view import MARKERS, Signal, ViewTurn, user_view_messages
 from lake.env_packages import split_of
-from streams.eigen.dialogs import Dialog, user_instructions
-from streams.eigen.items import ValidatedPayload, VerifiedPayload, load_pack, make_item, payload
+from streams.eigen.dialog_loop import user_instructions
+from streams.eigen.items import load_pack, make_item
 from streams.eigen.packs import DomainPack
 from streams.eigen.verification import build_instance, interactive_sample
 from streams.resources import eigen_store_for, sandbox_pool_for
@@ -85,9 +83,8 @@ def sft_samples(body: ValidatedPayload, pack: DomainPack, origin: str) -> list[S
     ]
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, EigenItem)
-    body = payload(record, ValidatedPayload)
+async def handle(record: EigenValidated, ctx: Context) -> Sequence[Emit]:
+    body = record.payload
     pack = await load_pack(ctx.settings, body.scenario.pack_id)
     dialog = body.dialog
     task = {
@@ -141,7 +138,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
         split=split,
         verdict=verdict.model_dump(mode="json"),
     )
-    item = make_item("verified", record, verified, domain=pack.name, prompt_set=record.prompt_set)
+    item = make_item(EigenVerified, record, verified, domain=pack.name, prompt_set=record.prompt_set)
     emits = [Emit("eigen.verified", item.item_id, item, (ctx.source_key,))]
     if split == "heldout":
         return emits  # held out: catalogued for `arena eval`, never trained on
@@ -172,6 +169,7 @@ def _sample(
 STAGE = StageDef(
     name="eigen-verified",
     input="eigen.dialogs.validated",
+    input_model=EigenValidated,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("eigen.verified", "samples.verified", "samples.sft"),

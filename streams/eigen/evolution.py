@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 from arena.config import EigenSettings
 from arena.hashing import content_hash
 from arena.llm.core import InvalidOutput, Role, Undecidable
-from arena.llm.gateway import Gateway
+from arena.llm.gateway import Gateway, PromptCatalog
 from arena.llm.roles.eigen import (
     EIGEN_RANDOM_POOL,
     EIGEN_ROLES,
@@ -62,7 +62,6 @@ from arena.llm.roles.eigen_orchestration import (
 )
 from arena.records.eigen import PilotMetrics
 from environments.environment import argument_error
-from lake.catalog import Catalog
 from lake.eigen_catalog import EigenCatalog
 from sandbox.env_runtime import Runner
 from streams.eigen.packs import DomainPack
@@ -142,7 +141,7 @@ def _prompt_text(role_name: str, system: str) -> str:
     return f"{system}\n---\n{{input}}"
 
 
-def _register(catalog: Catalog | None, prompts: Mapping[str, str]) -> dict[str, str]:
+def _register(catalog: PromptCatalog | None, prompts: Mapping[str, str]) -> dict[str, str]:
     """Register every prompt; worker role -> version id (the content hash, catalog or not)."""
     versions: dict[str, str] = {}
     for role_name, system in prompts.items():
@@ -188,7 +187,7 @@ async def make_prompt_sets(
     state: Mapping[str, Any] | None = None,
     params: PoolParams | None = None,
     plan: WorkflowPlan | None = None,
-    catalog: Catalog | None = None,
+    catalog: PromptCatalog | None = None,
     store: EigenCatalog | None = None,
 ) -> list[PromptSet]:
     """Phase 1: K prompt sets, each written conditioned on the summaries of the ones before it."""
@@ -427,7 +426,7 @@ async def pilot(
     evolve: bool = True,
     seed: int = 0,
     repair: bool = False,
-    catalog: Catalog | None = None,
+    catalog: PromptCatalog | None = None,
     store: EigenCatalog | None = None,
     publish: Publish | None = None,
     timeout_s: float | None = None,
@@ -517,7 +516,7 @@ async def _evolve(
     gateway: Gateway,
     pack: DomainPack,
     state: Mapping[str, Any],
-    catalog: Catalog | None,
+    catalog: PromptCatalog | None,
 ) -> PromptSet:
     """Apply the critique: parameter updates, then the Prompt Engineer's revision with its edits."""
     if not critique.param_updates and not critique.prompt_edits:

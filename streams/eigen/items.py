@@ -1,17 +1,18 @@
 """What flows between the EigenData stages, and what every stage loads to work on it.
 
-All six topics carry the one ``EigenItem`` envelope (``arena.records.eigen``); its ``payload`` is
-one of the typed models below, validated on the way in by the stage that reads it:
+Each of the six topics has its own value model (``arena.records.eigen``): the ``EigenItem``
+envelope with ``payload`` typed as that topic's payload model, so the runtime validates the
+payload on the way in and a payload that does not match is a schema violation of the stage that
+reads it (dead-lettered as ``schema_violation``):
 
-    eigen.seeds              Scenario          which pack, which database, which scenario seed
-    eigen.intents            IntentPayload     RandomPool's draw + UserIntent's task
-    eigen.tasks              TaskPayload       the task TaskValidation accepted (after Modify)
-    eigen.dialogs            DialogPayload     DialogSynthesis' dialogue
-    eigen.dialogs.validated  ValidatedPayload  the dialogue TrajectoryValidation passed
-    eigen.verified           VerifiedPayload   the instance with its verification function
+    eigen.seeds              EigenSeed       Scenario          which pack, which database, which scenario seed
+    eigen.intents            EigenIntent     IntentPayload     RandomPool's draw + UserIntent's task
+    eigen.tasks              EigenTask       TaskPayload       the task TaskValidation accepted (after Modify)
+    eigen.dialogs            EigenDialog     DialogPayload     DialogSynthesis' dialogue
+    eigen.dialogs.validated  EigenValidated  ValidatedPayload  the dialogue TrajectoryValidation passed
+    eigen.verified           EigenVerified   VerifiedPayload   the instance with its verification function
 
-A payload that does not validate is a schema violation of its stage (the runtime dead-letters
-it). Packs are loaded by content hash from the catalog (published by ``arena publish domain``),
+Packs are loaded by content hash from the catalog (published by ``arena publish domain``),
 prompt sets by id with their current parameters, databases regenerated from their seed.
 """
 
@@ -21,114 +22,50 @@ import asyncio
 import functools
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
-from arena.llm.roles.eigen import PlanStep, PoolDraw, Repair, UserIntent
-from arena.llm.roles.eigen_dialogs import TrajectoryVerdict
-from arena.records.eigen import EigenItem
+from arena.records.eigen import (
+    DialogPayload,
+    EigenItem,
+    IntentPayload,
+    Scenario,
+    TaskPayload,
+    ValidatedPayload,
+)
 from lake.eigen_catalog import EigenCatalog, PromptSetRow
-from streams.eigen.dialogs import Dialog, DialogVerdict
 from streams.eigen.evolution import PromptSet
 from streams.eigen.packs import DomainPack
 
-P = TypeVar("P", bound=BaseModel)
-
-
-class Scenario(BaseModel):
-    """Where an item comes from; every payload carries it. The payload of ``eigen.seeds``."""
-
-    pack_id: Annotated[str, Field(description="Content hash of the published domain pack.")]
-    state_seed: Annotated[int, Field(ge=0, description="Seed of the instance's database (generator.py).")]
-    size: Annotated[str, Field(description="Database size: small, medium or large.")]
-    seed: Annotated[int, Field(ge=0, description="RandomPool's scenario seed.")]
-    set_version: Annotated[int, Field(ge=1, description="Prompt-set parameter version that made it.")] = 1
-
-
-class IntentPayload(BaseModel):
-    """RandomPool + UserIntent output."""
-
-    scenario: Scenario
-    draw: Annotated[PoolDraw, Field(description="RandomPool's persona, context and difficulty factors.")]
-    intent: Annotated[UserIntent, Field(description="UserIntent's task specification.")]
-
-
-class TaskPayload(BaseModel):
-    """A task TaskValidation found FEASIBLE (possibly after Modify rounds)."""
-
-    scenario: Scenario
-    intent: Annotated[UserIntent, Field(description="The task as finally validated.")]
-    plan: Annotated[list[PlanStep], Field(description="The probe-backed plan of the FEASIBLE verdict.")]
-    repair_rounds: Annotated[int, Field(ge=0, description="Modify rounds it needed (0: feasible as drawn).")]
-    first_reasons: Annotated[
-        list[str], Field(default_factory=list, description="Why the first verdict was INFEASIBLE, if it was.")
-    ]
-    repairs: Annotated[
-        list[list[Repair]], Field(default_factory=list, description="Edits of each Modify round.")
-    ]
-
-
-class DialogPayload(BaseModel):
-    """A synthesized dialogue for a validated task."""
-
-    scenario: Scenario
-    intent: UserIntent
-    task_repair_rounds: Annotated[int, Field(ge=0, description="Modify rounds of the task stage.")] = 0
-    dialog: Dialog
-
-
-class ValidatedPayload(BaseModel):
-    """A dialogue TrajectoryValidation passed (possibly after Modify rounds)."""
-
-    scenario: Scenario
-    intent: Annotated[UserIntent, Field(description="The task the passing dialogue was made for.")]
-    dialog: Dialog
-    verdict: Annotated[DialogVerdict, Field(description="The deterministic checks' verdict.")]
-    judged: Annotated[TrajectoryVerdict, Field(description="The TrajectoryValidation role's verdict.")]
-    repair_rounds: Annotated[int, Field(ge=0, description="Dialogue repair rounds it needed.")] = 0
-    task_repair_rounds: Annotated[int, Field(ge=0, description="Modify rounds of the task stage.")] = 0
-
-
-class VerifiedPayload(BaseModel):
-    """A verified interactive instance: the ``InteractiveSpec`` dict plus where it went."""
-
-    scenario: Scenario
-    instance: Annotated[dict[str, Any], Field(description="InteractiveSpec fields + provenance.")]
-    sample_id: Annotated[str, Field(description="Its samples.verified id (published or held out).")]
-    split: Annotated[str, Field(description="'train' (published) or 'heldout' (arena eval only).")]
-    verdict: Annotated[
-        dict[str, Any],
-        Field(description="The verifier's result on the dialogue's own final state (sandbox)."),
-    ]
-
-
-def payload(item: EigenItem, model: type[P]) -> P:
-    """The item's payload as ``model`` (a ``ValidationError`` dead-letters the item)."""
-    return model.model_validate(item.payload)
+ItemT = TypeVar("ItemT", bound=EigenItem[Any])
 
 
 def make_item(
-    kind: str, item: EigenItem | None, body: BaseModel, *, domain: str, prompt_set: str
-) -> EigenItem:
-    """A new item of stage ``kind``: a seed keyed by its content, any later item by its parent's key.
+    model: type[ItemT], item: EigenItem[Any] | None, body: BaseModel, *, domain: str, prompt_set: str
+) -> ItemT:
+    """A new ``model`` item (a topic's value model) carrying ``body``.
 
-    Each stage makes one item per input, and from the dialogue on the content carries the tools'
-    timestamps and uuids, so a replayed input must get its item's key from the input, not the
-    content: then the replay lands on the same key and downstream dedupe and the lake see one item.
+    A seed is keyed by its content, any later item by its parent's key: each stage makes one
+    item per input, and from the dialogue on the content carries the tools' timestamps and uuids,
+    so a replayed input must get its item's key from the input, not the content: then the replay
+    lands on the same key and downstream dedupe and the lake see one item. ``body`` must be the
+    model's payload type (pydantic raises otherwise).
     """
-    data = body.model_dump(mode="json")
+    kind = model.kind
     identity: dict[str, Any] = (
-        {"kind": kind, "parent": item.item_id} if item else {"kind": kind, "payload": data}
+        {"kind": kind, "parent": item.item_id}
+        if item
+        else {"kind": kind, "payload": body.model_dump(mode="json")}
     )
-    return EigenItem(
+    return model(
         item_id=content_hash(identity, prefix=f"{kind}-", length=24),
         domain=domain,
         prompt_set=prompt_set,
         parent_id=item.item_id if item is not None else None,
-        payload=data,
+        payload=body,
     )
 
 
@@ -212,11 +149,9 @@ class OpenItem(Generic[W]):
     phase: int
 
 
-async def open_item(
-    settings: ArenaSettings, store: EigenCatalog, item: EigenItem, model: type[W]
-) -> OpenItem[W]:
-    """Validate the item's payload as ``model`` and load its pack, database and prompt set."""
-    body = payload(item, model)
+async def open_item(settings: ArenaSettings, store: EigenCatalog, item: EigenItem[W]) -> OpenItem[W]:
+    """The item's payload (validated by the runtime) with its pack, database and prompt set."""
+    body = item.payload
     scenario = body if isinstance(body, Scenario) else body.scenario
     pack = await load_pack(settings, scenario.pack_id)
     state = await load_state(settings, scenario)

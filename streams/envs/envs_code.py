@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.core import InvalidOutput
 from arena.records.envs import QaTrace
 from streams.envs.synthesis import synthesize_package
@@ -22,8 +20,7 @@ from streams.runtime import Context, Emit, StageDef, llm_lineage
 STAGE_VERSION = "1"
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, QaTrace)
+async def handle(record: QaTrace, ctx: Context) -> Sequence[Emit]:
     gw = gateway_for(ctx.settings)
     pool = await sandbox_pool_for(ctx.settings)
     try:
@@ -48,6 +45,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="envs-code",
     input="qa.validated",
+    input_model=QaTrace,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("envs.code",),

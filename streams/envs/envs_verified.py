@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.core import InvalidOutput
 from arena.records.envs import EnvPackage
 from sandbox.env_runtime import verify_package
@@ -22,8 +20,7 @@ from streams.runtime import Context, Emit, StageDef, llm_lineage
 STAGE_VERSION = "1"
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, EnvPackage)
+async def handle(record: EnvPackage, ctx: Context) -> Sequence[Emit]:
     gw = gateway_for(ctx.settings)
     pool = await sandbox_pool_for(ctx.settings)
     try:
@@ -50,6 +47,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="envs-verified",
     input="envs.code",
+    input_model=EnvPackage,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("envs.verified",),

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.core import InvalidOutput
 from arena.records.envs import QaSeed
 from streams.envs.qa_synthesis import synthesize
@@ -21,8 +19,7 @@ from streams.runtime import Context, Emit, StageDef, llm_lineage
 STAGE_VERSION = "1"
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, QaSeed)
+async def handle(record: QaSeed, ctx: Context) -> Sequence[Emit]:
     gw = gateway_for(ctx.settings)
     emits: list[Emit] = []
     for number, outcome in enumerate(await synthesize(record, gw, ctx.settings), start=1):
@@ -37,6 +34,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="qa-traces",
     input="qa.seeds",
+    input_model=QaSeed,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("qa.traces",),

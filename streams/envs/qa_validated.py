@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.llm.core import InvalidOutput
 from arena.records.envs import QaTrace
 from streams.envs.quality import validate
@@ -21,8 +19,7 @@ from streams.runtime import Context, Emit, StageDef, llm_lineage
 STAGE_VERSION = "1"
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, QaTrace)
+async def handle(record: QaTrace, ctx: Context) -> Sequence[Emit]:
     gw = gateway_for(ctx.settings)
     try:
         verdict = await validate(record, gw, ctx.settings)
@@ -45,6 +42,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="qa-validated",
     input="qa.traces",
+    input_model=QaTrace,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("qa.validated",),

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.hashing import content_hash
 from arena.records.envs import EnvPackage, VerifiedSample
 from lake.env_packages import split_of
@@ -46,8 +44,7 @@ def sample_of(package: EnvPackage) -> VerifiedSample:
     )
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, EnvPackage)
+async def handle(record: EnvPackage, ctx: Context) -> Sequence[Emit]:
     split = split_of(record.env_id, ctx.settings.envs.heldout_k)
     await asyncio.to_thread(env_store_for(ctx.settings).record, record, split)
     if split == "heldout":
@@ -59,6 +56,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="samples-verified",
     input="envs.verified",
+    input_model=EnvPackage,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("samples.verified",),

@@ -20,8 +20,6 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
 from arena.hashing import content_hash
 from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
@@ -127,8 +125,7 @@ def _details(walk: Walk, deps: Sequence[Any], task: str) -> dict[str, Any]:
     return {"chain": walk.tools, "task": task, "dependencies": [d.model_dump() for d in deps]}
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, ToolServer)
+async def handle(record: ToolServer, ctx: Context) -> Sequence[Emit]:
     cfg = ctx.settings.sft
     gw = gateway_for(ctx.settings)
     store = chain_graphs_for(ctx.settings)
@@ -154,6 +151,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="chains",
     input="tools.servers",
+    input_model=ToolServer,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("chains",),

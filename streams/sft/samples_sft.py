@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.hashing import content_hash
 from arena.records.sft import ScoredTrajectory, SftSample
 from streams.runtime import Context, Emit, StageDef
@@ -18,8 +16,7 @@ from streams.runtime import Context, Emit, StageDef
 STAGE_VERSION = "1"
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, ScoredTrajectory)
+async def handle(record: ScoredTrajectory, ctx: Context) -> Sequence[Emit]:
     threshold = ctx.settings.sft.reward_threshold
     traj = record.trajectory
     if record.overall < threshold:
@@ -48,6 +45,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="samples-sft",
     input="trajectories.scored",
+    input_model=ScoredTrajectory,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("samples.sft",),

@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
 from arena.config import SftSettings
 from arena.hashing import content_hash
 from arena.lang import detect_language
@@ -167,9 +165,8 @@ async def finish(gw: Gateway, originals: list[Candidate], ctx: Context) -> list[
     return emits
 
 
-async def handle_chain(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+async def handle_chain(record: ToolChain, ctx: Context) -> Sequence[Emit]:
     """Chain-conditioned construction: a task whose solution follows the verified chain."""
-    assert isinstance(record, ToolChain)
     gw = gateway_for(ctx.settings)
     inputs = ChainTaskInput(server=record.server, chain=record.tools, variant=1)
     try:
@@ -180,9 +177,8 @@ async def handle_chain(record: BaseModel, ctx: Context) -> Sequence[Emit]:
     return await finish(gw, [Candidate(base, [answer])], ctx)
 
 
-async def handle_server(record: BaseModel, ctx: Context) -> Sequence[Emit]:
+async def handle_server(record: ToolServer, ctx: Context) -> Sequence[Emit]:
     """Server-only construction: tasks from the server specification alone."""
-    assert isinstance(record, ToolServer)
     gw = gateway_for(ctx.settings)
     server = ServerRef.of(record)
     originals: list[Candidate] = []
@@ -200,6 +196,7 @@ async def handle_server(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 CHAIN_STAGE = StageDef(
     name="tasks-from-chains",
     input="chains",
+    input_model=ToolChain,
     version=STAGE_VERSION,
     handler=handle_chain,
     outputs=("tasks",),
@@ -210,6 +207,7 @@ CHAIN_STAGE = StageDef(
 SERVER_STAGE = StageDef(
     name="tasks-from-servers",
     input="tools.servers",
+    input_model=ToolServer,
     version=STAGE_VERSION,
     handler=handle_server,
     outputs=("tasks",),

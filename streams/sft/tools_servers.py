@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.domains import classify_domain
 from arena.records.tools import NormalizedTool, RawToolServer, ToolServer
 from streams.runtime import Context, Emit, StageDef
@@ -55,14 +53,14 @@ def _reject(ctx: Context, drop: GateDrop) -> Emit:
     return ctx.reject(drop.gate, drop.subject, drop.reason, details=drop.details, record=drop.record)
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, RawToolServer)
+async def handle(record: RawToolServer, ctx: Context) -> Sequence[Emit]:
     return await asyncio.to_thread(build_server, record, ctx)
 
 
 STAGE = StageDef(
     name="tools-servers",
     input="tools.raw",
+    input_model=RawToolServer,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("tools.servers",),

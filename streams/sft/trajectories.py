@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.hashing import content_hash
 from arena.llm.core import InvalidOutput
 from arena.records.sft import Task, Trajectory
@@ -24,8 +22,7 @@ from streams.sft.tool_pool import open_session
 STAGE_VERSION = "1"
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, Task)
+async def handle(record: Task, ctx: Context) -> Sequence[Emit]:
     gw = gateway_for(ctx.settings)
     cfg = ctx.settings.sft
     tid = content_hash(
@@ -70,6 +67,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="trajectories",
     input="tasks",
+    input_model=Task,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("trajectories",),

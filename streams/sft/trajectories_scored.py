@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import BaseModel
-
 from arena.records.sft import ScoredTrajectory, Trajectory
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
@@ -19,8 +17,7 @@ from streams.sft.reward import score_trajectory
 STAGE_VERSION = "1"
 
 
-async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
-    assert isinstance(record, Trajectory)
+async def handle(record: Trajectory, ctx: Context) -> Sequence[Emit]:
     gw = gateway_for(ctx.settings)
     score = await score_trajectory(gw, record)  # InvalidOutput -> dead letter (runtime)
     scored = ScoredTrajectory(
@@ -44,6 +41,7 @@ async def handle(record: BaseModel, ctx: Context) -> Sequence[Emit]:
 STAGE = StageDef(
     name="trajectories-scored",
     input="trajectories",
+    input_model=Trajectory,
     version=STAGE_VERSION,
     handler=handle,
     outputs=("trajectories.scored",),

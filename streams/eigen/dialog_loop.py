@@ -1,0 +1,421 @@
+"""EigenData DialogSynthesis (§4.2): the dialogue loop as an explicit state machine.
+
+    AGENT --tool calls-------------> TOOLS --calls ran in the sandbox--> AGENT
+      |--message to the user-------> USER --reply (its app actions ran), continue--> AGENT
+      |                                |--stop | transfer | out_of_scope--> DONE (that signal)
+      |                                |--max_turns replies given-------> DONE (max_turns)
+      |                                '--simulator failed / unusable---> DONE (user_error)
+      '--max_agent_steps calls, no message------------------------------> DONE (agent_stuck)
+
+``synthesize_dialog(pack, intent, state, gateway, runner)`` alternates the TrajectoryAgent
+(``eigen_trajectory_agent``) and the UserSimulator (``arena.llm.roles.user_sim``, fed the intent's
+requirements and goal actions). Every agent and user tool call runs in the sandbox through
+``environments.environment.state_program`` against the dialogue's state (a failing call leaves it
+as it was). The agent acts until it sends a message; the user answers, first running its
+user-tool calls. Dual-control fill-in: when the agent asked for in-app actions
+(``user_action_requests``) and the simulator made no tool call (the rules simulator never does),
+the user performs the requested action if it can -- with the arguments the intent plans for it
+(a goal's user call), else the pre-filled ones completed from ``known_info`` (the code on the
+phone).
+
+Why a dialogue ended (``Dialog.end_signal``, an ``arena.records.eigen.EndSignal``):
+
+- ``stop`` / ``transfer`` / ``out_of_scope``: the user's control signal (its last message, if any,
+  is kept);
+- ``max_turns``: the agent answered again after ``max_turns`` user replies (the opening message
+  not counted), so the user gets no further move;
+- ``agent_stuck``: the agent made ``max_agent_steps`` calls in a row without a message to the user;
+- ``user_error``: the user simulator gave no usable move -- the ``user_simulator`` role raised
+  ``InvalidOutput`` (every gateway attempt failed: invalid output, ``Undecidable`` rules, transient
+  errors), or it replied ``continue`` with neither a message nor a tool call. ``Dialog.error`` says
+  what went wrong; nothing of the failed move is in the dialogue. This is not the user ending the
+  conversation (``stop``): validation rejects such a dialogue as incomplete. Errors the gateway
+  does not retry (a missing rule, HTTP 401) propagate, as they do from the agent role.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from arena.llm.core import InvalidOutput, Sampling
+from arena.llm.gateway import Gateway
+from arena.llm.roles.eigen import UserIntent
+from arena.llm.roles.eigen_dialogs import (
+    EIGEN_TRAJECTORY_AGENT,
+    AgentToolCall,
+    AppEvent,
+    TrajectoryAgentInput,
+)
+from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInput, UserTurn
+from arena.records.eigen import Dialog, DialogCall, EndSignal
+from environments.environment import MAX_OUTPUT_CHARS, argument_error, state_program
+from sandbox.env_runtime import Runner
+from streams.eigen.packs import DomainPack
+
+log = logging.getLogger(__name__)
+
+MAX_TURNS = 12
+MAX_AGENT_STEPS = 12
+
+
+def system_message(pack: DomainPack, state: Mapping[str, Any]) -> str:
+    today = str(state.get("today") or "")
+    return pack.policy_text + (f"\n\nToday's date: {today}." if today else "")
+
+
+def user_instructions(intent: UserIntent) -> str:
+    """The simulated user's private instructions."""
+    known = "; ".join(f"{k}: {v}" for k, v in intent.known_info.items())
+    return (
+        f"You are a {intent.persona.role} ({intent.persona.tone}). Objective: {intent.objective} "
+        f"What you know: {known}. Your requests, in order: " + " ".join(intent.requirements)
+    )
+
+
+def opening_message(intent: UserIntent) -> str:
+    email = intent.known_info.get("email")
+    text = intent.reason_for_call.strip()
+    return f"{text} My email is {email}." if email and email not in text else text
+
+
+def goal_actions(intent: UserIntent) -> list[str]:
+    names: list[str] = []
+    for goal in intent.goals:
+        for call in goal.calls:
+            if call.actor == "agent" and call.name not in names:
+                names.append(call.name)
+    return names
+
+
+def _fill_in(intent: UserIntent, request: AgentToolCall, specs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Arguments the user can give ``request`` (None: the user cannot perform it)."""
+    spec = specs.get(request.name)
+    if spec is None:
+        return None
+    for goal in intent.goals:
+        for call in goal.calls:
+            if call.actor == "user" and call.name == request.name:
+                if all(
+                    call.arguments.get(k) == v for k, v in request.arguments.items() if k in call.arguments
+                ):
+                    return {**request.arguments, **call.arguments}
+    arguments = dict(request.arguments)
+    for name in spec["function"]["parameters"].get("required", []):
+        if arguments.get(name) is not None:
+            continue
+        known = intent.known_info.get(name) or next(
+            (v for k, v in intent.known_info.items() if k.endswith(name)), None
+        )
+        if known is None:
+            return None
+        arguments[name] = known
+    return arguments
+
+
+class _Session:
+    """The dialogue's database state and call log; runs each call in the sandbox."""
+
+    def __init__(self, pack: DomainPack, state: Mapping[str, Any], runner: Runner, timeout_s: float | None):
+        self.pack = pack
+        self.runner = runner
+        self.timeout_s = timeout_s
+        self.state: dict[str, Any] = json.loads(json.dumps(dict(state)))
+        self.calls: list[DialogCall] = []
+        self.specs = {
+            "agent": {s["function"]["name"]: s for s in pack.agent_tools},
+            "user": {s["function"]["name"]: s for s in pack.user_tools},
+        }
+
+    async def execute(
+        self, name: str, arguments: dict[str, Any], actor: Literal["agent", "user"], index: int
+    ) -> DialogCall:
+        spec = self.specs[actor].get(name)
+        error: str | None = None
+        value: Any = None
+        after = self.state
+        if spec is None or not name.isidentifier():
+            error = f"unknown tool {name!r}; available: {sorted(self.specs[actor])}"
+        else:
+            error = argument_error(spec, arguments)
+        if error is None:
+            program = state_program(self.state, self.pack.tools_source, name, arguments)
+            result = await self.runner.run(program, timeout_s=self.timeout_s)
+            out = result.return_value
+            if not result.ok:
+                error = f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
+            elif not isinstance(out, dict) or not isinstance(out.get("state"), dict):
+                error = "the tool left STATE not a JSON object"
+            else:
+                value, after = out.get("value"), out["state"]
+        call = DialogCall(
+            name=name,
+            arguments=arguments,
+            actor=actor,
+            ok=error is None,
+            changed_state=error is None and after != self.state,
+            output=value if error is None else f"error: {error}",
+            message_index=index,
+        )
+        self.state = after
+        self.calls.append(call)
+        return call
+
+
+def _content(call: DialogCall) -> str:
+    text = (
+        call.output
+        if isinstance(call.output, str) and not call.ok
+        else json.dumps(call.output, ensure_ascii=False)
+    )
+    return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "... [cut]"
+
+
+# --------------------------------------------------------------------------- the state machine
+
+
+class DialogState(enum.Enum):
+    AGENT = "agent"
+    TOOLS = "tools"
+    USER = "user"
+    DONE = "done"
+
+
+class _UserFailed(Exception):
+    """The user simulator gave no usable move (the message is ``Dialog.error``)."""
+
+
+@dataclass
+class _Run:
+    """The mutable state of one dialogue (its database state and call log are the ``_Session``'s)."""
+
+    messages: list[dict[str, Any]]
+    dialogue: list[DialogueMessage]
+    events: list[AppEvent] = field(default_factory=list)
+    turns: int = 0
+    """User replies after the opening message."""
+    steps: int = 0
+    """Agent steps since its last message to the user."""
+    n_calls: int = 0
+    """Agent tool calls so far (they number the call ids)."""
+    pending: list[tuple[str, AgentToolCall]] = field(default_factory=list)
+    """The agent's last tool calls, with their ids, for TOOLS to run."""
+    requests: list[AgentToolCall] = field(default_factory=list)
+    """In-app actions the agent's last message asked the user for."""
+    end: EndSignal | None = None
+    error: str | None = None
+
+    def done(self, end: EndSignal, error: str | None = None) -> DialogState:
+        self.end, self.error = end, error
+        return DialogState.DONE
+
+
+class DialogLoop:
+    """One dialogue's transitions; ``run`` drives them from AGENT until DONE.
+
+    ``path`` lists the states visited, in order (DONE last once ``run`` returned).
+    """
+
+    def __init__(
+        self,
+        pack: DomainPack,
+        intent: UserIntent,
+        state: Mapping[str, Any],
+        gateway: Gateway,
+        runner: Runner,
+        *,
+        max_turns: int = MAX_TURNS,
+        max_agent_steps: int = MAX_AGENT_STEPS,
+        sampling: Sampling | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.pack = pack
+        self.intent = intent
+        self.gateway = gateway
+        self.max_turns = max_turns
+        self.max_agent_steps = max_agent_steps
+        self.sampling = sampling
+        self.today = str(state.get("today") or "")
+        self.session = _Session(pack, state, runner, timeout_s)
+        self.initial = copy.deepcopy(self.session.state)
+        self.instructions = user_instructions(intent)
+        self.goals = goal_actions(intent)
+        opening = opening_message(intent)
+        self.run_ = _Run(
+            messages=[
+                {"role": "system", "content": system_message(pack, state)},
+                {"role": "user", "content": opening},
+            ],
+            dialogue=[DialogueMessage(role="user", content=opening)],
+        )
+        self.path: list[DialogState] = []
+
+    async def run(self) -> Dialog:
+        state = DialogState.AGENT
+        self.path.append(state)
+        while state is not DialogState.DONE:
+            if state is DialogState.AGENT:
+                state = await self.agent()
+            elif state is DialogState.TOOLS:
+                state = await self.tools()
+            else:
+                state = await self.user()
+            self.path.append(state)
+        run = self.run_
+        assert run.end is not None
+        return Dialog(
+            domain=self.pack.name,
+            messages=run.messages,
+            calls=self.session.calls,
+            initial_state=self.initial,
+            final_state=self.session.state,
+            end_signal=run.end,
+            turns=run.turns,
+            error=run.error,
+        )
+
+    async def agent(self) -> DialogState:
+        """One TrajectoryAgent step: tool calls (TOOLS) or a message to the user (USER)."""
+        run = self.run_
+        if run.steps >= self.max_agent_steps:
+            return run.done("agent_stuck")
+        run.steps += 1
+        inputs = TrajectoryAgentInput(
+            policy=self.pack.policy_text,
+            today=self.today,
+            tools=self.pack.agent_tools,
+            user_tools=self.pack.user_tools,
+            messages=run.messages,
+            app_events=run.events,
+        )
+        step = (await self.gateway.call(EIGEN_TRAJECTORY_AGENT, inputs, self.sampling)).output
+        if step.tool_calls:
+            ids = [f"call_{run.n_calls + k}" for k in range(len(step.tool_calls))]
+            run.n_calls += len(ids)
+            run.pending = list(zip(ids, step.tool_calls, strict=True))
+            run.messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": i,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                        }
+                        for i, c in run.pending
+                    ],
+                }
+            )
+            return DialogState.TOOLS
+        text = str(step.message)
+        run.messages.append({"role": "assistant", "content": text})
+        run.dialogue.append(DialogueMessage(role="assistant", content=text))
+        run.requests = step.user_action_requests
+        run.steps = 0
+        return DialogState.USER
+
+    async def tools(self) -> DialogState:
+        """Run the agent's calls in order; each output becomes a tool message."""
+        run = self.run_
+        for call_id, call in run.pending:
+            done = await self.session.execute(call.name, call.arguments, "agent", len(run.messages))
+            run.messages.append(
+                {"role": "tool", "tool_call_id": call_id, "name": call.name, "content": _content(done)}
+            )
+        run.pending = []
+        return DialogState.AGENT
+
+    async def user(self) -> DialogState:
+        """The simulated user answers the agent's message (its app actions first), or ends the dialogue."""
+        run = self.run_
+        if run.turns >= self.max_turns:
+            return run.done("max_turns")
+        try:
+            turn = await self._ask_user()
+        except _UserFailed as exc:
+            log.warning("dialogue for %r ended on a user-simulator error: %s", self.intent.objective, exc)
+            return run.done("user_error", str(exc))
+        if turn.signal != "continue":
+            if turn.message.strip():
+                run.messages.append({"role": "user", "content": turn.message})
+            return run.done(turn.signal)
+        index = len(run.messages)
+        for action in self._app_actions(turn):
+            done = await self.session.execute(action.name, action.arguments, "user", index)
+            run.events.append(
+                AppEvent(
+                    name=done.name,
+                    arguments=done.arguments,
+                    ok=done.ok,
+                    output=done.output,
+                    after_message=index,
+                )
+            )
+        run.messages.append({"role": "user", "content": turn.message})
+        run.dialogue.append(DialogueMessage(role="user", content=turn.message))
+        run.turns += 1
+        return DialogState.AGENT
+
+    async def _ask_user(self) -> UserTurn:
+        """The ``user_simulator`` role's next move; ``_UserFailed`` when it gave none to use."""
+        run = self.run_
+        inputs = UserSimInput(
+            instructions=self.instructions,
+            requirements=self.intent.requirements,
+            goal_actions=self.goals,
+            completed_actions=[c.name for c in self.session.calls if c.actor == "agent" and c.changed_state],
+            dialogue=run.dialogue,
+            user_tools=self.pack.user_tools,
+            turn=run.turns,
+            max_turns=self.max_turns,
+        )
+        try:
+            turn = (await self.gateway.call(USER_SIMULATOR, inputs, self.sampling)).output
+        except InvalidOutput as exc:
+            raise _UserFailed(f"user simulator failed: {exc}") from exc
+        if turn.signal == "continue" and not turn.message.strip() and not turn.tool_calls:
+            raise _UserFailed("user simulator reply unusable: continue with no message and no tool call")
+        return turn
+
+    def _app_actions(self, turn: UserTurn) -> list[AgentToolCall]:
+        """The user's tool calls, else the in-app actions the agent asked for that the user can perform."""
+        actions = [AgentToolCall(name=a.name, arguments=a.arguments) for a in turn.tool_calls]
+        if not actions:
+            for request in self.run_.requests:
+                filled = _fill_in(self.intent, request, self.session.specs["user"])
+                if filled is not None:
+                    actions.append(AgentToolCall(name=request.name, arguments=filled))
+        return actions
+
+
+async def synthesize_dialog(
+    pack: DomainPack,
+    intent: UserIntent,
+    state: Mapping[str, Any],
+    gateway: Gateway,
+    runner: Runner,
+    *,
+    max_turns: int = MAX_TURNS,
+    max_agent_steps: int = MAX_AGENT_STEPS,
+    sampling: Sampling | None = None,
+    timeout_s: float | None = None,
+) -> Dialog:
+    """One dialogue on ``state`` for ``intent`` (see the module docstring)."""
+    loop = DialogLoop(
+        pack,
+        intent,
+        state,
+        gateway,
+        runner,
+        max_turns=max_turns,
+        max_agent_steps=max_agent_steps,
+        sampling=sampling,
+        timeout_s=timeout_s,
+    )
+    return await loop.run()
