@@ -21,6 +21,7 @@ from rich.table import Table
 
 from app.cli_catalog import eigen_app, env_app, export_app, lake_app
 from app.cli_common import UserError, broker, console, err, ready_broker, settings
+from app.cli_llm import llm_app
 from app.cli_publish import publish_app
 from arena.config import ArenaSettings
 from sandbox.cli import app as sandbox_app
@@ -39,6 +40,7 @@ app.add_typer(export_app, name="export")
 app.add_typer(env_app, name="env")
 app.add_typer(eigen_app, name="eigen")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(llm_app, name="llm")
 
 # --- stack --------------------------------------------------------------
 

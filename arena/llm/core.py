@@ -9,10 +9,11 @@ gateway (``arena.llm.gateway``) renders prompts, validates, retries and caches.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from arena.hashing import content_hash
 
@@ -50,6 +51,25 @@ class Role(Generic[In, Out]):
             {"role": "system", "content": self.system},
             {"role": "user", "content": self.template.replace("{input}", payload)},
         ]
+
+    def inputs_from(self, messages: Sequence[Mapping[str, Any]]) -> In:
+        """The input that ``messages`` rendered: the inverse of ``messages`` on its last user message.
+
+        Raises ``ValueError`` (with what did not match) when the messages were not rendered from
+        this role's template, or the JSON inside does not validate as the role's input.
+        """
+        users = [m for m in messages if m.get("role") == "user"]
+        if not users or not isinstance(users[-1].get("content"), str):
+            raise ValueError(f"role {self.name!r}: no user message with text content")
+        text: str = users[-1]["content"]
+        head, _, tail = self.template.partition("{input}")
+        if not (text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail)):
+            raise ValueError(f"role {self.name!r}: the user message does not follow the role's template")
+        payload = text[len(head) : len(text) - len(tail)]
+        try:
+            return self.input.model_validate_json(payload)
+        except ValidationError as exc:
+            raise ValueError(f"role {self.name!r}: the input does not validate: {exc.errors()[:3]}") from None
 
     def output_schema(self) -> dict[str, Any]:
         """JSON Schema of the output, for guided decoding."""

@@ -1,0 +1,47 @@
+"""`arena llm ...`: LLM endpoints. `arena llm serve` puts any gateway backend behind the OpenAI API."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from app.cli_common import UserError, err, settings
+
+llm_app = typer.Typer(no_args_is_help=True, help="LLM endpoints: serve a backend over the OpenAI API.")
+
+
+@llm_app.command("serve")
+def llm_serve(
+    llm: Annotated[
+        str | None,
+        typer.Option("--llm", help="Backend to serve (an ARENA_LLM value); default: ARENA_LLM, i.e. rules."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind.")] = 8000,
+    model: Annotated[str | None, typer.Option(help="Model id clients send and /v1/models lists.")] = None,
+    latency: Annotated[float, typer.Option(min=0.0, help="Seconds added to every request.")] = 0.0,
+    max_concurrency: Annotated[
+        int, typer.Option("--max-concurrency", min=1, help="Requests served at once; the rest wait.")
+    ] = 64,
+) -> None:
+    """Serve a backend at http://HOST:PORT/v1 (chat completions, models), like a vLLM server."""
+    import uvicorn
+
+    from app.llm_server import LlmServer
+    from arena.llm.backends import make_backend
+
+    cfg = settings()
+    if llm is not None:
+        cfg = cfg.model_copy(update={"llm": llm})
+    try:
+        backend = make_backend(cfg)
+    except ValueError as exc:
+        raise UserError(f"--llm: {exc}") from None
+    name = model or backend.model
+    server = LlmServer(backend, model=name, latency_s=latency, max_concurrency=max_concurrency)
+    err.print(
+        f"serving {name} ({backend.name}) at http://{host}:{port}/v1 "
+        f"(latency {latency:g}s, {max_concurrency} at once); Ctrl-C stops it"
+    )
+    uvicorn.run(server.asgi(), host=host, port=port, log_level="warning")

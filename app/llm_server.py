@@ -1,0 +1,275 @@
+"""`arena llm serve`: any gateway backend behind an OpenAI-compatible HTTP endpoint.
+
+``POST /v1/chat/completions`` and ``GET /v1/models``, so Arena's own ``openai://`` client (or any
+OpenAI client) talks to it exactly as it talks to vLLM. ``--latency`` and ``--max-concurrency``
+make it behave like a loaded model server: every request waits for one of N slots and holds it
+for the backend's time plus the given latency, so a pipeline can be measured for the concurrency it really
+keeps in flight without a GPU. ``GET /v1/arena/stats`` reports what the server saw (requests per
+role, requests in flight: now, most, and the time-weighted mean).
+
+The ``rules`` simulator needs a role's typed input, not a prompt. Arena's client names the role in
+``response_format.json_schema.name`` and renders the input as JSON inside the role's template, so
+the server recovers both (``arena.llm.roles.registry``, ``Role.inputs_from``). Anything else sent
+to the rules model is answered 400 with what is missing. Other backends (``hf://``) answer any chat
+request from its messages. When a request offers ``tools`` and the answer carries ``tool_calls``
+(the agent roles), they come back as OpenAI ``tool_calls`` too.
+
+The rules backend draws a fresh answer per ``attempt``; the client sends ``seed + attempt``, so the
+server passes the request's ``seed`` as the attempt: a retry after an invalid answer gets a new draw,
+as it does in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from arena.llm.core import Backend, Completion, CompletionRequest, Role, Sampling, Undecidable
+from arena.llm.roles.registry import ROLES
+
+
+class ChatInput(BaseModel):
+    """The input of a request that names no Arena role: the chat messages themselves."""
+
+    messages: Annotated[list[dict[str, Any]], Field(description="OpenAI chat messages, as sent.")]
+
+
+class ChatOutput(BaseModel):
+    """Free text: what a plain chat request asks for."""
+
+    content: Annotated[str, Field(description="The assistant's reply.")] = ""
+
+
+CHAT: Role[ChatInput, ChatOutput] = Role(
+    name="chat", input=ChatInput, output=ChatOutput, system="", template="{input}"
+)
+"""The role of a request that names none (served by backends that read messages, not inputs)."""
+
+
+class RequestError(ValueError):
+    """A request this server cannot answer; sent back as HTTP 400 with the message."""
+
+
+@dataclass
+class ServerStats:
+    """Requests seen and requests in flight, as the server saw them."""
+
+    started: float = field(default_factory=time.monotonic)
+    requests: int = 0
+    errors: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    by_role: dict[str, int] = field(default_factory=dict)
+    _area: float = 0.0
+    _since: float = field(default_factory=time.monotonic)
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        self._area += self.in_flight * (now - self._since)
+        self._since = now
+
+    def enter(self, role: str) -> None:
+        self._advance()
+        self.requests += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.by_role[role] = self.by_role.get(role, 0) + 1
+
+    def leave(self) -> None:
+        self._advance()
+        self.in_flight -= 1
+
+    def snapshot(self) -> dict[str, Any]:
+        self._advance()
+        elapsed = max(self._since - self.started, 1e-9)
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "mean_in_flight": round(self._area / elapsed, 3),
+            "seconds": round(elapsed, 3),
+            "by_role": dict(sorted(self.by_role.items())),
+        }
+
+
+def approx_tokens(text: str) -> int:
+    """A rough token count (about four bytes a token): the rules backend has no tokenizer."""
+    return (len(text.encode("utf-8")) + 3) // 4
+
+
+def _role_of(body: dict[str, Any], needs_role: bool) -> Role[Any, Any]:
+    fmt = body.get("response_format") or {}
+    name = (fmt.get("json_schema") or {}).get("name") if isinstance(fmt, dict) else None
+    if isinstance(name, str) and name in ROLES:
+        return ROLES[name]
+    if needs_role:
+        got = f"role {name!r} is unknown" if name else "no role named in response_format.json_schema.name"
+        raise RequestError(
+            f"this model answers Arena's roles only ({got}); send requests through Arena's openai:// "
+            "client, or serve a model that reads chat messages (arena llm serve --llm hf:///path)"
+        )
+    return CHAT
+
+
+def _sampling(body: dict[str, Any]) -> Sampling:
+    fields = {k: body[k] for k in ("temperature", "top_p", "max_tokens", "seed") if body.get(k) is not None}
+    try:
+        return Sampling(**fields)
+    except ValidationError as exc:
+        raise RequestError(f"invalid sampling parameters: {exc.errors()[:3]}") from None
+
+
+def completion_request(body: dict[str, Any], needs_role: bool) -> CompletionRequest:
+    """What ``body`` asks the backend for; ``RequestError`` says why it cannot be answered."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise RequestError("'messages' must be a list of message objects")
+    role = _role_of(body, needs_role)
+    try:
+        inputs = ChatInput(messages=messages) if role is CHAT else role.inputs_from(messages)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    sampling = _sampling(body)
+    fmt = body.get("response_format") or {}
+    schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt, dict) else None
+    return CompletionRequest(
+        role=role,
+        inputs=inputs,
+        messages=messages,
+        json_schema=schema if isinstance(schema, dict) else {},
+        sampling=sampling,
+        attempt=sampling.seed,
+    )
+
+
+def _tool_calls(text: str) -> list[dict[str, Any]]:
+    """OpenAI ``tool_calls`` from an answer whose JSON has a ``tool_calls`` list of {name, arguments}."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return []
+    calls = answer.get("tool_calls") if isinstance(answer, dict) else None
+    out = []
+    for call in calls if isinstance(calls, list) else []:
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            arguments = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
+            out.append(
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": json.dumps(arguments, ensure_ascii=False),
+                    },
+                }
+            )
+    return out
+
+
+def chat_completion(
+    model: str, request: CompletionRequest, completion: Completion, tools: bool
+) -> dict[str, Any]:
+    """The OpenAI ``chat.completion`` object for ``completion``."""
+    message: dict[str, Any] = {"role": "assistant", "content": completion.text}
+    calls = _tool_calls(completion.text) if tools else []
+    if calls:
+        message["tool_calls"] = calls
+    prompt = completion.usage.prompt_tokens or sum(
+        approx_tokens(str(m.get("content") or "")) for m in request.messages
+    )
+    answer = completion.usage.completion_tokens or approx_tokens(completion.text)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer},
+    }
+
+
+class LlmServer:
+    """One backend behind the OpenAI chat-completions API, with a latency and a concurrency limit."""
+
+    def __init__(
+        self, backend: Backend, *, model: str, latency_s: float = 0.0, max_concurrency: int = 64
+    ) -> None:
+        if latency_s < 0:
+            raise ValueError("latency must be >= 0")
+        if max_concurrency < 1:
+            raise ValueError("max concurrency must be at least 1")
+        self.backend = backend
+        self.model = model
+        self.latency_s = latency_s
+        self.max_concurrency = max_concurrency
+        self.needs_role = backend.name == "rules"
+        self.stats = ServerStats()
+        self._slots = asyncio.Semaphore(max_concurrency)
+
+    async def chat(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """HTTP status and JSON body for one ``POST /v1/chat/completions``."""
+        try:
+            if not isinstance(body, dict):
+                raise RequestError("the request body must be a JSON object")
+            request = completion_request(body, self.needs_role)
+        except RequestError as exc:
+            self.stats.errors += 1
+            return 400, {"error": {"message": str(exc), "type": "invalid_request_error"}}
+        self.stats.enter(request.role.name)
+        try:
+            async with self._slots:
+                try:
+                    completion = await self.backend.complete(request)
+                except Undecidable as exc:
+                    # What a model that cannot answer writes: no JSON, so the client retries.
+                    completion = Completion(text=f"I cannot answer this request ({exc}).")
+                if self.latency_s:
+                    await asyncio.sleep(self.latency_s)
+        finally:
+            self.stats.leave()
+        return 200, chat_completion(self.model, request, completion, tools=bool(body.get("tools")))
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "arena"}]}
+
+    def asgi(self) -> Any:
+        """The Starlette app serving this server's routes."""
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def chat(request: Request) -> JSONResponse:
+            try:
+                body = await request.json()
+            except ValueError:
+                return JSONResponse(
+                    {"error": {"message": "the body is not JSON", "type": "invalid_request_error"}}, 400
+                )
+            status, payload = await self.chat(body)
+            return JSONResponse(payload, status)
+
+        async def models(_: Request) -> JSONResponse:
+            return JSONResponse(self.models())
+
+        async def stats(_: Request) -> JSONResponse:
+            return JSONResponse(self.stats.snapshot())
+
+        async def health(_: Request) -> JSONResponse:
+            return JSONResponse({"status": "ok"})
+
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/v1/models", models, methods=["GET"]),
+                Route("/v1/arena/stats", stats, methods=["GET"]),
+                Route("/health", health, methods=["GET"]),
+            ]
+        )
