@@ -221,3 +221,12 @@ def test_a_retry_gets_a_fresh_draw_like_in_process() -> None:
         return seen[-1:]
 
     assert asyncio.run(in_process()) == seen[:1]
+
+
+def test_every_role_the_simulator_answers_can_be_recovered_from_a_request() -> None:
+    from arena.llm.roles.registry import ROLES
+    from simulator import RULES
+
+    assert set(ROLES) == set(RULES)
+    for name, role in ROLES.items():
+        assert role.name == name and "{input}" in role.template
