@@ -14,9 +14,9 @@ to the rules model is answered 400 with what is missing. Other backends (``hf://
 request from its messages. When a request offers ``tools`` and the answer carries ``tool_calls``
 (the agent roles), they come back as OpenAI ``tool_calls`` too.
 
-The rules backend draws a fresh answer per ``attempt``; the client sends ``seed + attempt``, so the
-server passes the request's ``seed`` as the attempt: a retry after an invalid answer gets a new draw,
-as it does in process.
+The rules backend draws a fresh answer per ``attempt`` (0, then each retry after an invalid
+answer). Arena's client sends it in the ``X-Arena-Attempt`` header, so the simulator answers over
+HTTP exactly as in process; from other clients the request's ``seed`` stands in for it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from arena.llm.backends.openai import ATTEMPT_HEADER
 from arena.llm.core import Backend, Completion, CompletionRequest, Role, Sampling, Undecidable
 from arena.llm.roles.registry import ROLES
 
@@ -126,8 +127,14 @@ def _sampling(body: dict[str, Any]) -> Sampling:
         raise RequestError(f"invalid sampling parameters: {exc.errors()[:3]}") from None
 
 
-def completion_request(body: dict[str, Any], needs_role: bool) -> CompletionRequest:
-    """What ``body`` asks the backend for; ``RequestError`` says why it cannot be answered."""
+def completion_request(
+    body: dict[str, Any], needs_role: bool, attempt: int | None = None
+) -> CompletionRequest:
+    """What ``body`` asks the backend for; ``RequestError`` says why it cannot be answered.
+
+    ``attempt`` is the gateway's attempt number (Arena's client sends it as ``X-Arena-Attempt``);
+    without it the request's ``seed`` stands in, so a retry still gets a fresh draw.
+    """
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise RequestError("'messages' must be a list of message objects")
@@ -145,7 +152,7 @@ def completion_request(body: dict[str, Any], needs_role: bool) -> CompletionRequ
         messages=messages,
         json_schema=schema if isinstance(schema, dict) else {},
         sampling=sampling,
-        attempt=sampling.seed,
+        attempt=sampling.seed if attempt is None else attempt,
     )
 
 
@@ -213,12 +220,13 @@ class LlmServer:
         self.stats = ServerStats()
         self._slots = asyncio.Semaphore(max_concurrency)
 
-    async def chat(self, body: Any) -> tuple[int, dict[str, Any]]:
-        """HTTP status and JSON body for one ``POST /v1/chat/completions``."""
+    async def chat(self, body: Any, attempt: int | None = None) -> tuple[int, dict[str, Any]]:
+        """HTTP status and JSON body for one ``POST /v1/chat/completions`` (``attempt``: see
+        ``completion_request``)."""
         try:
             if not isinstance(body, dict):
                 raise RequestError("the request body must be a JSON object")
-            request = completion_request(body, self.needs_role)
+            request = completion_request(body, self.needs_role, attempt)
         except RequestError as exc:
             self.stats.errors += 1
             return 400, {"error": {"message": str(exc), "type": "invalid_request_error"}}
@@ -253,7 +261,8 @@ class LlmServer:
                 return JSONResponse(
                     {"error": {"message": "the body is not JSON", "type": "invalid_request_error"}}, 400
                 )
-            status, payload = await self.chat(body)
+            header = request.headers.get(ATTEMPT_HEADER, "")
+            status, payload = await self.chat(body, int(header) if header.isdigit() else None)
             return JSONResponse(payload, status)
 
         async def models(_: Request) -> JSONResponse:

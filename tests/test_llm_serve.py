@@ -202,7 +202,7 @@ def test_latency_and_the_concurrency_limit_shape_what_the_server_sees() -> None:
 
 
 def test_a_retry_gets_a_fresh_draw_like_in_process() -> None:
-    """The client sends seed + attempt; the server passes it as the rules backend's attempt."""
+    """The attempt (X-Arena-Attempt, else the request's seed) is the rules backend's attempt."""
     seen: list[int] = []
 
     def answer(inputs: BaseModel, rng: Any) -> BaseModel:
@@ -213,6 +213,8 @@ def test_a_retry_gets_a_fresh_draw_like_in_process() -> None:
     for seed in (0, 1, 0):
         asyncio.run(server.chat({**agent_body(tools=False), "seed": seed}))
     assert seen[0] == seen[2] != seen[1]
+    asyncio.run(server.chat({**agent_body(tools=False), "seed": 7}, attempt=0))
+    assert seen[3] == seen[0]  # the header's attempt wins over the seed
 
     async def in_process() -> list[int]:
         gateway = Gateway(RulesBackend(rules={AGENT_POLICY.name: answer}))
@@ -230,3 +232,26 @@ def test_every_role_the_simulator_answers_can_be_recovered_from_a_request() -> N
     assert set(ROLES) == set(RULES)
     for name, role in ROLES.items():
         assert role.name == name and "{input}" in role.template
+
+
+def test_a_callers_sampling_seed_gives_the_same_answer_over_http(served: str) -> None:
+    """The rules backend draws by attempt, not by sampling seed; the attempt travels in a header."""
+    from arena.llm.backends.openai import OpenAIBackend
+    from arena.llm.core import Sampling
+
+    inputs = AGENT_POLICY.inputs_from(agent_body(tools=False)["messages"])
+
+    async def both() -> tuple[Any, Any]:
+        local = Gateway(RulesBackend(seed=0))
+        remote = Gateway(OpenAIBackend(served, "rules-v1"))
+        try:
+            sampling = Sampling(seed=5)
+            mine = await local.call(AGENT_POLICY, inputs, sampling)
+            theirs = await remote.call(AGENT_POLICY, inputs, sampling)
+            return mine.output, theirs.output
+        finally:
+            await local.aclose()
+            await remote.aclose()
+
+    in_process, over_http = asyncio.run(both())
+    assert over_http == in_process

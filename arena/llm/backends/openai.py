@@ -58,6 +58,10 @@ def _error_text(response: httpx.Response) -> str:
     return " ".join(response.text.split())[:300]
 
 
+ATTEMPT_HEADER = "X-Arena-Attempt"
+"""The gateway's attempt number (0 first, then retries after invalid output), sent with each request."""
+
+
 class OpenAIBackend:
     """Chat completions against ``base_url`` (e.g. ``http://127.0.0.1:8000/v1``)."""
 
@@ -114,7 +118,7 @@ class OpenAIBackend:
     async def complete(self, request: CompletionRequest) -> Completion:
         guided = request.role.name not in self._unguided
         async with self._slots:
-            response = await self._post(self.body(request, guided))
+            response = await self._post(self.body(request, guided), request.attempt)
             if response.status_code == 400 and guided:
                 response = await self._without_response_format(request, response)
         return self._completion(response)
@@ -123,7 +127,7 @@ class OpenAIBackend:
         self, request: CompletionRequest, rejected: httpx.Response
     ) -> httpx.Response:
         """Retry a 400 once without ``response_format``; keep the first error if that fails too."""
-        retry = await self._post(self.body(request, guided=False))
+        retry = await self._post(self.body(request, guided=False), request.attempt)
         if retry.status_code == 400:
             return rejected
         if retry.is_success:
@@ -136,12 +140,16 @@ class OpenAIBackend:
             )
         return retry
 
-    async def _post(self, body: dict[str, Any]) -> httpx.Response:
-        """One HTTP request under the per-request timeout; transport failures become transient."""
+    async def _post(self, body: dict[str, Any], attempt: int) -> httpx.Response:
+        """One HTTP request under the per-request timeout; transport failures become transient.
+
+        ``ATTEMPT_HEADER`` tells a server that cares (``arena llm serve``) which retry this is; any
+        other server ignores it.
+        """
         url = f"{self.base_url}/chat/completions"
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._client.post(url, json=body)
+                return await self._client.post(url, json=body, headers={ATTEMPT_HEADER: str(attempt)})
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise TransientError(f"LLM request timed out after {self.timeout_s:g}s") from exc
         except httpx.TransportError as exc:
