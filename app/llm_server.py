@@ -105,9 +105,15 @@ def approx_tokens(text: str) -> int:
     return (len(text.encode("utf-8")) + 3) // 4
 
 
+def _json_schema(body: dict[str, Any]) -> dict[str, Any]:
+    """``response_format.json_schema`` of ``body`` ({} when absent or not an object)."""
+    fmt = body.get("response_format")
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    return spec if isinstance(spec, dict) else {}
+
+
 def _role_of(body: dict[str, Any], needs_role: bool) -> Role[Any, Any]:
-    fmt = body.get("response_format") or {}
-    name = (fmt.get("json_schema") or {}).get("name") if isinstance(fmt, dict) else None
+    name = _json_schema(body).get("name")
     if isinstance(name, str) and name in ROLES:
         return ROLES[name]
     if needs_role:
@@ -144,8 +150,7 @@ def completion_request(
     except ValueError as exc:
         raise RequestError(str(exc)) from None
     sampling = _sampling(body)
-    fmt = body.get("response_format") or {}
-    schema = (fmt.get("json_schema") or {}).get("schema") if isinstance(fmt, dict) else None
+    schema = _json_schema(body).get("schema")
     return CompletionRequest(
         role=role,
         inputs=inputs,

@@ -96,6 +96,9 @@ def test_models_and_requests_the_rules_model_cannot_answer(served: str) -> None:
     )
     assert resp.status_code == 400 and "does not validate" in resp.json()["error"]["message"]
     assert httpx.post(post, content=b"{not json").status_code == 400
+    odd = {"messages": [{"role": "user", "content": "x"}], "response_format": {"json_schema": "x"}}
+    resp = httpx.post(post, json=odd)
+    assert resp.status_code == 400 and "no role named" in resp.json()["error"]["message"]
 
 
 async def _run(
