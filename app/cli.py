@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -65,6 +65,7 @@ def up() -> None:
 def status() -> None:
     """Show what runs where."""
     from app.stack import status as stack_status
+    from arena.llm.outage import read_states
 
     cfg = settings()
     st = stack_status(cfg)
@@ -77,6 +78,13 @@ def status() -> None:
     for key, value in cfg.public_view().items():
         if key != "broker":
             table.add_row(key, str(value))
+    for endpoint in read_states(cfg.home):
+        if endpoint.state == "up":
+            text = f"{endpoint.endpoint}: serving"
+        else:
+            since = endpoint.since.strftime("%H:%M:%S")
+            text = f"[red]waiting on {endpoint.endpoint} since {since} UTC[/red]: {endpoint.reason}"
+        table.add_row(f"llm ({endpoint.stage}, pid {endpoint.pid})", text)
     console.print(table)
 
 
@@ -156,6 +164,12 @@ def worker_cmd(
     timeout: Annotated[
         float | None, typer.Option(help="With --until-drained: give up (exit 1) after this many seconds.")
     ] = None,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            min=1, max=64, help="Processes per stage in its consumer group; they share its partitions."
+        ),
+    ] = 1,
 ) -> None:
     """Run stage workers (Faust, exactly-once) until stopped or drained."""
     from app.registry import WORKERS
@@ -167,7 +181,13 @@ def worker_cmd(
         raise UserError(f"unknown stage {unknown[0]!r} (fix: use one of {', '.join(WORKERS)})")
     cfg = settings()
     code = run_workers(
-        cfg, ready_broker(cfg), names, until_drained=until_drained, timeout_s=timeout, console=err
+        cfg,
+        ready_broker(cfg),
+        names,
+        until_drained=until_drained,
+        timeout_s=timeout,
+        console=err,
+        replicas=replicas,
     )
     raise typer.Exit(code)
 
@@ -273,26 +293,42 @@ def lag(
     watch: Annotated[bool, typer.Option("--watch", help="Refresh every --interval seconds.")] = False,
     interval: Annotated[float, typer.Option(help="Refresh period for --watch.")] = 2.0,
 ) -> None:
-    """Consumer lag per group, topic and partition (like kafka-consumer-groups --describe)."""
-    from consumers.lag import compute_lag, render_lag_table
+    """Consumer lag per group, topic and partition (like kafka-consumer-groups --describe).
 
-    address = broker(settings())
+    A group whose worker waits for its LLM endpoint (down, or refusing the key) says so in NOTE.
+    """
+    from consumers.lag import compute_lag, mark_waiting, render_lag_table
+
+    cfg = settings()
+    address = broker(cfg)
+
+    def rows() -> list[Any]:
+        return mark_waiting(compute_lag(address, groups=group), waiting_groups(cfg))
+
     if not watch:
-        rows = compute_lag(address, groups=group)
         if as_json:
-            print(json.dumps([r.model_dump() for r in rows], indent=2))
+            print(json.dumps([r.model_dump() for r in rows()], indent=2))
         else:
-            console.print(render_lag_table(rows))
+            console.print(render_lag_table(rows()))
         return
     from rich.live import Live
 
-    with Live(render_lag_table(compute_lag(address, groups=group)), console=console) as live:
+    with Live(render_lag_table(rows()), console=console) as live:
         try:
             while True:
                 time.sleep(interval)
-                live.update(render_lag_table(compute_lag(address, groups=group)))
+                live.update(render_lag_table(rows()))
         except KeyboardInterrupt:
             pass
+
+
+def waiting_groups(cfg: ArenaSettings) -> dict[str, str]:
+    """Consumer group -> why its worker waits for the LLM endpoint, for workers that do now."""
+    from arena.llm.outage import read_states
+
+    return {
+        f"arena-{state.stage}": state.reason for state in read_states(cfg.home) if state.state == "waiting"
+    }
 
 
 # --- demo ---------------------------------------------------------------

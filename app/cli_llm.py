@@ -24,6 +24,14 @@ def llm_serve(
     max_concurrency: Annotated[
         int, typer.Option("--max-concurrency", min=1, help="Requests served at once; the rest wait.")
     ] = 64,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="ARENA_LLM_SERVE_API_KEY",
+            help="Require this bearer key on every /v1 request (clients set ARENA_LLM_API_KEY).",
+        ),
+    ] = None,
 ) -> None:
     """Serve a backend at http://HOST:PORT/v1 (chat completions, models), like a vLLM server."""
     import uvicorn
@@ -39,7 +47,9 @@ def llm_serve(
     except ValueError as exc:
         raise UserError(f"--llm: {exc}") from None
     name = model or backend.model
-    server = LlmServer(backend, model=name, latency_s=latency, max_concurrency=max_concurrency)
+    server = LlmServer(
+        backend, model=name, latency_s=latency, max_concurrency=max_concurrency, api_key=api_key or None
+    )
     err.print(
         f"serving {name} ({backend.name}) at http://{host}:{port}/v1 "
         f"(latency {latency:g}s, {max_concurrency} at once); Ctrl-C stops it"

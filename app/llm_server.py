@@ -211,7 +211,13 @@ class LlmServer:
     """One backend behind the OpenAI chat-completions API, with a latency and a concurrency limit."""
 
     def __init__(
-        self, backend: Backend, *, model: str, latency_s: float = 0.0, max_concurrency: int = 64
+        self,
+        backend: Backend,
+        *,
+        model: str,
+        latency_s: float = 0.0,
+        max_concurrency: int = 64,
+        api_key: str | None = None,
     ) -> None:
         if latency_s < 0:
             raise ValueError("latency must be >= 0")
@@ -222,6 +228,8 @@ class LlmServer:
         self.latency_s = latency_s
         self.max_concurrency = max_concurrency
         self.needs_role = backend.name == "rules"
+        self.api_key = api_key
+        """When set, every /v1 request must carry ``Authorization: Bearer <api_key>`` (like vLLM's --api-key)."""
         self.stats = ServerStats()
         self._slots = asyncio.Semaphore(max_concurrency)
 
@@ -259,7 +267,17 @@ class LlmServer:
         from starlette.responses import JSONResponse
         from starlette.routing import Route
 
+        def refused(request: Request) -> JSONResponse | None:
+            if self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}":
+                return None
+            self.stats.errors += 1
+            return JSONResponse(
+                {"error": {"message": "invalid API key", "type": "authentication_error"}}, 401
+            )
+
         async def chat(request: Request) -> JSONResponse:
+            if (denied := refused(request)) is not None:
+                return denied
             try:
                 body = await request.json()
             except ValueError:
@@ -270,7 +288,9 @@ class LlmServer:
             status, payload = await self.chat(body, int(header) if header.isdigit() else None)
             return JSONResponse(payload, status)
 
-        async def models(_: Request) -> JSONResponse:
+        async def models(request: Request) -> JSONResponse:
+            if (denied := refused(request)) is not None:
+                return denied
             return JSONResponse(self.models())
 
         async def stats(_: Request) -> JSONResponse:

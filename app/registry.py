@@ -28,6 +28,7 @@ from streams.eigen import (
 from streams.envs import envs_code, envs_verified, qa_traces, qa_validated, samples_verified
 from streams.runtime import Guarantee, StageDef
 from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
+from streams.usage import TOPIC as USAGE_TOPIC
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class WorkerDef:
 
 def _stage_worker(stage: StageDef[Any]) -> WorkerDef:
     def attach(app: faust.App, settings: ArenaSettings) -> None:
-        attach_stage(app, stage, settings)
+        attach_stage(app, stage, settings, priority=stage_priorities()[stage.name])
 
     return WorkerDef(stage.name, (stage.input,), stage.guarantee, attach, stage.description)
 
@@ -70,6 +71,38 @@ STAGES: tuple[StageDef[Any], ...] = (
     eigen_dialogs_validated.STAGE,
     eigen_verified.STAGE,
 )
+
+
+def _side_topic(name: str) -> bool:
+    return name.endswith((".dlq", ".rejected"))
+
+
+def stage_priorities() -> dict[str, int]:
+    """Each stage's depth in the topic graph: its admission priority (higher is nearer the output).
+
+    A stage reading a topic no stage writes has depth 0; any other stage has one more than the
+    deepest stage writing its input (the longest path from a source topic), so a stage whose
+    outputs feed another stage ranks below it. Side topics (``.dlq``, ``.rejected``) are not
+    edges; an edge that would close a cycle is ignored.
+    """
+    writers: dict[str, list[StageDef[Any]]] = {}
+    for stage in STAGES:
+        for name in stage.outputs:
+            if not _side_topic(name):
+                writers.setdefault(name, []).append(stage)
+    depth: dict[str, int] = {}
+    on_path: set[str] = set()
+
+    def visit(stage: StageDef[Any]) -> int:
+        if stage.name in depth:
+            return depth[stage.name]
+        on_path.add(stage.name)
+        upstream = [visit(w) for w in writers.get(stage.input, ()) if w.name not in on_path]
+        on_path.discard(stage.name)
+        depth[stage.name] = 1 + max(upstream) if upstream else 0
+        return depth[stage.name]
+
+    return {stage.name: visit(stage) for stage in STAGES}
 
 
 def _attach_lake_sink(app: faust.App, settings: ArenaSettings) -> None:
@@ -147,7 +180,7 @@ def topic_roles() -> dict[str, TopicRoles]:
     writers: dict[str, set[str]] = {name: set() for name in TOPICS}
     readers: dict[str, set[str]] = {name: set() for name in TOPICS}
     for stage in STAGES:
-        for name in stage.may_emit:
+        for name in (*stage.may_emit, USAGE_TOPIC):  # every stage worker reports its LLM usage
             writers[name].add(stage.name)
     for work in WORKERS.values():
         for name in work.inputs:

@@ -1,8 +1,12 @@
-"""`arena worker`: a supervisor of one Faust worker process per stage.
+"""`arena worker`: a supervisor of Faust worker processes, one or more per stage.
 
 Each stage runs as ``python -m app.run NAME`` in its own process group
-(its own consumer group), logging to ``$ARENA_HOME/logs/worker-NAME.log``. A
-worker that dies is restarted with backoff. ``--until-drained`` stops all of
+(its own consumer group), logging to ``$ARENA_HOME/logs/worker-NAME.log``.
+``--replicas N`` runs N processes of each stage in the same consumer group: they share the
+stage's partitions (``worker-NAME-rK.log`` for replica K > 0); a second ``arena worker`` with
+another ``ARENA_WORKER_SLOT`` adds processes on another machine the same way. A
+worker that dies is restarted with backoff, under its static group-member id, so it takes
+its partitions back at once. ``--until-drained`` stops all of
 them and returns 0 once every stage group has nothing pending, measured
 against the read_committed position, on two checks in a row.
 """
@@ -20,6 +24,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from app.admission_host import start_admission_host
+from app.endpoint_watch import EndpointWatch
 from app.registry import topics_by_group, worker
 from arena.config import ArenaSettings
 from consumers.lag import LagRow, compute_lag, drained
@@ -32,6 +38,7 @@ MAX_RESTARTS = 5
 class Child:
     name: str
     log_path: Path
+    replica: int = 0
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -40,15 +47,23 @@ class Child:
 class Supervisor:
     """Starts, watches, restarts and stops the worker processes."""
 
-    def __init__(self, settings: ArenaSettings, bootstrap: str, names: list[str], console: Console) -> None:
+    def __init__(
+        self, settings: ArenaSettings, bootstrap: str, names: list[str], console: Console, replicas: int = 1
+    ) -> None:
         for name in names:
             worker(name)  # unknown names fail before anything starts
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
         self.settings = settings
         self.bootstrap = bootstrap
         self.console = console
         log_dir = settings.home / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.children = [Child(n, log_dir / f"worker-{n}.log") for n in names]
+        self.children = [
+            Child(n, log_dir / (f"worker-{n}.log" if r == 0 else f"worker-{n}-r{r}.log"), r)
+            for n in names
+            for r in range(replicas)
+        ]
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -63,8 +78,9 @@ class Supervisor:
         env = self._env()
         # A stable static-membership id per (host, worker slot, stage): a
         # restarted worker reclaims its partitions immediately.
+        replica = f"-r{child.replica}" if child.replica else ""
         env["ARENA_WORKER_INSTANCE"] = (
-            f"{socket.gethostname()}-{env.get('ARENA_WORKER_SLOT', '0')}-{child.name}"
+            f"{socket.gethostname()}-{env.get('ARENA_WORKER_SLOT', '0')}-{child.name}{replica}"
         )
         with open(child.log_path, "ab") as log:
             child.proc = subprocess.Popen(
@@ -143,9 +159,10 @@ def run_workers(
     until_drained: bool,
     timeout_s: float | None,
     console: Console,
+    replicas: int = 1,
 ) -> int:
-    """Run the workers; returns the process exit code."""
-    supervisor = Supervisor(settings, bootstrap, names, console)
+    """Run the workers (``replicas`` processes per stage); returns the process exit code."""
+    supervisor = Supervisor(settings, bootstrap, names, console, replicas)
     groups = topics_by_group(names)
     interrupted = False
 
@@ -154,22 +171,33 @@ def run_workers(
         interrupted = True
 
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    admission = start_admission_host(settings, bootstrap)  # the LLM admission coordinator (one per home)
     supervisor.start()
     started = time.monotonic()
     clean_checks = 0
+    endpoints = EndpointWatch(settings.home, console)
     try:
         with console.status("starting workers...") as status:
             while not interrupted:
                 supervisor.check()
+                waiting = endpoints.waiting()
                 if not until_drained:
                     time.sleep(0.5)
                     continue
+                refused = endpoints.refused(waiting)
+                if refused is not None:
+                    console.print(
+                        f"[red]the LLM endpoint {refused.endpoint} refuses Arena's requests[/red]: {refused.reason}\n"
+                        "nothing was dead-lettered; the records wait in their topics for the next run"
+                    )
+                    return 1
                 rows = compute_lag(bootstrap, list(groups), topics_by_group=groups)
                 pending = pending_by_group(rows, groups)
                 status.update(
                     "draining: "
                     + ", ".join(f"{g.removeprefix('arena-')} {n}" for g, n in pending.items())
                     + f" pending ({time.monotonic() - started:.0f}s)"
+                    + (f"; {len(waiting)} worker(s) waiting for the LLM endpoint" if waiting else "")
                 )
                 clean_checks = clean_checks + 1 if drained(bootstrap, groups, rows=rows) else 0
                 if clean_checks >= 2:
@@ -186,5 +214,6 @@ def run_workers(
     finally:
         with console.status("stopping workers..."):
             supervisor.stop()
+        admission.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -415,7 +415,14 @@ class ArenaSettings(BaseSettings):
         ),
     ]
     llm_concurrency: Annotated[
-        int, Field(default=8, ge=1, le=1024, description="Most LLM requests in flight per process.")
+        int,
+        Field(
+            default=64,
+            ge=1,
+            le=1024,
+            description="Most LLM requests in flight per endpoint, shared by every stage process "
+            "(the admission coordinator enforces it across processes)",
+        ),
     ]
     llm_timeout_s: Annotated[
         float, Field(default=60.0, gt=0, le=3600, description="Timeout of one LLM request.")
@@ -458,6 +465,23 @@ class ArenaSettings(BaseSettings):
             gt=0,
             le=60,
             description="How often stage workers commit transactions (offsets + outputs).",
+        ),
+    ]
+    stage_concurrency: Annotated[
+        int,
+        Field(
+            default=32,
+            ge=1,
+            le=4096,
+            description="Input records one stage worker handles at once (outputs and offsets still "
+            "commit in offset order). Per stage: ARENA_STAGE_CONCURRENCY_BY_STAGE.",
+        ),
+    ]
+    stage_concurrency_by_stage: Annotated[
+        dict[str, Annotated[int, Field(ge=1, le=4096)]],
+        Field(
+            default_factory=dict,
+            description='Per-stage override of stage_concurrency, as JSON: {"trajectories": 64, "chains": 8}.',
         ),
     ]
     sink_batch_size: Annotated[
@@ -524,6 +548,10 @@ class ArenaSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml = TomlConfigSettingsSource(settings_cls, toml_file=_toml_path())
         return (init_settings, env_settings, toml, file_secret_settings)
+
+    def concurrency_of(self, stage: str) -> int:
+        """Records ``stage`` handles at once: its override, else ``stage_concurrency``."""
+        return self.stage_concurrency_by_stage.get(stage, self.stage_concurrency)
 
     # Derived locations -------------------------------------------------
     @property

@@ -22,6 +22,7 @@ from arena.records.eigen import (
     PilotMetrics,
 )
 from arena.records.envs import EnvPackage, QaSeed, QaTrace, VerifiedSample
+from arena.records.llm import LlmUsage
 from arena.records.sft import ScoredTrajectory, SftSample, Task, ToolChain, Trajectory
 from arena.records.tools import RawToolServer, ToolServer
 from arena.records.trainer import TrainerMetrics
@@ -87,6 +88,8 @@ _STAGE_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("eigen.pilot.metrics", 1, "content hash of the record", PilotMetrics),
     # Trainer
     TopicSpec("trainer.metrics", 1, "hash of run id + step", TrainerMetrics),
+    # LLM accounting: every stage worker reports its calls per role (streams/usage.py)
+    TopicSpec("llm.usage", 1, "hash of stage + role + pid + window end", LlmUsage, FOREVER),
 )
 
 

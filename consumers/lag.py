@@ -59,6 +59,10 @@ class LagRow(BaseModel):
         default=False,
         description="pending is a lower bound: counting stopped at the cap or timed out.",
     )
+    waiting: str | None = Field(
+        default=None,
+        description="Set when the group's worker is paused waiting for its LLM endpoint: why (the last failure).",
+    )
 
     @property
     def open_transaction(self) -> bool:
@@ -336,6 +340,8 @@ def render_lag_table(rows: list[LagRow], *, title: str | None = "Consumer lag") 
             notes.append(f"open txn (+{r.log_end - r.end})")
         if r.pending_capped:
             notes.append(f"counted up to {r.pending}")
+        if r.waiting:
+            notes.append(f"[red]waiting on its LLM endpoint: {r.waiting}[/red]")
         pending = f">={r.pending}" if r.pending_capped else str(r.pending)
         table.add_row(
             r.group,
@@ -353,3 +359,8 @@ def render_lag_table(rows: list[LagRow], *, title: str | None = "Consumer lag") 
 def rows_as_dicts(rows: list[LagRow]) -> list[dict[str, Any]]:
     """Plain dicts (with ``open_transaction``) for callers that build their own output."""
     return [{**r.model_dump(), "open_transaction": r.open_transaction} for r in rows]
+
+
+def mark_waiting(rows: list[LagRow], waiting: dict[str, str]) -> list[LagRow]:
+    """``rows`` with ``waiting`` set for the groups in ``waiting`` (group id -> reason)."""
+    return [r.model_copy(update={"waiting": waiting[r.group]}) if r.group in waiting else r for r in rows]

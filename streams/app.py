@@ -17,6 +17,7 @@ under one lock.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,11 +27,16 @@ import faust
 
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
+from arena.llm.core import CALLER, Caller
 from arena.topics import topic
 from streams.dedupe import SeenKeys
 from streams.runtime import Context, Emit, In, StageDef, dead_letter_key, decode_input, encode, run_handler
+from streams.usage import UsageReporter
 
 log = logging.getLogger("arena.stage")
+
+USAGE_EVERY_S = 5.0
+"""How often a stage worker reports its LLM usage to ``llm.usage``."""
 
 
 def make_app(
@@ -121,21 +127,19 @@ class CommitGate:
         self._gated = consumer
 
 
-async def process_event(
-    app: faust.App,
+async def handle_event(
     stage: StageDef[In],
     settings: ArenaSettings,
     event: Any,
-    gate: CommitGate,
     seen: SeenKeys | None = None,
-) -> None:
-    """Decode, handle, and send the outputs of one input event."""
+) -> list[Emit] | None:
+    """Decode and handle one input event: its outputs, or None when ``seen`` says it was handled."""
     spec = topic(stage.input)
     message = event.message
     key = source_key(message.key, message.value)
     if seen is not None and await seen.seen(message.partition, message.offset, key):
         log.info("%s: %s already handled, skipped", stage.name, key)
-        return
+        return None
     decoded = decode_input(
         stage,
         message.value,
@@ -145,38 +149,245 @@ async def process_event(
     )
     if decoded.dead_letter is not None:
         letter = decoded.dead_letter
-        emits = [Emit(spec.dlq, dead_letter_key(letter), letter, (key,))]
-    else:
-        assert decoded.record is not None
-        ctx = Context(stage.name, stage.version, spec, key, settings, message.value or b"")
-        emits = await run_handler(stage, decoded.record, ctx, message.value or b"")
+        return [Emit(spec.dlq, dead_letter_key(letter), letter, (key,))]
+    assert decoded.record is not None
+    ctx = Context(stage.name, stage.version, spec, key, settings, message.value or b"")
+    return await run_handler(stage, decoded.record, ctx, message.value or b"")
+
+
+async def release(
+    app: faust.App, stage: StageDef[In], event: Any, emits: list[Emit], gate: CommitGate
+) -> bool:
+    """Send ``emits`` and ack ``event`` under the gate; False (nothing sent) when the event is stale.
+
+    Stale: a rebalance started, or the event was fetched in an earlier consumer generation. Its
+    partition's offsets were reset to the committed position, so the event comes again (here or
+    at the partition's new owner); sending now would duplicate it.
+    """
     async with gate.lock:
+        if not is_current(app, event):
+            log.info(
+                "%s: %s[%d]@%d belongs to consumer generation %d (now %d, rebalancing: %s); not released",
+                stage.name,
+                event.message.topic,
+                event.message.partition,
+                event.message.offset,
+                event.message.generation_id,
+                app.consumer_generation_id,
+                app.rebalancing,
+            )
+            return False
         for emit in emits:
             await send(app, emit, stage=stage.name, version=stage.version, event=event)
-        event.ack()  # inside the gate; Faust's own ack after this is a no-op
-    if seen is not None:
-        seen.add(message.partition, key)
+        event.ack()  # inside the gate; a commit sees both the outputs and the offset, or neither
+    return True
 
 
-def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings) -> None:
-    """Register the Faust agent that runs ``stage`` on its input topic."""
+def is_current(app: faust.App, event: Any) -> bool:
+    """The event belongs to the consumer's current generation and no rebalance is under way."""
+    return not app.rebalancing and event.message.generation_id == app.consumer_generation_id
+
+
+async def process_event(
+    app: faust.App,
+    stage: StageDef[In],
+    settings: ArenaSettings,
+    event: Any,
+    gate: CommitGate,
+    seen: SeenKeys | None = None,
+) -> None:
+    """Decode, handle, and send the outputs of one input event (one at a time)."""
+    emits = await handle_event(stage, settings, event, seen)
+    if await release(app, stage, event, emits or [], gate) and seen is not None:
+        seen.add(event.message.partition, source_key(event.message.key, event.message.value))
+
+
+async def abort_open_transactions(app: faust.App, gate: CommitGate) -> None:
+    """Abort every open transaction of ``app``: a rebalance forgets the acked offsets.
+
+    On a rebalance the consumer drops the acked-but-uncommitted offsets of every partition it had
+    (the Kafka client revokes them all, even those it gets back) and restarts each from its
+    committed offset, while the outputs of those events already sit in the partition's open
+    transaction. Committing that transaction later would publish them a second time when the
+    events are handled again, so it is aborted here: the events are handled once more from the
+    committed offset, and their outputs are committed once. Faust begins the transactions again
+    when it assigns the partitions.
+    """
+    producer = app.producer
+    async with gate.lock:
+        for tid, txn_producer in list(getattr(producer, "_transaction_producers", {}).items()):
+            manager = getattr(txn_producer, "_txn_manager", None)
+            if manager is not None and manager.is_in_transaction():
+                await producer.abort_transaction(tid)
+                log.info("rebalance: aborted the open transaction %s; its events are handled again", tid)
+
+
+class OrderedRunner:
+    """Handles up to ``concurrency`` events at once; releases each partition's events in offset order.
+
+    Handlers run concurrently (LLM calls of many records in flight), but an event's outputs are
+    sent, and the event acked, only after every earlier event of its partition was released: the
+    committed offset is always the end of a released prefix, so a crash at any moment replays
+    exactly the events whose outputs were not committed (exactly-once keeps holding). A dead
+    letter is an ordinary output, so a failing record never stalls the others.
+
+    Events of a consumer generation that ended (a rebalance) are not released: they are fetched
+    again from the committed offset. Their handlers are cancelled when partitions are revoked.
+    A failure to send (the producer was fenced, the broker is gone) stops every later release and
+    is raised by the next ``submit``, which crashes the agent as a failing event did before.
+    """
+
+    def __init__(
+        self,
+        app: faust.App,
+        stage: StageDef[In],
+        settings: ArenaSettings,
+        gate: CommitGate,
+        seen: SeenKeys | None,
+        concurrency: int,
+        caller: Caller,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.app = app
+        self.stage = stage
+        self.settings = settings
+        self.gate = gate
+        self.seen = seen
+        self.caller = caller
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tails: dict[tuple[int, Any], asyncio.Future[None]] = {}
+        """Per (generation, partition): the done-future of the last submitted event."""
+        self._tasks: dict[asyncio.Task[None], Any] = {}
+        """In-flight handlers and the topic-partition of their event."""
+        self._failure: BaseException | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    async def submit(self, event: Any) -> None:
+        """Start handling ``event`` once a slot is free."""
+        self._raise_failure()
+        await self._slots.acquire()
+        self._raise_failure()
+        message = event.message
+        chain = (message.generation_id, message.tp)
+        previous = self._tails.get(chain)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tails[chain] = done
+        task = asyncio.create_task(self._run(event, previous, done, chain), context=self._context())
+        self._tasks[task] = message.tp
+        task.add_done_callback(self._tasks.pop)
+
+    def _context(self) -> contextvars.Context:
+        context = contextvars.copy_context()
+        context.run(CALLER.set, self.caller)
+        return context
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    async def _run(
+        self, event: Any, previous: asyncio.Future[None] | None, done: asyncio.Future[None], chain: Any
+    ) -> None:
+        try:
+            emits = await handle_event(self.stage, self.settings, event, self.seen)
+            if previous is not None:
+                await asyncio.shield(previous)  # a cancelled successor must not cancel its predecessor
+            if self._failure is not None:
+                return
+            if emits is None:  # handled before (dedupe): acked in its turn, with no outputs
+                emits = []
+            message = event.message
+            key = source_key(message.key, message.value)
+            if self.seen is not None and self.seen.handled(message.partition, key):
+                log.info("%s: %s was handled while this copy was in flight; dropped", self.stage.name, key)
+                emits = []
+            if await release(self.app, self.stage, event, emits, self.gate) and self.seen is not None:
+                self.seen.add(message.partition, key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # handler crashes are dead letters already; this is a send failure
+            log.exception("%s: releasing an event failed; stopping the stage", self.stage.name)
+            self._failure = exc
+        finally:
+            if not done.done():
+                done.set_result(None)
+            if self._tails.get(chain) is done:
+                del self._tails[chain]
+            self._slots.release()
+
+    def cancel(self, partitions: set[Any]) -> int:
+        """Cancel the handlers of events from ``partitions`` (revoked); returns how many."""
+        doomed = [task for task, tp in self._tasks.items() if tp in partitions]
+        for task in doomed:
+            task.cancel()
+        return len(doomed)
+
+    async def drain(self) -> None:
+        """Wait for every in-flight event (used when the stream ends)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._raise_failure()
+
+
+def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *, priority: int = 0) -> None:
+    """Register the Faust agent that runs ``stage`` on its input topic.
+
+    ``priority`` is the stage's position in the pipeline (``app.registry.stage_priorities``): LLM
+    calls made for its records carry it (``arena.llm.core.CALLER``) to the endpoint's admission.
+    """
 
     bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
     seen = SeenKeys(bootstrap, stage.input) if stage.dedupe else None
-    if seen is not None:
-        keys = seen
-
-        def forget_revoked(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
-            revoked: set[Any] = args[0] if args else set()  # Faust sends the revoked TPs
-            keys.forget(tp.partition for tp in revoked if tp.topic == stage.input)
-
-        app.on_partitions_revoked.connect(forget_revoked)  # type: ignore[arg-type]  # mode types receivers narrowly
-
     gate = CommitGate()
+    runners: list[OrderedRunner] = []
+
+    async def on_revoked(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        revoked: set[Any] = args[0] if args else set()  # Faust sends the revoked TPs
+        if app.in_transaction:
+            await abort_open_transactions(app, gate)
+        for runner in runners:
+            cancelled = runner.cancel(revoked)
+            if cancelled:
+                log.info(
+                    "%s: partitions revoked, %d in-flight record(s) left for the next owner",
+                    stage.name,
+                    cancelled,
+                )
+        if seen is not None:
+            seen.forget(tp.partition for tp in revoked if tp.topic == stage.input)
+
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]  # mode types receivers narrowly
+
+    reporter = UsageReporter(settings, stage.name, bootstrap)
+
+    async def report_usage() -> None:
+        await reporter.report()
+
+    async def close_usage(sender: Any, **kwargs: Any) -> None:
+        await reporter.close()
+
+    app.timer(interval=USAGE_EVERY_S, name=f"{stage.name}-llm-usage")(report_usage)
+    app.on_before_shutdown.connect(close_usage)  # type: ignore[arg-type]  # mode types receivers narrowly
 
     async def agent(stream: Any) -> None:
         gate.install(app.consumer)
-        async for event in stream.events():
-            await process_event(app, stage, settings, event, gate, seen)
+        runner = OrderedRunner(
+            app,
+            stage,
+            settings,
+            gate,
+            seen,
+            settings.concurrency_of(stage.name),
+            Caller(stage.name, priority),
+        )
+        runners[:] = [runner]
+        # noack: an event is acked by ``release``, in offset order, not when the next one is fetched.
+        async for event in stream.noack().events():
+            await runner.submit(event)
+        await runner.drain()
 
     app.agent(raw_topic(app, stage.input), name=stage.name)(agent)

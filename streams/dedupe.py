@@ -12,10 +12,15 @@ topic). On the first event of a partition the set is rebuilt by reading the
 partition's keys up to that event's offset; later events add their key once
 handled. A crash loses only the in-memory set, which the next start rebuilds;
 a revoked partition's set is dropped and rebuilt when it is assigned again.
+
+A stage handles several records at once (``streams.app.OrderedRunner``), so two records with
+the same key can both pass ``seen`` before either is handled; the runner asks ``handled`` again
+when it releases a record, in offset order, and drops the later one's outputs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -31,12 +36,26 @@ class SeenKeys:
         self._bootstrap = bootstrap
         self._topic = topic
         self._seen: dict[int, set[str]] = {}
+        self._loads: dict[int, asyncio.Task[set[str]]] = {}
+        """Partitions whose set is being rebuilt (concurrent first events share one read)."""
 
     async def seen(self, partition: int, offset: int, key: str) -> bool:
         """True when ``key`` was handled before ``offset`` in ``partition``."""
         if partition not in self._seen:
-            self._seen[partition] = await self._keys_before(partition, offset)
+            load = self._loads.get(partition)
+            if load is None:
+                load = self._loads[partition] = asyncio.ensure_future(self._keys_before(partition, offset))
+            try:
+                keys = await asyncio.shield(load)
+            finally:
+                if load.done() and self._loads.get(partition) is load:
+                    del self._loads[partition]
+            self._seen.setdefault(partition, set()).update(keys)
         return key in self._seen[partition]
+
+    def handled(self, partition: int, key: str) -> bool:
+        """True when ``key`` is in the partition's set as it stands (no rebuild)."""
+        return key in self._seen.get(partition, ())
 
     def add(self, partition: int, key: str) -> None:
         self._seen.setdefault(partition, set()).add(key)
@@ -45,6 +64,9 @@ class SeenKeys:
         """Drop revoked partitions: another worker may handle keys there before they come back."""
         for partition in partitions:
             self._seen.pop(partition, None)
+            load = self._loads.pop(partition, None)
+            if load is not None:
+                load.cancel()
 
     async def _keys_before(self, partition: int, offset: int) -> set[str]:
         keys: set[str] = set()

@@ -45,6 +45,11 @@ def gateway_for(settings: ArenaSettings) -> Gateway:
     return _gateways[id(settings)]
 
 
+def open_gateway_of(settings: ArenaSettings) -> Gateway | None:
+    """The gateway of ``settings`` if a handler opened one (stages without LLM calls have none)."""
+    return _gateways.get(id(settings))
+
+
 def chain_graphs_for(settings: ArenaSettings) -> ChainGraphStore:
     if id(settings) not in _graphs:
         _graphs[id(settings)] = ChainGraphStore(settings.catalog)

@@ -428,3 +428,39 @@ def test_vllm_backend_without_vllm_says_how_to_install(tmp_path: Path) -> None:
         pytest.skip("vLLM is installed here")
     with pytest.raises(BackendError, match=r"pip install 'arena\[gpu\]'"):
         make_backend(ArenaSettings(home=tmp_path, llm=f"vllm://{tmp_path}"))
+
+
+def test_identical_calls_in_flight_share_one_request() -> None:
+    """Concurrent records often ask the same question at once: one request answers all of them."""
+
+    class Slow:
+        name = "slow"
+        model = "m"
+
+        def __init__(self) -> None:
+            self.requests = 0
+
+        async def complete(self, request: CompletionRequest) -> Completion:
+            self.requests += 1
+            await asyncio.sleep(0.05)
+            return Completion(text='{"answer": "ok", "score": 0.5}')
+
+        async def aclose(self) -> None:
+            return None
+
+    from tests.fixtures.openai_server import ASK, Question
+
+    backend = Slow()
+
+    async def run() -> None:
+        gateway = Gateway(backend)
+        answers = await asyncio.gather(*(gateway.call(ASK, Question(text="same?")) for _ in range(5)))
+        assert {a.output.answer for a in answers} == {"ok"}
+        other = await gateway.call(ASK, Question(text="different?"))
+        assert other.output.answer == "ok"
+        usage = gateway.usage.roles[ASK.name]
+        assert (usage.calls, usage.shared, usage.attempts) == (6, 4, 2)
+        await gateway.aclose()
+
+    asyncio.run(run())
+    assert backend.requests == 2

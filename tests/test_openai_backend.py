@@ -70,36 +70,109 @@ def test_transient_failures_are_retried_with_backoff(
 
 
 def test_other_4xx_fail_at_once(server: OpenAIServer) -> None:
-    server.configure(ServerScript(failures=[FailSpec(status=401)]))
+    server.configure(ServerScript(failures=[FailSpec(status=422)]))
 
     async def run() -> None:
         gateway = _gateway(server)
-        with pytest.raises(BackendError, match="HTTP 401") as info:
-            await gateway.call(ASK, Question(text="key?"))
+        with pytest.raises(BackendError, match="HTTP 422") as info:
+            await gateway.call(ASK, Question(text="bad request?"))
         assert API_KEY not in str(info.value)
         assert gateway.usage.roles[ASK.name].failures == 1
+        assert gateway.health.up  # a bad request is the request's fault, not the endpoint's
         await gateway.aclose()
 
     asyncio.run(run())
-    assert server.stats().statuses == [401]
+    assert server.stats().statuses == [422]
 
 
-def test_timeouts_are_retried_then_invalid_output(server: OpenAIServer) -> None:
+def _fast_probe(gateway: Gateway) -> Gateway:
+    gateway.health.first_probe_s = gateway.health.max_probe_s = 0.1
+    return gateway
+
+
+def test_a_rejected_key_pauses_the_call_until_the_endpoint_serves(
+    server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HTTP 401 is the endpoint's refusal, not the record's fault: the call waits, it is not failed."""
+    server.configure(ServerScript(failures=[FailSpec(status=401)], models_status=401))
+
+    async def run() -> None:
+        gateway = _fast_probe(_gateway(server))
+        call = asyncio.create_task(gateway.call(ASK, Question(text="key?")))
+        await asyncio.sleep(1.0)
+        assert not call.done(), "a 401 must not fail the call"
+        state = gateway.health.state
+        assert state.state == "waiting" and state.rejected and state.status == 401
+        assert "ARENA_LLM_API_KEY" in state.reason and API_KEY not in state.reason
+        await server.aconfigure(ServerScript())  # the key is accepted again
+        answer = await asyncio.wait_for(call, 10)
+        assert answer.output.answer == "ok"
+        usage = gateway.usage.roles[ASK.name]
+        assert (usage.failures, usage.endpoint_waits) == (0, 1)  # it waited once, inside the call
+        assert gateway.health.up and gateway.health.outages == 1
+        await gateway.aclose()
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(run())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "HTTP 401" in errors[0].getMessage()  # one clear error, not one per probe
+
+
+def test_timeouts_that_outlast_the_retries_wait_for_the_endpoint(server: OpenAIServer) -> None:
     server.configure(ServerScript(latency_s=3.0))
 
     async def run() -> None:
-        gateway = _gateway(server, timeout_s=0.3, max_attempts=2)
-        started = time.monotonic()
-        with pytest.raises(InvalidOutput) as info:
-            await gateway.call(ASK, Question(text="slow?"))
-        assert time.monotonic() - started < 2.5
-        assert info.value.attempts == 2 and info.value.raw == ""
-        assert all("timed out after 0.3s" in e for e in info.value.errors)
-        assert gateway.usage.roles[ASK.name].transient_errors == 2
+        gateway = _fast_probe(_gateway(server, timeout_s=0.3, max_attempts=2))
+        call = asyncio.create_task(gateway.call(ASK, Question(text="slow?")))
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if not gateway.health.up:
+                break
+        assert not gateway.health.up and "timed out after 0.3s" in gateway.health.state.reason
+        assert gateway.usage.roles[ASK.name].transient_errors >= 2
+        await server.aconfigure(ServerScript())  # the server is fast again
+        answer = await asyncio.wait_for(call, 10)
+        assert answer.output.answer == "ok"
+        assert gateway.usage.roles[ASK.name].failures == 0
         await gateway.aclose()
 
     asyncio.run(run())
-    assert server.stats().requests == 2
+
+
+def test_a_request_that_fails_while_others_are_served_is_the_records_fault(server: OpenAIServer) -> None:
+    """A poison request cannot stall a stage: after max_attempts rounds it ends as InvalidOutput."""
+    server.configure(ServerScript(poison="poison"))
+
+    async def run() -> None:
+        gateway = _fast_probe(_gateway(server, max_attempts=2))
+
+        async def others() -> None:
+            for i in range(60):
+                await gateway.call(ASK, Question(text=f"fine {i}"))
+                await asyncio.sleep(0.05)
+
+        background = asyncio.create_task(others())
+        with pytest.raises(InvalidOutput) as info:
+            await asyncio.wait_for(gateway.call(ASK, Question(text="poison")), 30)
+        assert "while serving others" in info.value.errors[-1]
+        await background
+        await gateway.aclose()
+
+    asyncio.run(run())
+
+
+def test_probe_names_a_model_the_server_does_not_serve(server: OpenAIServer) -> None:
+    server.configure(ServerScript(models=["other-model"]))
+
+    async def run() -> None:
+        backend = OpenAIBackend(server.base_url, "test-model", api_key=API_KEY, timeout_s=5)
+        from arena.llm.core import EndpointRejected
+
+        with pytest.raises(EndpointRejected, match=r"does not serve model 'test-model'.*other-model"):
+            await backend.probe()
+        await backend.aclose()
+
+    asyncio.run(run())
 
 
 def test_concurrency_never_exceeds_the_limit(server: OpenAIServer) -> None:
@@ -199,15 +272,22 @@ def test_server_rejecting_response_format_gets_unguided_requests(
     assert "sending it unguided" in caplog.text
 
 
-def test_connection_refused_is_transient() -> None:
+def test_connection_refused_waits_for_the_endpoint() -> None:
+    """Nobody listening is an outage: the call retries, then waits; it is never failed for it."""
     (port,) = free_ports(1)  # nothing listens there
 
     async def run() -> None:
         backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", timeout_s=2)
-        gateway = Gateway(backend, max_attempts=2, backoff_s=0.01)
-        with pytest.raises(InvalidOutput) as info:
-            await gateway.call(ASK, Question(text="anyone?"))
-        assert all("ConnectError" in e for e in info.value.errors)
+        gateway = _fast_probe(Gateway(backend, max_attempts=2, backoff_s=0.01))
+        call = asyncio.create_task(gateway.call(ASK, Question(text="anyone?")))
+        await asyncio.sleep(1.0)
+        assert not call.done()
+        state = gateway.health.state
+        assert state.state == "waiting" and not state.rejected and "ConnectError" in state.reason
+        assert gateway.usage.roles[ASK.name].transient_errors == 2
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
         await gateway.aclose()
 
     asyncio.run(run())

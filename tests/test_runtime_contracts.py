@@ -161,6 +161,7 @@ class _Message:
     topic: str = "eigen.seeds"
     partition: int = 0
     offset: int = 7
+    generation_id: int = 1
 
 
 @dataclass
@@ -185,10 +186,12 @@ class _Producer:
 
 @dataclass
 class _App:
-    """What ``process_event`` uses of a Faust app: a producer, outside a transaction."""
+    """What ``process_event`` uses of a Faust app: a producer, outside a transaction, no rebalance."""
 
     producer: _Producer = field(default_factory=_Producer)
     in_transaction: bool = False
+    rebalancing: bool = False
+    consumer_generation_id: int = 1
 
 
 def _process(stage: StageDef[Any], value: bytes) -> list[tuple[str, bytes, bytes]]:

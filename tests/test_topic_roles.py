@@ -28,7 +28,10 @@ def test_every_topic_has_roles_and_every_stage_topic_a_writer() -> None:
         "eigen.pilot.metrics.dlq",
         "trainer.metrics.dlq",
         "trainer.metrics.rejected",
+        "llm.usage.dlq",
+        "llm.usage.rejected",
     }
+    assert set(roles["llm.usage"].writers) == {s.name for s in STAGES}  # every stage reports its LLM use
 
 
 def test_stage_inputs_are_readers_and_declared_emits_are_writers() -> None:

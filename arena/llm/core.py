@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
@@ -136,6 +137,33 @@ class Backend(Protocol):
 
 class TransientError(Exception):
     """A retryable backend failure (connection reset, HTTP 429/5xx, timeout)."""
+
+
+class EndpointRejected(Exception):
+    """The endpoint refuses every request, whatever its content: HTTP 401/403 (credentials), 404 (URL or model).
+
+    Not a record's fault, so never dead-lettered: the gateway treats it like an outage (it waits
+    for the endpoint, see ``arena.llm.outage``), and the message says what to fix.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status that said so, when there was one."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: the stage a call is made for (accounting, admission priority)."""
+
+    stage: str = "-"
+    """Stage name (``-`` outside any stage: CLI commands, tests)."""
+    priority: int = 0
+    """Position of the stage in the pipeline: higher is nearer the output, served first when saturated."""
+
+
+CALLER: ContextVar[Caller] = ContextVar("arena_llm_caller", default=Caller())  # noqa: B039  # frozen
+"""Set by the stage runtime around each record; tasks a handler spawns inherit it."""
 
 
 class Undecidable(Exception):

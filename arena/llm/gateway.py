@@ -11,12 +11,21 @@ Retries, up to ``max_attempts`` backend requests per call:
   jitter (at least the server's ``Retry-After`` when it sent a small one), then retry;
 * text that is not JSON, fails validation, or a rule raising ``Undecidable``: retry at once
   with ``attempt + 1`` (backends reseed by it);
-* anything else (``BackendError`` such as HTTP 401, a missing rule) propagates at once.
+* ``EndpointRejected`` (HTTP 401/403/404: credentials, URL, model name): no retry;
+* anything else (``BackendError`` such as HTTP 400, a missing rule) propagates at once.
+
+An endpoint that stops serving is not the record's fault (``arena.llm.outage``): when a call's
+attempts all ended in transport failures, or the endpoint rejected the request itself, the
+endpoint is marked waiting and the call (with every other call) waits until a probe finds the
+endpoint serving again, then starts over; nothing is dead-lettered for it. A call that keeps
+failing while the endpoint serves other calls is the request's fault: after ``max_attempts`` such
+rounds it raises ``InvalidOutput``. Backends without a probe (in-process ones) never wait.
 
 When every attempt failed the call raises ``InvalidOutput`` with the last raw text. Only valid
-answers are cached. ``Answer.usage`` is the tokens every attempt of the call spent (for a cache
-hit: what producing the cached answer spent); the gateway's counters count only tokens spent by
-this process.
+answers are cached, and an identical call made while one is in flight (same cache key) waits for
+that call's answer instead of sending the same request again. ``Answer.usage`` is the tokens every
+attempt of the call spent (for a cache hit: what producing the cached answer spent); the gateway's
+counters count only tokens spent by this process.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import json
 import logging
 import random
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
@@ -35,9 +45,11 @@ from pydantic import BaseModel, Field, ValidationError
 from arena.hashing import content_hash
 from arena.llm.cache import ResponseCache
 from arena.llm.core import (
+    CALLER,
     Answer,
     Backend,
     CompletionRequest,
+    EndpointRejected,
     In,
     InvalidOutput,
     Out,
@@ -47,6 +59,7 @@ from arena.llm.core import (
     Undecidable,
     Usage,
 )
+from arena.llm.outage import EndpointHealth, EndpointState, state_writer
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
@@ -116,6 +129,9 @@ class RoleUsage(BaseModel):
 
     calls: Annotated[int, Field(ge=0, description="gateway.call invocations (cache hits included).")] = 0
     cache_hits: Annotated[int, Field(ge=0, description="Calls answered from the cache.")] = 0
+    shared: Annotated[
+        int, Field(ge=0, description="Calls answered by an identical call that was already in flight.")
+    ] = 0
     attempts: Annotated[int, Field(ge=0, description="Backend requests made.")] = 0
     retries: Annotated[int, Field(ge=0, description="Backend requests beyond the first of a call.")] = 0
     transient_errors: Annotated[
@@ -126,6 +142,9 @@ class RoleUsage(BaseModel):
     ] = 0
     failures: Annotated[
         int, Field(ge=0, description="Calls that raised (InvalidOutput or a non-retryable error).")
+    ] = 0
+    endpoint_waits: Annotated[
+        int, Field(ge=0, description="Times a call waited for its endpoint to serve again (an outage).")
     ] = 0
     prompt_tokens: Annotated[int, Field(ge=0, description="Prompt tokens spent (cache hits spend none).")] = 0
     completion_tokens: Annotated[int, Field(ge=0, description="Completion tokens spent.")] = 0
@@ -142,7 +161,11 @@ class GatewayUsage(BaseModel):
 
     backend: Annotated[str, Field(description="Backend kind, e.g. 'openai'.")]
     model: Annotated[str, Field(description="Model id as recorded in lineage.")]
-    roles: Annotated[dict[str, RoleUsage], Field(description="Counters per role name.")]
+    roles: Annotated[dict[str, RoleUsage], Field(description="Counters per role name (all stages).")]
+    stages: Annotated[
+        dict[str, dict[str, RoleUsage]],
+        Field(default_factory=dict, description="Counters per stage name, then role name (CALLER's stage)."),
+    ]
 
     @property
     def total(self) -> RoleUsage:
@@ -172,6 +195,10 @@ class _Attempts:
     raw: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    unserved: BaseException | None = None
+    """Set when the last attempt failed because the endpoint did not serve (not the reply's fault)."""
+    answer: Answer[Any] | None = None
+    """The valid answer, when an attempt gave one."""
 
     @property
     def usage(self) -> Usage:
@@ -197,6 +224,16 @@ class PromptCatalog(Protocol):
         ...
 
 
+def backend_health(
+    backend: Backend, on_change: Callable[[EndpointState], None] | None = None
+) -> EndpointHealth:
+    """The health tracker of ``backend``'s endpoint: it waits out outages when the backend has a
+    ``probe`` (remote servers); in-process backends have none and never wait."""
+    endpoint = getattr(backend, "endpoint", None) or backend.name
+    probe = getattr(backend, "probe", None)
+    return EndpointHealth(endpoint, probe, on_change=on_change)
+
+
 class Gateway:
     """Typed, validated, retried, cached LLM calls on one backend."""
 
@@ -209,10 +246,12 @@ class Gateway:
         seed: int = 0,
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
+        health: EndpointHealth | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.backend = backend
+        self.health = health if health is not None else backend_health(backend)
         self.cache = cache
         self.catalog = catalog
         self.max_attempts = max_attempts
@@ -220,7 +259,10 @@ class Gateway:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._jitter = random.Random(seed)
-        self._counters: dict[str, _Counters] = {}
+        self._in_flight: dict[str, asyncio.Future[Any]] = {}
+        """Calls being answered, by cache key: an identical call waits for the same answer."""
+        self._counters: dict[tuple[str, str], _Counters] = {}
+        """Per (stage, role)."""
         self._registered: set[str] = set()
         self._register_lock = asyncio.Lock()
         self._owns_catalog = False
@@ -237,27 +279,36 @@ class Gateway:
         """
         from arena.llm.backends import make_backend
 
+        backend = make_backend(settings)
         gateway = cls(
-            make_backend(settings),
+            backend,
             cache=ResponseCache(Path(settings.home) / CACHE_FILE),
             catalog=catalog,
             max_attempts=settings.llm_max_attempts,
             seed=settings.seed,
+            health=backend_health(backend, on_change=state_writer(Path(settings.home))),
         )
         gateway._owns_catalog = catalog is not None
         return gateway
 
     @property
     def usage(self) -> GatewayUsage:
-        """A snapshot of the counters per role."""
+        """A snapshot of the counters per role, and per stage and role."""
+        roles: dict[str, RoleUsage] = {}
+        stages: dict[str, dict[str, RoleUsage]] = {}
+        for (stage, role), counters in sorted(self._counters.items()):
+            usage = RoleUsage(**counters.values)
+            roles[role] = roles[role].plus(usage) if role in roles else usage
+            stages.setdefault(stage, {})[role] = usage
         return GatewayUsage(
             backend=self.backend.name,
             model=self.backend.model,
-            roles={name: RoleUsage(**c.values) for name, c in sorted(self._counters.items())},
+            roles=dict(sorted(roles.items())),
+            stages=stages,
         )
 
     def _count(self, role: str) -> _Counters:
-        return self._counters.setdefault(role, _Counters())
+        return self._counters.setdefault((CALLER.get().stage, role), _Counters())
 
     async def _register(self, role: Role[Any, Any]) -> None:
         """Record the role's prompt text in the catalog, once per gateway."""
@@ -285,10 +336,29 @@ class Gateway:
             if hit is not None:
                 counters.add(cache_hits=1)
                 return hit
-            answer = await self._attempts(role, inputs, sampling, counters)
+            flight = self._in_flight.get(key)
+            if flight is None:
+                flight = asyncio.ensure_future(self._served_and_cached(key, role, inputs, sampling, counters))
+                self._in_flight[key] = flight
+                flight.add_done_callback(lambda done: self._landed(key, done))
+            else:
+                counters.add(shared=1)
+            # Shielded: a caller cancelled (its record was revoked) leaves the request to the others.
+            answer: Answer[Out] = await asyncio.shield(flight)
         except Exception:
             counters.add(failures=1)
             raise
+        return answer
+
+    def _landed(self, key: str, flight: asyncio.Future[Any]) -> None:
+        self._in_flight.pop(key, None)
+        if not flight.cancelled():
+            flight.exception()  # retrieved: every caller may have been cancelled meanwhile
+
+    async def _served_and_cached(
+        self, key: str, role: Role[In, Out], inputs: In, sampling: Sampling, counters: _Counters
+    ) -> Answer[Out]:
+        answer = await self._served(role, inputs, sampling, counters)
         await self._to_cache(key, answer)
         return answer
 
@@ -328,10 +398,46 @@ class Gateway:
             raw=raw,
         )
 
-    async def _attempts(
+    async def _served(
         self, role: Role[In, Out], inputs: In, sampling: Sampling, counters: _Counters
     ) -> Answer[Out]:
-        """Ask the backend up to ``max_attempts`` times; the first valid output wins."""
+        """``_attempts``, waiting out endpoint outages; a request the endpoint alone refuses ends invalid."""
+        own_faults: list[str] = []
+        while True:
+            if not self.health.up:
+                counters.add(endpoint_waits=1)
+                await self.health.wait_up()
+            served_before = self.health.successes
+            state = await self._attempts(role, inputs, sampling, counters)
+            if state.unserved is None:
+                assert state.answer is not None
+                return state.answer
+            reason = state.errors[-1] if state.errors else str(state.unserved)
+            if self.health.successes > served_before and not isinstance(state.unserved, EndpointRejected):
+                # The endpoint served other calls meanwhile: this request is what fails.
+                own_faults.append(reason)
+                if len(own_faults) >= self.max_attempts:
+                    raise InvalidOutput(
+                        role.name,
+                        raw=state.raw,
+                        errors=[
+                            *state.errors,
+                            f"the endpoint failed this request {len(own_faults)} times while serving others",
+                        ],
+                        attempts=self.max_attempts * len(own_faults),
+                    )
+            if not self.health.can_wait:
+                raise InvalidOutput(role.name, raw=state.raw, errors=state.errors, attempts=self.max_attempts)
+            self.health.report(reason, stage=CALLER.get().stage, error=state.unserved)
+
+    async def _attempts(
+        self, role: Role[In, Out], inputs: In, sampling: Sampling, counters: _Counters
+    ) -> _Attempts:
+        """Ask the backend up to ``max_attempts`` times; the first valid output wins.
+
+        Returns the state with ``answer`` set, or with ``unserved`` set when the endpoint did not
+        serve the last attempt; raises ``InvalidOutput`` when the replies stayed invalid.
+        """
         messages = role.messages(inputs)
         schema = role.output_schema()
         state = _Attempts()
@@ -347,9 +453,15 @@ class Gateway:
             )
             try:
                 completion = await self.backend.complete(request)
+            except EndpointRejected as exc:
+                counters.add(transient_errors=1)
+                state.errors.append(f"attempt {attempt}: endpoint rejected the request: {exc}")
+                state.unserved = exc
+                return state  # the same request would be rejected again: no retry
             except (TransientError, TimeoutError) as exc:
                 counters.add(transient_errors=1)
                 state.errors.append(f"attempt {attempt}: transient: {exc or type(exc).__name__}")
+                state.unserved = exc
                 log.warning("role %s attempt %d: %s", role.name, attempt, state.errors[-1])
                 if attempt + 1 < self.max_attempts:
                     await asyncio.sleep(self._backoff(attempt, exc))
@@ -357,7 +469,10 @@ class Gateway:
             except Undecidable as exc:
                 counters.add(invalid_outputs=1)
                 state.errors.append(f"attempt {attempt}: undecidable: {exc}")
+                state.unserved = None
                 continue
+            self.health.served()
+            state.unserved = None
             counters.add(
                 prompt_tokens=completion.usage.prompt_tokens,
                 completion_tokens=completion.usage.completion_tokens,
@@ -375,7 +490,10 @@ class Gateway:
                 counters.add(invalid_outputs=1)
                 state.errors.append(f"attempt {attempt}: invalid output: {_validation_summary(exc)}")
                 continue
-            return self._answer(role, output, completion.text, state.usage, cached=False)
+            state.answer = self._answer(role, output, completion.text, state.usage, cached=False)
+            return state
+        if state.unserved is not None:
+            return state
         log.warning("role %s: no valid output after %d attempt(s)", role.name, self.max_attempts)
         raise InvalidOutput(role.name, raw=state.raw, errors=state.errors, attempts=self.max_attempts)
 
@@ -388,6 +506,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         """Close the backend and the cache (and the catalog when ``from_settings`` opened it)."""
+        await self.health.aclose()
         await self.backend.aclose()
         if self.cache is not None:
             await self.cache.aclose()

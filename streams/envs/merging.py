@@ -6,6 +6,8 @@ turn: its rows join the base tool's data (duplicates dropped), its own tool and
 function leave the package, and ``merge_invocation`` writes its call on the
 base tool. After each insertion ALL jobs run again; an insertion that breaks
 any job is undone and the member keeps its own tool, with the reason recorded.
+The members' ``merge_invocation`` calls do not depend on earlier insertions, so they are asked
+at once; the insertions themselves go one after another.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from arena.llm.roles.envs import (
     HomogeneousInput,
     MergeInvocationInput,
     SubQuestionView,
+    ToolInvocation,
     ToolSpec,
 )
 from arena.records.envs import Cell, EnvJob, EnvPackage
 from arena.records.tools import tool_name
 from sandbox.env_runtime import Runner, verify_package
-from streams.envs.synthesis import lineage, with_id
+from streams.envs.synthesis import gather_all, lineage, with_id
 
 
 @dataclass
@@ -120,37 +123,65 @@ def base_of(package: EnvPackage, group: list[int], seed: int) -> int:
     return random.Random(int(key, 16)).choice(group)
 
 
+async def merge_invocations(
+    package: EnvPackage, bases: list[tuple[list[int], int]], gw: Gateway
+) -> dict[int, Answer[ToolInvocation] | InvalidOutput | None]:
+    """Every member's ``merge_invocation`` answer, asked at once, by member index.
+
+    None where the base tool is missing (nothing to ask). What a member's call is asked depends
+    only on ``package``, never on the insertions before it: an insertion changes the member's own
+    job and drops the member's own tool, never a base job (groups are disjoint) nor a base tool (its
+    base job still uses it). So the calls run concurrently, and the insertions, each re-running
+    every job, still go one after another in group order.
+    """
+    jobs = {j.index: j for j in package.jobs}
+    by_index = {q.index: q for q in package.sub_qas}
+    members = [(base_index, i) for group, base_index in bases for i in group if i != base_index]
+
+    async def ask(pair: tuple[int, int]) -> Answer[ToolInvocation] | InvalidOutput | None:
+        base_index, index = pair
+        base, member = jobs[base_index], jobs[index]
+        base_tool = next((t for t in package.tools if tool_name(t) == base.tool), None)
+        if base_tool is None:
+            return None
+        grounding = by_index[index].grounding if index in by_index else None
+        inputs = MergeInvocationInput(
+            base=ToolSpec.from_openai(base_tool),
+            base_example=base.invocation,
+            question=member.question,
+            grounding=grounding,
+        )
+        try:
+            return await gw.call(MERGE_INVOCATION, inputs)
+        except InvalidOutput as exc:
+            return exc
+
+    answers = await gather_all(ask(pair) for pair in members)
+    return {index: answer for (_, index), answer in zip(members, answers, strict=True)}
+
+
 async def merge_package(package: EnvPackage, gw: Gateway, pool: Runner, *, seed: int = 0) -> MergeResult:
     """Version 2 of ``package`` with homogeneous sub-environments merged; every job still passes.
 
     Raises ``InvalidOutput`` when the grouping role gives no valid answer.
     """
     groups, answers = await find_groups(package, gw)
+    bases = [(group, base_of(package, group, seed)) for group in groups]
+    invocations = await merge_invocations(package, bases, gw)
     state = package
     kept: dict[int, str] = {}
     merged: list[list[int]] = []
-    by_index = {q.index: q for q in package.sub_qas}
-    for group in groups:
-        base_index = base_of(package, group, seed)
+    for group, base_index in bases:
         accepted = [base_index]
         for index in (i for i in group if i != base_index):
             jobs = {j.index: j for j in state.jobs}
             base, member = jobs[base_index], jobs[index]
-            base_tool = next((t for t in state.tools if tool_name(t) == base.tool), None)
-            if base_tool is None:
+            call = invocations[index]
+            if call is None:
                 kept[index] = f"the base tool {base.tool!r} is not among the package's tools"
                 continue
-            spec = ToolSpec.from_openai(base_tool)
-            grounding = by_index[index].grounding if index in by_index else None
-            try:
-                call = await gw.call(
-                    MERGE_INVOCATION,
-                    MergeInvocationInput(
-                        base=spec, base_example=base.invocation, question=member.question, grounding=grounding
-                    ),
-                )
-            except InvalidOutput as exc:
-                kept[index] = f"no valid merge invocation: {'; '.join(exc.errors[-1:])}"
+            if isinstance(call, InvalidOutput):
+                kept[index] = f"no valid merge invocation: {'; '.join(call.errors[-1:])}"
                 continue
             answers.append(call)
             candidate = insert(state, base, member, call.output.invocation)

@@ -11,6 +11,10 @@ Per server:
    verification (every required argument is stated by the task or provided by
    an earlier tool's output) and task-chain coherence. Failures go to
    ``chains.rejected`` with the check that failed.
+
+The syntheses of step 1 are independent of each other, and so are the candidates of step 4:
+each step asks all of its calls at once (``streams.sft.fanout``) and emits in variant / walk
+order, as one call after another would.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from arena.llm.roles.chains import (
     ChainSynthesisInput,
     ChainTaskInput,
     CoherenceInput,
+    SynthesizedChain,
 )
 from arena.records.sft import ServerRef, ToolChain
 from arena.records.tools import ToolServer
@@ -37,6 +42,7 @@ from arena.tool_links import failed, verify_dependencies
 from streams.resources import chain_graphs_for, gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
 from streams.sft.chain_graph import Walk
+from streams.sft.fanout import map_ordered
 
 STAGE_VERSION = "1"
 
@@ -46,17 +52,23 @@ def chain_id(server_id: str, tools: Sequence[str]) -> str:
 
 
 async def synthesise(gw: Gateway, server: ServerRef, ctx: Context) -> tuple[list[list[str]], list[Emit]]:
-    """Joint (task, chain) syntheses; chains naming tools the server lacks are rejected."""
+    """Joint (task, chain) syntheses, asked at once; chains naming tools the server lacks are rejected."""
     cfg = ctx.settings.sft
     names = {t.function.name for t in server.tools}
-    chains: list[list[str]] = []
-    emits: list[Emit] = []
-    for variant in range(cfg.chain_syntheses):
+
+    async def ask(variant: int) -> Answer[SynthesizedChain] | InvalidOutput:
         inputs = ChainSynthesisInput(server=server, max_length=cfg.max_chain_length, variant=variant)
         try:
-            answer = await gw.call(CHAIN_SYNTHESIS, inputs)
+            return await gw.call(CHAIN_SYNTHESIS, inputs)
         except InvalidOutput as exc:
-            emits.append(ctx.llm_dead_letter(exc, f"chain_synthesis variant {variant}"))
+            return exc
+
+    chains: list[list[str]] = []
+    emits: list[Emit] = []
+    answers = await map_ordered(ask, range(cfg.chain_syntheses))
+    for variant, answer in enumerate(answers):
+        if isinstance(answer, InvalidOutput):
+            emits.append(ctx.llm_dead_letter(answer, f"chain_synthesis variant {variant}"))
             continue
         chain = answer.output.chain
         unknown = [t for t in chain if t not in names]
@@ -143,8 +155,9 @@ async def handle(record: ToolServer, ctx: Context) -> Sequence[Emit]:
         max_length=cfg.max_chain_length,
         acyclic=cfg.acyclic_walks,
     )
-    for walk in walks:
-        emits.append(await verify_walk(gw, server, walk, graph.chain_count, ctx))
+    # Walks are drawn above, before any call; each candidate's task and checks are independent of
+    # the others', so they run at once (emits keep walk order).
+    emits += await map_ordered(lambda walk: verify_walk(gw, server, walk, graph.chain_count, ctx), walks)
     return emits
 
 

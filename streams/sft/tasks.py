@@ -7,6 +7,10 @@ persona); a variant whose language differs from its original is dropped
 (lang(t~) = lang(t)). Originals and variants are then scored on question
 quality, scenario realism and tool-use necessity and kept only when all three
 reach their thresholds (eq. 1). Drops go to ``tasks.rejected`` with the gate.
+
+Within a record, independent calls run at once (``streams.sft.fanout``): the server-only
+originals, the augmentations of every original, then the scores of every candidate; emits keep
+the order one call after another gave them.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from arena.hashing import content_hash
 from arena.lang import detect_language
 from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
-from arena.llm.roles.chains import TASK_FROM_CHAIN, ChainTaskInput
+from arena.llm.roles.chains import TASK_FROM_CHAIN, ChainTaskInput, TaskDraft
 from arena.llm.roles.tasks import (
     AUGMENT_TASK,
     SCORE_TASK,
     TASK_FROM_SERVER,
+    AugmentedTask,
     AugmentInput,
     ServerTaskInput,
     TaskScoreInput,
@@ -33,6 +38,7 @@ from arena.records.sft import AugmentAxis, ServerRef, Task, ToolChain
 from arena.records.tools import ToolServer
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
+from streams.sft.fanout import map_ordered
 
 STAGE_VERSION = "1"
 
@@ -64,18 +70,26 @@ def original(server: ServerRef, text: str, mode: Literal["chain", "server"], cha
 async def augment(
     gw: Gateway, base: Candidate, axes: Sequence[AugmentAxis], ctx: Context
 ) -> tuple[list[Candidate], list[Emit]]:
-    """One variant per axis; variants that change the language are rejected."""
-    kept: list[Candidate] = []
-    emits: list[Emit] = []
+    """One variant per axis, the axes asked at once; variants that change the language are rejected."""
     parent = base.task
-    for axis in axes:
+
+    async def ask(axis: AugmentAxis) -> Answer[AugmentedTask] | InvalidOutput:
         inputs = AugmentInput(
             task=parent.text, language=parent.language, axis=axis, tools=parent.server.tools, variant=0
         )
         try:
-            answer = await gw.call(AUGMENT_TASK, inputs)
+            return await gw.call(AUGMENT_TASK, inputs)
         except InvalidOutput as exc:
-            emits.append(ctx.llm_dead_letter(exc, f"augment {axis} of {parent.task_id}"))
+            return exc
+
+    distinct = list(dict.fromkeys(axes))  # an axis listed twice is asked once (the cache would answer)
+    answers = dict(zip(distinct, await map_ordered(ask, distinct), strict=True))
+    kept: list[Candidate] = []
+    emits: list[Emit] = []
+    for axis in axes:
+        answer = answers[axis]
+        if isinstance(answer, InvalidOutput):
+            emits.append(ctx.llm_dead_letter(answer, f"augment {axis} of {parent.task_id}"))
             continue
         text = answer.output.text.strip()
         language = detect_language(text)
@@ -149,19 +163,28 @@ async def score_and_gate(gw: Gateway, cand: Candidate, ctx: Context) -> Emit:
 
 
 async def finish(gw: Gateway, originals: list[Candidate], ctx: Context) -> list[Emit]:
-    """Augment every original, then score and gate originals and variants alike."""
+    """Augment every original, then score and gate originals and variants alike.
+
+    The originals are augmented at once, then every distinct candidate is scored at once; emits
+    keep the order of a loop over originals (their drops) and then candidates (their scores).
+    """
+    axes = ctx.settings.sft.augment_axes
+    # Originals with the same text are one task: augmented once (the cache would answer the repeat).
+    distinct: dict[str, Candidate] = {}
+    for cand in originals:
+        distinct.setdefault(cand.task.task_id, cand)
+    augmented = await map_ordered(lambda cand: augment(gw, cand, axes, ctx), list(distinct.values()))
+    by_id = dict(zip(distinct, augmented, strict=True))
     emits: list[Emit] = []
     candidates: list[Candidate] = []
     for cand in originals:
-        variants, dropped = await augment(gw, cand, ctx.settings.sft.augment_axes, ctx)
+        variants, dropped = by_id[cand.task.task_id]
         candidates += [cand, *variants]
         emits += dropped
-    seen: set[str] = set()
+    unique: dict[str, Candidate] = {}
     for cand in candidates:
-        if cand.task.task_id in seen:  # a variant identical to another candidate
-            continue
-        seen.add(cand.task.task_id)
-        emits.append(await score_and_gate(gw, cand, ctx))
+        unique.setdefault(cand.task.task_id, cand)  # a variant identical to an earlier candidate is skipped
+    emits += await map_ordered(lambda cand: score_and_gate(gw, cand, ctx), list(unique.values()))
     return emits
 
 
@@ -181,13 +204,19 @@ async def handle_server(record: ToolServer, ctx: Context) -> Sequence[Emit]:
     """Server-only construction: tasks from the server specification alone."""
     gw = gateway_for(ctx.settings)
     server = ServerRef.of(record)
+
+    async def ask(variant: int) -> Answer[TaskDraft] | InvalidOutput:
+        try:
+            return await gw.call(TASK_FROM_SERVER, ServerTaskInput(server=server, variant=variant))
+        except InvalidOutput as exc:
+            return exc
+
     originals: list[Candidate] = []
     emits: list[Emit] = []
-    for variant in range(ctx.settings.sft.server_tasks):
-        try:
-            answer = await gw.call(TASK_FROM_SERVER, ServerTaskInput(server=server, variant=variant))
-        except InvalidOutput as exc:
-            emits.append(ctx.llm_dead_letter(exc, f"server task {variant}"))
+    answers = await map_ordered(ask, range(ctx.settings.sft.server_tasks))
+    for variant, answer in enumerate(answers):
+        if isinstance(answer, InvalidOutput):
+            emits.append(ctx.llm_dead_letter(answer, f"server task {variant}"))
             continue
         originals.append(Candidate(original(server, answer.output.text.strip(), "server", None), [answer]))
     return emits + await finish(gw, originals, ctx)

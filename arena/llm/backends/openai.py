@@ -1,10 +1,12 @@
 """The ``openai`` backend: any OpenAI-compatible chat-completions server over HTTP.
 
-Bounded concurrency (a semaphore per backend, i.e. per process), one timeout per request,
+Bounded concurrency (a slot of the endpoint's admission per request: ``arena.llm.admission``,
+shared by every stage process when the coordinator runs), one timeout per request,
 guided JSON through ``response_format`` (``json_schema``, strict), token accounting from the
 response's ``usage``. Failures a retry can fix (HTTP 408/425/429/5xx, connection errors,
 timeouts, a garbled 200 body) raise ``TransientError``; the gateway backs off and retries.
-Other 4xx raise ``BackendError``.
+HTTP 401/403/404 raise ``EndpointRejected`` (the endpoint refuses everything: credentials, URL,
+model name; the gateway waits for it instead of failing records); other 4xx raise ``BackendError``.
 
 Servers without structured output: some OpenAI-compatible servers answer 400 to
 ``response_format``. Then the same request is sent once more without it; if that succeeds, the
@@ -25,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from arena.config import redact_url
+from arena.llm.admission import Admission, LocalAdmission, admission_for
 from arena.llm.backends import BackendError, LlmTarget, RetryAfter
-from arena.llm.core import Completion, CompletionRequest, TransientError, Usage
+from arena.llm.core import Completion, CompletionRequest, EndpointRejected, TransientError, Usage
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
@@ -34,6 +37,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+REJECTING_STATUS = {
+    401: "fix: set ARENA_LLM_API_KEY to a key this server accepts",
+    403: "fix: use a key allowed to call this model",
+    404: "fix: check the URL path (usually /v1) and ?model= in ARENA_LLM",
+}
+"""Statuses that refuse every request whatever its content: the endpoint's fault, never the record's."""
 
 
 def _retry_after_s(response: httpx.Response, limit_s: float) -> float | None:
@@ -58,6 +67,15 @@ def _error_text(response: httpx.Response) -> str:
     return " ".join(response.text.split())[:300]
 
 
+def _model_ids(response: httpx.Response) -> set[str] | None:
+    """Model ids of a ``GET /models`` answer, or None when the body is not the usual list."""
+    try:
+        data = response.json()["data"]
+        return {str(item["id"]) for item in data}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 ATTEMPT_HEADER = "X-Arena-Attempt"
 """The gateway's attempt number (0 first, then retries after invalid output), sent with each request."""
 
@@ -75,12 +93,18 @@ class OpenAIBackend:
         concurrency: int = 8,
         timeout_s: float = 60.0,
         max_retry_after_s: float = 30.0,
+        admission: Admission | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.concurrency = concurrency
+        """Most requests in flight to this endpoint (the admission's capacity)."""
+        self.admission: Admission = admission if admission is not None else LocalAdmission(concurrency)
+        """Who admits each request: this backend alone by default, all processes when shared."""
+        self.admission_key = f"{redact_url(self.base_url)} model={self.model}"
+        """The endpoint's key in the admission: base URL and model, never the API key."""
         self.timeout_s = timeout_s
         self.max_retry_after_s = max_retry_after_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -89,7 +113,6 @@ class OpenAIBackend:
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
         )
-        self._slots = asyncio.Semaphore(concurrency)
         self._unguided: set[str] = set()
         """Roles whose ``response_format`` this server rejected (sent without it from then on)."""
 
@@ -117,7 +140,7 @@ class OpenAIBackend:
 
     async def complete(self, request: CompletionRequest) -> Completion:
         guided = request.role.name not in self._unguided
-        async with self._slots:
+        async with self.admission.slot(self.admission_key):
             response = await self._post(self.body(request, guided), request.attempt)
             if response.status_code == 400 and guided:
                 response = await self._without_response_format(request, response)
@@ -162,6 +185,12 @@ class OpenAIBackend:
                 f"LLM server answered HTTP {status}: {_error_text(response)}",
                 _retry_after_s(response, self.max_retry_after_s),
             )
+        if status in REJECTING_STATUS:
+            raise EndpointRejected(
+                f"LLM server {redact_url(self.base_url)} answered HTTP {status} for model {self.model!r}: "
+                f"{_error_text(response)} ({REJECTING_STATUS[status]})",
+                status=status,
+            )
         if not response.is_success:
             raise BackendError(
                 f"LLM server {redact_url(self.base_url)} answered HTTP {status} (not retryable): "
@@ -181,6 +210,39 @@ class OpenAIBackend:
             ),
         )
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint as users see it (credentials never appear): base URL and model."""
+        return f"{redact_url(self.base_url)} model={self.model}"
+
+    async def probe(self) -> None:
+        """Return when the server serves this model (``GET /models``), raise otherwise.
+
+        Used while the endpoint is marked waiting (``arena.llm.outage``); an auth failure raises
+        ``EndpointRejected`` so the reason stays visible.
+        """
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                response = await self._client.get(f"{self.base_url}/models")
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise TransientError(f"no answer within {self.timeout_s:g}s") from exc
+        except httpx.TransportError as exc:
+            raise TransientError(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code in (401, 403):
+            raise EndpointRejected(
+                f"HTTP {response.status_code}: {_error_text(response)} ({REJECTING_STATUS[response.status_code]})",
+                status=response.status_code,
+            )
+        if not response.is_success:
+            raise TransientError(f"GET /models answered HTTP {response.status_code}: {_error_text(response)}")
+        served = _model_ids(response)
+        if served is not None and self.model not in served:
+            raise EndpointRejected(
+                f"the server does not serve model {self.model!r} (it serves: {', '.join(sorted(served)) or 'none'}; "
+                f"{REJECTING_STATUS[404]})",
+                status=404,
+            )
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -195,4 +257,5 @@ def from_target(target: LlmTarget, settings: ArenaSettings) -> OpenAIBackend:
         api_key=key,
         concurrency=settings.llm_concurrency,
         timeout_s=settings.llm_timeout_s,
+        admission=admission_for(settings),
     )
