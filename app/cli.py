@@ -65,6 +65,7 @@ def up() -> None:
 def status() -> None:
     """Show what runs where."""
     from app.stack import status as stack_status
+    from arena.llm.admission import read_stats, socket_path
     from arena.llm.outage import read_states
 
     cfg = settings()
@@ -85,6 +86,17 @@ def status() -> None:
             since = endpoint.since.strftime("%H:%M:%S")
             text = f"[red]waiting on {endpoint.endpoint} since {since} UTC[/red]: {endpoint.reason}"
         table.add_row(f"llm ({endpoint.stage}, pid {endpoint.pid})", text)
+    admission = read_stats(socket_path(cfg))
+    for name, stats in (admission.endpoints if admission else {}).items():
+        stages = ", ".join(
+            f"{stage} {line.in_flight} (weight {line.weight:.1f}, {line.waiting} waiting)"
+            for stage, line in sorted(stats.stages.items(), key=lambda kv: -kv[1].priority)
+        )
+        table.add_row(
+            "llm admission",
+            f"{name}: {stats.in_flight}/{stats.capacity} in flight, {stats.waiting} waiting, "
+            f"most {stats.max_in_flight}; {stages}",
+        )
     console.print(table)
 
 

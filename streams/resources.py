@@ -30,6 +30,9 @@ class SandboxService(Runner, Protocol):
     async def close(self) -> None: ...
 
 
+_owners: dict[int, ArenaSettings] = {}
+"""Every settings object a resource was made for, kept alive: the caches below key by ``id(settings)``,
+and a freed object's id can be reused by a new one, which would then get a stale store of another home."""
 _gateways: dict[int, Gateway] = {}
 _graphs: dict[int, ChainGraphStore] = {}
 _indexes: dict[int, ToolIndex] = {}
@@ -39,8 +42,14 @@ _pools: dict[int, SandboxService] = {}
 _pool_starts: dict[int, asyncio.Future[None]] = {}
 
 
+def _key(settings: ArenaSettings) -> int:
+    """``id(settings)``, with ``settings`` kept alive so the id stays its own."""
+    _owners[id(settings)] = settings
+    return id(settings)
+
+
 def gateway_for(settings: ArenaSettings) -> Gateway:
-    if id(settings) not in _gateways:
+    if _key(settings) not in _gateways:
         _gateways[id(settings)] = open_gateway(settings)
     return _gateways[id(settings)]
 
@@ -51,7 +60,7 @@ def open_gateway_of(settings: ArenaSettings) -> Gateway | None:
 
 
 def chain_graphs_for(settings: ArenaSettings) -> ChainGraphStore:
-    if id(settings) not in _graphs:
+    if _key(settings) not in _graphs:
         _graphs[id(settings)] = ChainGraphStore(settings.catalog)
     return _graphs[id(settings)]
 
@@ -59,26 +68,26 @@ def chain_graphs_for(settings: ArenaSettings) -> ChainGraphStore:
 def tool_index_for(settings: ArenaSettings) -> ToolIndex:
     from lake.tool_index import ToolIndex
 
-    if id(settings) not in _indexes:
+    if _key(settings) not in _indexes:
         _indexes[id(settings)] = ToolIndex.from_settings(settings)
     return _indexes[id(settings)]
 
 
 def env_store_for(settings: ArenaSettings) -> EnvPackageStore:
-    if id(settings) not in _env_stores:
+    if _key(settings) not in _env_stores:
         _env_stores[id(settings)] = EnvPackageStore(settings.catalog)
     return _env_stores[id(settings)]
 
 
 def eigen_store_for(settings: ArenaSettings) -> EigenCatalog:
-    if id(settings) not in _eigen_stores:
+    if _key(settings) not in _eigen_stores:
         _eigen_stores[id(settings)] = EigenCatalog(settings.catalog)
     return _eigen_stores[id(settings)]
 
 
 async def sandbox_pool_for(settings: ArenaSettings) -> SandboxService:
     """The worker's warm sandbox pool, started once on first use (concurrent callers share the start)."""
-    key = id(settings)
+    key = _key(settings)
     if key not in _pools:
         _pools[key] = SandboxPool(settings.sandbox)
         _pool_starts[key] = asyncio.ensure_future(_pools[key].start())
@@ -88,8 +97,8 @@ async def sandbox_pool_for(settings: ArenaSettings) -> SandboxService:
 
 def use_sandbox_pool(settings: ArenaSettings, pool: SandboxService) -> None:
     """Hand the stages run with ``settings`` an already-built pool (benchmarks compare pool kinds)."""
-    _pools[id(settings)] = pool
-    _pool_starts[id(settings)] = asyncio.ensure_future(pool.start())
+    _pools[_key(settings)] = pool
+    _pool_starts[_key(settings)] = asyncio.ensure_future(pool.start())
 
 
 async def close_sandbox_pool(settings: ArenaSettings) -> None:
