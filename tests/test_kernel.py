@@ -23,15 +23,17 @@ DESIGN_TOPICS = (
     "eigen.seeds eigen.intents eigen.tasks eigen.dialogs eigen.dialogs.validated eigen.verified "
     "eigen.pilot.metrics trainer.metrics"
 ).split()
+ADDED_TOPICS = ["llm.usage"]
+"""Topics added since DESIGN.md: LLM usage per stage and role (the real-LLM throughput issue)."""
 
 
 def test_every_design_topic_is_declared_with_side_topics() -> None:
-    for name in DESIGN_TOPICS:
+    for name in DESIGN_TOPICS + ADDED_TOPICS:
         spec = topic(name)
         assert spec.partitions >= 1 and spec.key and issubclass(spec.value, BaseModel)
         assert topic(spec.dlq).value is DeadLetter and topic(spec.dlq).side_of == name
         assert topic(spec.rejected).value is Rejection
-    assert len(TOPICS) == 3 * len(DESIGN_TOPICS)
+    assert len(TOPICS) == 3 * len(DESIGN_TOPICS + ADDED_TOPICS)
     assert by_table("tools_raw_rejected").name == "tools.raw.rejected"
     with pytest.raises(KeyError, match="unknown topic"):
         topic("tools.rwa")
