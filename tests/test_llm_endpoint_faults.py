@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 SERVERS = ("filesystem.json", "notes_mcp.json", "restaurants.json", "weather_openai.json")
 """Sample tool servers the runs publish (a few keep the in-process reference quick)."""
-OUTAGE_S = 8.0
+OUTAGE_S = float(os.environ.get("ARENA_TEST_OUTAGE_S", "8"))
 """How long the model server stays down mid-run (the acceptance run uses 60 s; the path is the same)."""
 STAGES = ["tools-servers", "chains"]
 
