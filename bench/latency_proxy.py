@@ -35,6 +35,8 @@ from typing import Any
 
 import httpx
 
+from app.llm_server import ServerStats
+
 HOP_BY_HOP = frozenset(
     {"host", "connection", "keep-alive", "content-length", "transfer-encoding", "proxy-connection", "upgrade"}
 )
@@ -66,52 +68,31 @@ class Usage:
 class ProxyStats:
     """What the proxy saw: the server's figures (``app.llm_server.ServerStats``) plus tokens and callers."""
 
-    started: float = field(default_factory=time.monotonic)
-    requests: int = 0
-    errors: int = 0
-    in_flight: int = 0
-    max_in_flight: int = 0
+    server: ServerStats = field(default_factory=ServerStats)
+    """Requests, errors and requests in flight, counted the way ``arena llm serve`` counts them."""
     connections: int = 0
     caller_lookup_s: float = 0.0
-    by_role: dict[str, int] = field(default_factory=dict)
     tokens_by_role: dict[str, Usage] = field(default_factory=dict)
     by_stage: dict[str, Usage] = field(default_factory=dict)
-    _area: float = 0.0
-    _since: float = field(default_factory=time.monotonic)
-
-    def _advance(self) -> None:
-        now = time.monotonic()
-        self._area += self.in_flight * (now - self._since)
-        self._since = now
 
     def enter(self, role: str) -> None:
-        self._advance()
-        self.requests += 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.by_role[role] = self.by_role.get(role, 0) + 1
+        self.server.enter(role)
 
     def leave(self) -> None:
-        self._advance()
-        self.in_flight -= 1
+        self.server.leave()
+
+    def failed(self) -> None:
+        self.server.errors += 1
 
     def answered(self, role: str, stage: str, prompt: int, completion: int) -> None:
         self.tokens_by_role.setdefault(role, Usage()).add(prompt, completion)
         self.by_stage.setdefault(stage, Usage()).add(prompt, completion)
 
     def snapshot(self) -> dict[str, Any]:
-        self._advance()
-        elapsed = max(self._since - self.started, 1e-9)
         return {
-            "requests": self.requests,
-            "errors": self.errors,
-            "in_flight": self.in_flight,
-            "max_in_flight": self.max_in_flight,
-            "mean_in_flight": round(self._area / elapsed, 3),
-            "seconds": round(elapsed, 3),
+            **self.server.snapshot(),
             "connections": self.connections,
             "caller_lookup_s": round(self.caller_lookup_s, 3),
-            "by_role": dict(sorted(self.by_role.items())),
             "tokens_by_role": {k: v.as_dict() for k, v in sorted(self.tokens_by_role.items())},
             "by_stage": {k: v.as_dict() for k, v in sorted(self.by_stage.items())},
         }
@@ -342,7 +323,7 @@ class LatencyProxy:
         if status == 200:
             self.stats.answered(role, caller, *_usage(body))
         else:
-            self.stats.errors += 1
+            self.stats.failed()
         return status, headers, body
 
     async def forward(self, request: Request) -> tuple[int, dict[str, str], bytes]:

@@ -14,10 +14,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -31,6 +28,7 @@ from producers.tool_docs import load_tool_docs
 from streams import resources
 from streams.sft import chains, tools_servers
 from tests.cli import ARENA, arena_env, broker_of, children_of, read_all, run_arena, stack_stopped_after
+from tests.fixtures.llm_serve import llm_server
 from tests.test_llm_serve import _run, free_port
 
 pytestmark = pytest.mark.integration
@@ -40,40 +38,6 @@ SERVERS = ("filesystem.json", "notes_mcp.json", "restaurants.json", "weather_ope
 OUTAGE_S = float(os.environ.get("ARENA_TEST_OUTAGE_S", "8"))
 """How long the model server stays down mid-run (the acceptance run uses 60 s; the path is the same)."""
 STAGES = ["tools-servers", "chains"]
-
-
-@contextmanager
-def llm_server(home: Path, port: int, *, latency: float, api_key: str | None = None) -> Iterator[str]:
-    """``arena llm serve`` on ``port``; yields its /v1 URL and stops it by PID."""
-    args = [sys.executable, "-m", "app.cli", "llm", "serve", "--port", str(port), "--latency", str(latency)]
-    if api_key:
-        args += ["--api-key", api_key]
-    proc = subprocess.Popen(
-        args,
-        env={**os.environ, "ARENA_HOME": str(home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"arena llm serve did not start: {proc.stderr.read() if proc.stderr else ''}"
-                )
-            time.sleep(0.2)
-        yield f"{url}/v1"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # a crash, not a shutdown
-        proc.wait(timeout=30)
 
 
 def _docs(tmp_path: Path) -> Path:
@@ -127,7 +91,7 @@ def test_model_server_down_mid_run_and_a_worker_killed_lose_and_dead_letter_noth
     with stack_stopped_after(env):
         run_arena(["publish", "tools", str(docs)], env)
         bootstrap = broker_of(home)
-        server = llm_server(home / "serve", port, latency=0.3)
+        server = llm_server(home / "serve", port, latency=0.3, stop=signal.SIGKILL)
         url = server.__enter__()
         sup = subprocess.Popen(
             [
@@ -167,7 +131,9 @@ def test_model_server_down_mid_run_and_a_worker_killed_lose_and_dead_letter_noth
                 time.sleep(0.2)
             assert killed, f"the chains worker never reported waiting for its endpoint: {read_states(home)}"
 
-            with llm_server(home / "serve", port, latency=0.3) as url_again:  # the server comes back
+            with llm_server(
+                home / "serve", port, latency=0.3, stop=signal.SIGKILL
+            ) as url_again:  # the server comes back
                 _, err = sup.communicate(timeout=400)
                 assert _served(url_again) > 0
         finally:

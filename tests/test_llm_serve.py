@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +30,7 @@ from simulator.backend import RulesBackend
 from streams import resources
 from streams.runtime import Context, Emit, StageDef, run_handler
 from streams.sft import chains, tasks, tools_servers
+from tests.fixtures.llm_serve import llm_server
 
 pytestmark = pytest.mark.integration
 
@@ -47,33 +44,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``arena llm serve`` (rules) on a free port; yields its /v1 URL."""
-    port = free_port()
-    home = tmp_path_factory.mktemp("serve-home")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "llm", "serve", "--port", str(port), "--max-concurrency", "4"],
-        env={**os.environ, "ARENA_HOME": str(home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"arena llm serve did not start: {proc.stderr.read() if proc.stderr else ''}"
-                )
-            time.sleep(0.2)
-        yield f"{url}/v1"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+    with llm_server(tmp_path_factory.mktemp("serve-home"), free_port(), max_concurrency=4) as url:
+        yield url
 
 
 def test_models_and_requests_the_rules_model_cannot_answer(served: str) -> None:
