@@ -30,10 +30,11 @@ from arena.topics import topic
 from producers.tool_docs import load_tool_docs
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
+from streams import fanout
 from streams.envs.merging import base_of, merge_package
 from streams.envs.synthesis import synthesize_package
 from streams.runtime import Context, Emit, StageDef, run_handler
-from streams.sft import chains, fanout, tasks, trajectories
+from streams.sft import chains, tasks, trajectories
 from streams.sft.normalize import normalize_server, server_id
 from tests.test_env_synthesis import PARALLEL, SETTINGS, run
 

@@ -33,7 +33,8 @@ from arena.llm.roles.envs import (
 from arena.records.envs import Cell, EnvJob, EnvPackage
 from arena.records.tools import tool_name
 from sandbox.env_runtime import Runner, verify_package
-from streams.envs.synthesis import gather_all, lineage, with_id
+from streams.envs.synthesis import lineage, with_id
+from streams.fanout import gather_all
 
 
 @dataclass

@@ -15,11 +15,9 @@ job again as a whole.
 from __future__ import annotations
 
 import ast
-import asyncio
 import copy
-from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from arena.config import ArenaSettings, EnvSettings
 from arena.hashing import content_hash
@@ -39,8 +37,8 @@ from arena.llm.roles.envs import (
 )
 from arena.records.envs import Cell, EnvJob, EnvPackage, Grounding, KbTable, QaTrace, SubQA
 from sandbox.env_runtime import Runner, contains_answer, judge, normalise, program, verify_package
+from streams.fanout import gather_all
 
-T = TypeVar("T")
 Rows = list[dict[str, Cell]]
 SAMPLE_ROWS = 3
 TAMPERED = "<changed by the tamper check>"
@@ -79,18 +77,6 @@ class SynthesisResult:
     attempts: dict[int, int] = field(default_factory=dict)
     """Attempts used per tool-needing sub-question index."""
     answers: list[Answer[Any]] = field(default_factory=list)
-
-
-async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
-    """All results in order; on the first exception the others are cancelled (no orphaned sandbox runs)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def package_id(package: EnvPackage) -> str:

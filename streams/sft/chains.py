@@ -39,10 +39,10 @@ from arena.llm.roles.chains import (
 from arena.records.sft import ServerRef, ToolChain
 from arena.records.tools import ToolServer
 from arena.tool_links import failed, verify_dependencies
+from streams.fanout import map_ordered
 from streams.resources import chain_graphs_for, gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
 from streams.sft.chain_graph import Walk
-from streams.sft.fanout import map_ordered
 
 STAGE_VERSION = "1"
 

@@ -36,9 +36,9 @@ from arena.llm.roles.tasks import (
 )
 from arena.records.sft import AugmentAxis, ServerRef, Task, ToolChain
 from arena.records.tools import ToolServer
+from streams.fanout import map_ordered
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
-from streams.sft.fanout import map_ordered
 
 STAGE_VERSION = "1"
 

@@ -39,7 +39,15 @@ async def map_ordered(
         async with gate:
             return await fn(item)  # the coroutine is made only once it may run
 
-    tasks = [asyncio.ensure_future(bounded(item)) for item in items]
+    return await gather_all(bounded(item) for item in items)
+
+
+async def gather_all(aws: Iterable[Awaitable[R]]) -> list[R]:
+    """All results in order; on the first exception the others are cancelled and awaited, then it is raised.
+
+    No orphaned work (a sandbox run, an LLM call) outlives the record that asked for it.
+    """
+    tasks = [asyncio.ensure_future(a) for a in aws]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
