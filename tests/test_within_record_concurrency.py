@@ -2,7 +2,7 @@
 
 Each stage handler runs in-process on one record through a gateway whose backend (the rules
 simulator) counts how many ``complete`` calls are in flight at once. The reference is the same
-handler with ``streams.sft.fanout.LIMIT = 1``: one item after another, as the stages' plain loops
+handler with ``streams.fanout.LIMIT = 1``: one item after another, as the stages' plain loops
 ran before. The concurrent run must reach more than one call in flight and emit exactly what
 the reference emits, in the same order, dead letters of failing items included.
 """

@@ -13,7 +13,7 @@ Per server:
    ``chains.rejected`` with the check that failed.
 
 The syntheses of step 1 are independent of each other, and so are the candidates of step 4:
-each step asks all of its calls at once (``streams.sft.fanout``) and emits in variant / walk
+each step asks all of its calls at once (``streams.fanout``) and emits in variant / walk
 order, as one call after another would.
 """
 

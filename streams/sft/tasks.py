@@ -8,7 +8,7 @@ persona); a variant whose language differs from its original is dropped
 quality, scenario realism and tool-use necessity and kept only when all three
 reach their thresholds (eq. 1). Drops go to ``tasks.rejected`` with the gate.
 
-Within a record, independent calls run at once (``streams.sft.fanout``): the server-only
+Within a record, independent calls run at once (``streams.fanout``): the server-only
 originals, the augmentations of every original, then the scores of every candidate; emits keep
 the order one call after another gave them.
 """
