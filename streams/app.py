@@ -188,20 +188,6 @@ def is_current(app: faust.App, event: Any) -> bool:
     return not app.rebalancing and event.message.generation_id == app.consumer_generation_id
 
 
-async def process_event(
-    app: faust.App,
-    stage: StageDef[In],
-    settings: ArenaSettings,
-    event: Any,
-    gate: CommitGate,
-    seen: SeenKeys | None = None,
-) -> None:
-    """Decode, handle, and send the outputs of one input event (one at a time)."""
-    emits = await handle_event(stage, settings, event, seen)
-    if await release(app, stage, event, emits or [], gate) and seen is not None:
-        seen.add(event.message.partition, source_key(event.message.key, event.message.value))
-
-
 async def abort_open_transactions(app: faust.App, gate: CommitGate) -> None:
     """Abort every open transaction of ``app``: a rebalance forgets the acked offsets.
 

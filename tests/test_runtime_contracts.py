@@ -1,6 +1,6 @@
 """Stage contracts the runtime enforces: typed inputs, declared outputs, one value model per eigen topic.
 
-Unit level, no broker: ``process_event`` runs against a stand-in for the Faust app that records
+Unit level, no broker: the stage runner (``OrderedRunner``) runs against a stand-in for the Faust app that records
 what would be sent.
 """
 
@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 from arena.config import ArenaSettings
+from arena.llm.core import Caller
 from arena.records.common import DeadLetter, DeadLetterKind, Rejection
 from arena.records.eigen import EigenItem, EigenSeed, Scenario
 from arena.records.tools import RawToolServer, ToolServer
 from arena.topics import TOPICS, topic
 from lake.parquet import arrow_schema
-from streams.app import CommitGate, process_event
+from streams.app import CommitGate, OrderedRunner
 from streams.eigen import eigen_intents
 from streams.eigen.items import make_item
 from streams.runtime import (
@@ -163,6 +164,10 @@ class _Message:
     offset: int = 7
     generation_id: int = 1
 
+    @property
+    def tp(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
 
 @dataclass
 class _Event:
@@ -186,7 +191,7 @@ class _Producer:
 
 @dataclass
 class _App:
-    """What ``process_event`` uses of a Faust app: a producer, outside a transaction, no rebalance."""
+    """What the stage runner uses of a Faust app: a producer, outside a transaction, no rebalance."""
 
     producer: _Producer = field(default_factory=_Producer)
     in_transaction: bool = False
@@ -196,7 +201,13 @@ class _App:
 
 def _process(stage: StageDef[Any], value: bytes) -> list[tuple[str, bytes, bytes]]:
     app, event = _App(), _Event(_Message(value, topic=stage.input))
-    asyncio.run(process_event(app, stage, ArenaSettings(), event, CommitGate()))  # type: ignore[arg-type]
+
+    async def run() -> None:
+        runner = OrderedRunner(app, stage, ArenaSettings(), CommitGate(), None, 1, Caller())  # type: ignore[arg-type]
+        await runner.submit(event)
+        await runner.drain()
+
+    asyncio.run(run())
     assert event.acked
     return app.producer.sent
 
