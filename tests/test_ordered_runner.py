@@ -113,14 +113,20 @@ def _event(partition: int, offset: int, log: list[tuple[str, int, int]], generat
     return Event(Message(partition, offset, f"k{partition}-{offset}".encode(), value, generation), log)
 
 
-def _run(events: list[Event], app: App, stage: StageDef[RawToolServer], concurrency: int) -> OrderedRunner:
+def _run(
+    events: list[Event],
+    app: App,
+    stage: StageDef[RawToolServer],
+    concurrency: int,
+    seen: SeenKeys | None = None,
+) -> OrderedRunner:
     async def go() -> OrderedRunner:
         runner = OrderedRunner(
             app,  # type: ignore[arg-type]
             stage,
             ArenaSettings(),
             CommitGate(),
-            None,
+            seen,
             concurrency,
             Caller("tools-servers", 3),
         )
@@ -224,21 +230,5 @@ def test_records_handled_before_are_acked_in_turn_and_copies_in_flight_are_dropp
     seen.add(0, "k0-0")
     events = [_event(0, 0, log), _event(0, 1, log), _event(0, 2, log)]
     events[2].message.key = b"k0-1"  # a copy of offset 1, in flight with it
-    app = App(Producer(log))
-
-    async def go() -> None:
-        runner = OrderedRunner(
-            app,  # type: ignore[arg-type]
-            _stage({(0, 1): 0.05}, []),
-            ArenaSettings(),
-            CommitGate(),
-            seen,
-            4,
-            Caller(),
-        )
-        for event in events:
-            await runner.submit(event)
-        await runner.drain()
-
-    asyncio.run(go())
+    _run(events, App(Producer(log)), _stage({(0, 1): 0.05}, []), concurrency=4, seen=seen)
     assert log == [("ack", 0, 0), ("send", 0, 1), ("ack", 0, 1), ("ack", 0, 2)]
