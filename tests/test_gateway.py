@@ -17,7 +17,16 @@ from pydantic import BaseModel, Field
 from arena.config import ArenaSettings
 from arena.llm.backends import BackendError, LlmTarget, make_backend, parse_llm_url
 from arena.llm.cache import ResponseCache
-from arena.llm.core import Backend, Completion, CompletionRequest, InvalidOutput, Role, Sampling, Undecidable
+from arena.llm.core import (
+    Backend,
+    Completion,
+    CompletionRequest,
+    InvalidOutput,
+    Role,
+    Sampling,
+    TransientError,
+    Undecidable,
+)
 from arena.llm.gateway import CACHE_FILE, Gateway, NoJsonObject, cache_key, extract_json
 from lake.catalog import Catalog, open_gateway
 from simulator.backend import RuleFn, RulesBackend, UnknownRole
@@ -193,6 +202,34 @@ def test_invalid_output_is_retried_with_the_next_attempt() -> None:
             1,
             0,
         )
+
+    asyncio.run(run())
+
+
+def test_a_transport_retry_resends_the_same_request() -> None:
+    """A timeout or reset is the endpoint's fault, not the reply's: the retry keeps its seed and answer."""
+
+    @dataclass
+    class FailsFirst(CountingBackend):
+        failures: int = 2
+
+        async def complete(self, request: CompletionRequest) -> Completion:
+            if self.failures:
+                self.failures -= 1
+                self.requests.append(request)
+                raise TransientError("connection reset")
+            return await super().complete(request)
+
+    async def run() -> None:
+        clean, _ = _gateway()
+        expected = await clean.call(ECHO, EchoIn(text="flaky"))
+        backend = FailsFirst(RulesBackend(seed=0, rules=TEST_RULES))
+        gateway = Gateway(backend, max_attempts=3, seed=0, backoff_s=0.01)
+        answer = await gateway.call(ECHO, EchoIn(text="flaky"))
+        assert [r.attempt for r in backend.requests] == [0, 0, 0]
+        assert answer.raw == expected.raw
+        await gateway.aclose()
+        await clean.aclose()
 
     asyncio.run(run())
 

@@ -99,7 +99,10 @@ class CompletionRequest:
     """Output schema for guided JSON decoding."""
     sampling: Sampling
     attempt: int = 0
-    """0 on the first try; retries after invalid output count up (rules backend reseeds by it)."""
+    """How many replies to this request came back invalid (0 first); backends reseed by it.
+
+    A retry after a transport error or timeout resends the same request with the same number, so an
+    endpoint that fails for a while changes no answer (runs stay reproducible)."""
 
 
 @dataclass(frozen=True)

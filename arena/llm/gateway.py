@@ -441,6 +441,7 @@ class Gateway:
         messages = role.messages(inputs)
         schema = role.output_schema()
         state = _Attempts()
+        draw = 0  # replies that came back invalid so far: a transport retry resends the same request
         for attempt in range(self.max_attempts):
             counters.add(attempts=1, retries=1 if attempt else 0)
             request = CompletionRequest(
@@ -449,7 +450,7 @@ class Gateway:
                 messages=messages,
                 json_schema=schema,
                 sampling=sampling,
-                attempt=attempt,
+                attempt=draw,
             )
             try:
                 completion = await self.backend.complete(request)
@@ -470,6 +471,7 @@ class Gateway:
                 counters.add(invalid_outputs=1)
                 state.errors.append(f"attempt {attempt}: undecidable: {exc}")
                 state.unserved = None
+                draw += 1
                 continue
             self.health.served()
             state.unserved = None
@@ -485,10 +487,12 @@ class Gateway:
             except NoJsonObject as exc:
                 counters.add(invalid_outputs=1)
                 state.errors.append(f"attempt {attempt}: {exc}")
+                draw += 1
                 continue
             except ValidationError as exc:
                 counters.add(invalid_outputs=1)
                 state.errors.append(f"attempt {attempt}: invalid output: {_validation_summary(exc)}")
+                draw += 1
                 continue
             state.answer = self._answer(role, output, completion.text, state.usage, cached=False)
             return state
