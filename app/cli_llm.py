@@ -32,12 +32,24 @@ def llm_serve(
             help="Require this bearer key on every /v1 request (clients set ARENA_LLM_API_KEY).",
         ),
     ] = None,
+    reply_style: Annotated[
+        str,
+        typer.Option(
+            "--reply-style",
+            help="How answers are written: plain (bare JSON, native tool calls), real (<think> first, "
+            "JSON in prose and a fence, Hermes <tool_call> text) or reasoning (reasoning_content, fenced "
+            "JSON, native tool calls).",
+        ),
+    ] = "plain",
 ) -> None:
     """Serve a backend at http://HOST:PORT/v1 (chat completions, models), like a vLLM server."""
     import uvicorn
 
-    from app.llm_server import LlmServer
+    from app.llm_server import REPLY_STYLES, LlmServer
     from arena.llm.backends import make_backend
+
+    if reply_style not in REPLY_STYLES:
+        raise UserError(f"--reply-style {reply_style!r}: use one of {', '.join(REPLY_STYLES)}")
 
     cfg = settings()
     if llm is not None:
@@ -48,10 +60,15 @@ def llm_serve(
         raise UserError(f"--llm: {exc}") from None
     name = model or backend.model
     server = LlmServer(
-        backend, model=name, latency_s=latency, max_concurrency=max_concurrency, api_key=api_key or None
+        backend,
+        model=name,
+        latency_s=latency,
+        max_concurrency=max_concurrency,
+        api_key=api_key or None,
+        reply_style=reply_style,  # type: ignore[arg-type]  # checked against REPLY_STYLES above
     )
     err.print(
         f"serving {name} ({backend.name}) at http://{host}:{port}/v1 "
-        f"(latency {latency:g}s, {max_concurrency} at once); Ctrl-C stops it"
+        f"(latency {latency:g}s, {max_concurrency} at once, {reply_style} replies); Ctrl-C stops it"
     )
     uvicorn.run(server.asgi(), host=host, port=port, log_level="warning")

@@ -14,9 +14,20 @@ to the rules model is answered 400 with what is missing. Other backends (``hf://
 request from its messages. When a request offers ``tools`` and the answer carries ``tool_calls``
 (the agent roles), they come back as OpenAI ``tool_calls`` too.
 
+Agent roles (``Role.agent``) are sent natively: the conversation as chat messages and ``tools``.
+Arena's client names the role in the ``X-Arena-Role`` header and the server recovers the typed
+input with the role's ``AgentIO.inputs_from``; the answer comes back as ``content`` plus native
+``tool_calls``. Feedback the gateway appends on a retry (the invalid reply and why) is set aside.
+
 The rules backend draws a fresh answer per ``attempt`` (0, then each retry after an invalid
 answer). Arena's client sends it in the ``X-Arena-Attempt`` header, so the simulator answers over
 HTTP exactly as in process; from other clients the request's ``seed`` stands in for it.
+
+``--reply-style`` makes the answers look like a real model's (``REPLY_STYLES``): ``plain`` (the
+JSON, native tool calls), ``real`` (a ``<think>`` block holding a decoy object and a decoy tool
+call first, the JSON in prose and a fence, tool calls as Hermes ``<tool_call>`` text), or
+``reasoning`` (reasoning in ``reasoning_content``, fenced JSON, native tool calls). A reply longer
+than the request's ``max_tokens`` is cut there with ``finish_reason=length``, as a real server does.
 """
 
 from __future__ import annotations
@@ -26,13 +37,21 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from arena.llm.backends.openai import ATTEMPT_HEADER
-from arena.llm.core import Backend, Completion, CompletionRequest, Role, Sampling, Undecidable
+from arena.llm.backends.openai import ATTEMPT_HEADER, ROLE_HEADER
+from arena.llm.budget import prompt_tokens
+from arena.llm.core import Backend, Completion, CompletionRequest, Role, Sampling, ToolCall, Undecidable
+from arena.llm.gateway import FEEDBACK_PREFIX
+from arena.llm.replies import as_text
 from arena.llm.roles.registry import ROLES
+
+ReplyStyle = Literal["plain", "real", "reasoning"]
+REPLY_STYLES: tuple[str, ...] = ("plain", "real", "reasoning")
+CHARS_PER_TOKEN = 4
+"""What the server counts as a token when it cuts a reply at ``max_tokens`` (it has no tokenizer)."""
 
 
 class ChatInput(BaseModel):
@@ -67,6 +86,10 @@ class ServerStats:
     in_flight: int = 0
     max_in_flight: int = 0
     by_role: dict[str, int] = field(default_factory=dict)
+    max_prompt_tokens: dict[str, int] = field(default_factory=dict)
+    """Largest prompt seen per role, in ``arena.llm.budget``'s estimate (what budgets are checked in)."""
+    cut: int = 0
+    """Replies cut at max_tokens."""
     _area: float = 0.0
     _since: float = field(default_factory=time.monotonic)
 
@@ -75,8 +98,9 @@ class ServerStats:
         self._area += self.in_flight * (now - self._since)
         self._since = now
 
-    def enter(self, role: str) -> None:
+    def enter(self, role: str, prompt: int = 0) -> None:
         self._advance()
+        self.max_prompt_tokens[role] = max(self.max_prompt_tokens.get(role, 0), prompt)
         self.requests += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -97,6 +121,8 @@ class ServerStats:
             "mean_in_flight": round(self._area / elapsed, 3),
             "seconds": round(elapsed, 3),
             "by_role": dict(sorted(self.by_role.items())),
+            "max_prompt_tokens": dict(sorted(self.max_prompt_tokens.items())),
+            "cut": self.cut,
         }
 
 
@@ -112,7 +138,9 @@ def _json_schema(body: dict[str, Any]) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
-def _role_of(body: dict[str, Any], needs_role: bool) -> Role[Any, Any]:
+def _role_of(body: dict[str, Any], needs_role: bool, named: str | None = None) -> Role[Any, Any]:
+    if named in ROLES:
+        return ROLES[named]
     name = _json_schema(body).get("name")
     if isinstance(name, str) and name in ROLES:
         return ROLES[name]
@@ -126,27 +154,49 @@ def _role_of(body: dict[str, Any], needs_role: bool) -> Role[Any, Any]:
 
 
 def _sampling(body: dict[str, Any]) -> Sampling:
-    fields = {k: body[k] for k in ("temperature", "top_p", "max_tokens", "seed") if body.get(k) is not None}
+    fields = {
+        k: body[k] for k in ("temperature", "top_p", "max_tokens", "seed", "stop") if body.get(k) is not None
+    }
+    if isinstance(fields.get("stop"), str):
+        fields["stop"] = [fields["stop"]]
     try:
         return Sampling(**fields)
     except ValidationError as exc:
         raise RequestError(f"invalid sampling parameters: {exc.errors()[:3]}") from None
 
 
+def _without_feedback(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` less the gateway's retry feedback (the invalid reply and the note on it)."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "user" and str(last.get("content") or "").startswith(FEEDBACK_PREFIX):
+        return messages[:-2]
+    return messages
+
+
+def _inputs(role: Role[Any, Any], messages: list[dict[str, Any]], body: dict[str, Any]) -> Any:
+    if role is CHAT:
+        return ChatInput(messages=messages)
+    tools = body.get("tools")
+    if role.agent is not None and isinstance(tools, list):
+        return role.agent.inputs_from(_without_feedback(messages), tools)
+    return role.inputs_from(messages)  # JSON mode (an agent role without tools answers one object)
+
+
 def completion_request(
-    body: dict[str, Any], needs_role: bool, attempt: int | None = None
+    body: dict[str, Any], needs_role: bool, attempt: int | None = None, named: str | None = None
 ) -> CompletionRequest:
     """What ``body`` asks the backend for; ``RequestError`` says why it cannot be answered.
 
     ``attempt`` is the gateway's attempt number (Arena's client sends it as ``X-Arena-Attempt``);
-    without it the request's ``seed`` stands in, so a retry still gets a fresh draw.
+    without it the request's ``seed`` stands in, so a retry still gets a fresh draw. ``named`` is
+    the role Arena's client names in ``X-Arena-Role``.
     """
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise RequestError("'messages' must be a list of message objects")
-    role = _role_of(body, needs_role)
+    role = _role_of(body, needs_role, named)
     try:
-        inputs = ChatInput(messages=messages) if role is CHAT else role.inputs_from(messages)
+        inputs = _inputs(role, messages, body)
     except ValueError as exc:
         raise RequestError(str(exc)) from None
     sampling = _sampling(body)
@@ -158,51 +208,94 @@ def completion_request(
         json_schema=schema if isinstance(schema, dict) else {},
         sampling=sampling,
         attempt=sampling.seed if attempt is None else attempt,
+        tools=body["tools"] if role.agent is not None and isinstance(body.get("tools"), list) else None,
     )
 
 
-def _tool_calls(text: str) -> list[dict[str, Any]]:
-    """OpenAI ``tool_calls`` from an answer whose JSON has a ``tool_calls`` list of {name, arguments}."""
+def _native_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for c in calls
+    ]
+
+
+def _reply_parts(request: CompletionRequest, text: str) -> tuple[str, list[ToolCall]]:
+    """An agent role's answer as (content, tool calls); any other role's is its text."""
+    agent = request.role.agent
+    if agent is None or request.tools is None:
+        return text, []
     try:
-        answer = json.loads(text)
+        output = request.role.output.model_validate_json(text)
     except ValueError:
-        return []
-    calls = answer.get("tool_calls") if isinstance(answer, dict) else None
-    out = []
-    for call in calls if isinstance(calls, list) else []:
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
-            arguments = call.get("arguments") if isinstance(call.get("arguments"), dict) else {}
-            out.append(
-                {
-                    "id": f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function",
-                    "function": {
-                        "name": call["name"],
-                        "arguments": json.dumps(arguments, ensure_ascii=False),
-                    },
-                }
-            )
-    return out
+        return text, []  # not the role's output (e.g. "I cannot answer"): send it as it is
+    return agent.as_reply(output)
+
+
+def _styled(
+    style: ReplyStyle, request: CompletionRequest, content: str, calls: list[ToolCall]
+) -> dict[str, Any]:
+    """The assistant message of one answer in ``style``."""
+    if style == "plain":
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = _native_calls(calls)
+        return message
+    agent = request.role.agent is not None and request.tools is not None
+    body = (
+        content
+        if agent
+        else f"Here is the result you asked for:\n```json\n{content}\n```\nLet me know if anything should change."
+    )
+    if style == "reasoning":
+        message = {"role": "assistant", "content": body, "reasoning_content": _thoughts(request)}
+        if calls:
+            message["tool_calls"] = _native_calls(calls)
+        return message
+    written = ""
+    if calls:  # Hermes text, every other reply inside a fence (models do both)
+        blocks = "\n".join(as_text([c]) for c in calls)
+        fenced = len(request.messages) % 2 == 0
+        written = f"\n```xml\n{blocks}\n```" if fenced else f"\n{blocks}"
+    think = f"<think>\n{_thoughts(request)}\n</think>\n\n"
+    return {"role": "assistant", "content": f"{think}{body}{written}".strip()}
+
+
+def _thoughts(request: CompletionRequest) -> str:
+    """Reasoning with decoys in it: a draft JSON object and a tool call that must never be parsed."""
+    decoy_call = as_text([ToolCall(name="draft_call", arguments={"note": "not a real call"})])
+    return (
+        f"The request is for {request.role.name}. A first draft could be "
+        '{"draft": true, "answer": "not final"} but let me check it once more. '
+        f"Maybe I should call something like {decoy_call}. No: I will answer properly."
+    )
 
 
 def chat_completion(
-    model: str, request: CompletionRequest, completion: Completion, tools: bool
+    model: str, request: CompletionRequest, completion: Completion, style: ReplyStyle = "plain"
 ) -> dict[str, Any]:
-    """The OpenAI ``chat.completion`` object for ``completion``."""
-    message: dict[str, Any] = {"role": "assistant", "content": completion.text}
-    calls = _tool_calls(completion.text) if tools else []
-    if calls:
-        message["tool_calls"] = calls
-    prompt = completion.usage.prompt_tokens or sum(
-        approx_tokens(str(m.get("content") or "")) for m in request.messages
+    """The OpenAI ``chat.completion`` object for ``completion`` (cut at ``max_tokens`` like a server)."""
+    content, calls = _reply_parts(request, completion.text)
+    message = _styled(style, request, content, calls)
+    answer = completion.usage.completion_tokens or approx_tokens(
+        str(message.get("content") or "") + json.dumps(message.get("tool_calls") or [])
     )
-    answer = completion.usage.completion_tokens or approx_tokens(completion.text)
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    limit = request.sampling.max_tokens * CHARS_PER_TOKEN
+    text = str(message.get("content") or "")
+    if len(text) > limit:
+        message = {"role": "assistant", "content": text[:limit]}
+        finish, answer = "length", request.sampling.max_tokens
+    prompt = completion.usage.prompt_tokens or prompt_tokens(request.messages, request.tools)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer},
     }
 
@@ -218,6 +311,7 @@ class LlmServer:
         latency_s: float = 0.0,
         max_concurrency: int = 64,
         api_key: str | None = None,
+        reply_style: ReplyStyle = "plain",
     ) -> None:
         if latency_s < 0:
             raise ValueError("latency must be >= 0")
@@ -230,20 +324,24 @@ class LlmServer:
         self.needs_role = backend.name == "rules"
         self.api_key = api_key
         """When set, every /v1 request must carry ``Authorization: Bearer <api_key>`` (like vLLM's --api-key)."""
+        self.reply_style: ReplyStyle = reply_style
+        """How answers are written (see the module docstring)."""
         self.stats = ServerStats()
         self._slots = asyncio.Semaphore(max_concurrency)
 
-    async def chat(self, body: Any, attempt: int | None = None) -> tuple[int, dict[str, Any]]:
-        """HTTP status and JSON body for one ``POST /v1/chat/completions`` (``attempt``: see
-        ``completion_request``)."""
+    async def chat(
+        self, body: Any, attempt: int | None = None, role: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """HTTP status and JSON body for one ``POST /v1/chat/completions`` (``attempt``, ``role``:
+        see ``completion_request``)."""
         try:
             if not isinstance(body, dict):
                 raise RequestError("the request body must be a JSON object")
-            request = completion_request(body, self.needs_role, attempt)
+            request = completion_request(body, self.needs_role, attempt, role)
         except RequestError as exc:
             self.stats.errors += 1
             return 400, {"error": {"message": str(exc), "type": "invalid_request_error"}}
-        self.stats.enter(request.role.name)
+        self.stats.enter(request.role.name, prompt_tokens(request.messages, request.tools))
         try:
             async with self._slots:
                 try:
@@ -255,7 +353,10 @@ class LlmServer:
                     await asyncio.sleep(self.latency_s)
         finally:
             self.stats.leave()
-        return 200, chat_completion(self.model, request, completion, tools=bool(body.get("tools")))
+        payload = chat_completion(self.model, request, completion, self.reply_style)
+        if payload["choices"][0]["finish_reason"] == "length":
+            self.stats.cut += 1
+        return 200, payload
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "arena"}]}
@@ -285,7 +386,9 @@ class LlmServer:
                     {"error": {"message": "the body is not JSON", "type": "invalid_request_error"}}, 400
                 )
             header = request.headers.get(ATTEMPT_HEADER, "")
-            status, payload = await self.chat(body, int(header) if header.isdigit() else None)
+            status, payload = await self.chat(
+                body, int(header) if header.isdigit() else None, request.headers.get(ROLE_HEADER) or None
+            )
             return JSONResponse(payload, status)
 
         async def models(request: Request) -> JSONResponse:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -354,6 +354,50 @@ class TrainSettings(BaseModel):
     ]
 
 
+RoleKind = Literal["generator", "judge", "emulator", "agent", "user"]
+"""What a role does, which sets its default sampling: judges and emulators are deterministic."""
+
+ROLE_KINDS: tuple[str, ...] = ("generator", "judge", "emulator", "agent", "user")
+
+
+class RoleSettings(BaseModel):
+    """Generation settings and endpoint of a role, or of every role of a kind (``llm_roles``).
+
+    Every field is optional: an unset one falls back to the kind's entry, then to the kind's
+    default (``arena.llm.routing.KIND_DEFAULTS``), then to the endpoint settings.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: Annotated[float | None, Field(default=None, ge=0, le=2, description="Sampling temperature.")]
+    top_p: Annotated[float | None, Field(default=None, gt=0, le=1, description="Nucleus sampling mass.")]
+    max_tokens: Annotated[
+        int | None, Field(default=None, ge=1, le=131072, description="Most tokens one reply may generate.")
+    ]
+    stop: Annotated[
+        list[str] | None, Field(default=None, max_length=8, description="Stop sequences (at most 8).")
+    ]
+    seed: Annotated[
+        int | None, Field(default=None, ge=0, description="Sampling seed (servers that take one).")
+    ]
+    llm: Annotated[
+        str | None,
+        Field(
+            default=None,
+            description="Endpoint of this role (same forms as ARENA_LLM), e.g. a larger judge model.",
+        ),
+    ]
+    context_tokens: Annotated[
+        int | None,
+        Field(
+            default=None,
+            ge=512,
+            le=10_000_000,
+            description="Context window of this role's endpoint (its max_model_len), when it is not the default's.",
+        ),
+    ]
+
+
 class ArenaSettings(BaseSettings):
     """Everything a worker, the CLI or a test needs to find the stack."""
 
@@ -438,6 +482,25 @@ class ArenaSettings(BaseSettings):
     ]
     llm_api_key: Annotated[
         SecretStr | None, Field(default=None, description="Bearer token for an OpenAI-compatible server.")
+    ]
+    llm_context_tokens: Annotated[
+        int,
+        Field(
+            default=32768,
+            ge=512,
+            le=10_000_000,
+            description="Context window of the LLM endpoint in tokens (vLLM's max_model_len): prompt plus "
+            "reply never exceed it; stages that embed knowledge retrieve what fits and record what they cut",
+        ),
+    ]
+    llm_roles: Annotated[
+        dict[str, RoleSettings],
+        Field(
+            default_factory=dict,
+            description="Per-role (or per-kind: generator, judge, emulator, agent, user) generation settings "
+            'and endpoints, as JSON: {"judge": {"llm": "openai://...", "temperature": 0}, '
+            '"chain_synthesis": {"max_tokens": 2048}}',
+        ),
     ]
     seed: Annotated[int, Field(default=0, ge=0, description="Global seed for every random choice.")]
     sft: Annotated[
@@ -526,6 +589,19 @@ class ArenaSettings(BaseSettings):
             raise ValueError(f"ARENA_LAKE_URL must start with file:// or s3://, got {v!r}")
         if scheme == "s3" and not urlparse(v).netloc:
             raise ValueError("ARENA_LAKE_URL s3:// needs a bucket: s3://bucket/prefix")
+        return v
+
+    @field_validator("llm_roles")
+    @classmethod
+    def _known_roles(cls, v: dict[str, RoleSettings]) -> dict[str, RoleSettings]:
+        from arena.llm.roles.registry import ROLES  # roles import nothing from config: no cycle
+
+        unknown = sorted(k for k in v if k not in ROLES and k not in ROLE_KINDS)
+        if unknown:
+            raise ValueError(
+                f"ARENA_LLM_ROLES names no role or kind {unknown}; kinds: {', '.join(ROLE_KINDS)}; "
+                f"roles: {', '.join(sorted(ROLES))}"
+            )
         return v
 
     @model_validator(mode="after")

@@ -330,7 +330,14 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s
 
 
 def start_endpoint(
-    name: str, env: dict[str, str], logs: Path, *, latency_s: float, capacity: int, proxy: bool
+    name: str,
+    env: dict[str, str],
+    logs: Path,
+    *,
+    latency_s: float,
+    capacity: int,
+    proxy: bool,
+    reply_style: str = "plain",
 ) -> Endpoint:
     """`arena llm serve` with the latency (or at 0 behind the proxy adding it), healthy."""
     port = free_port()
@@ -349,6 +356,8 @@ def start_endpoint(
         f"{server_latency:g}",
         "--max-concurrency",
         str(capacity),
+        "--reply-style",
+        reply_style,
     ]
     endpoint = Endpoint(port)
     try:
@@ -675,6 +684,8 @@ class Options:
     quick: bool
     timeout_s: float
     keep: bool
+    reply_style: str = "plain"
+    """How the server writes answers in the loaded run (the baseline at latency 0 stays plain)."""
 
 
 def run_once(track: Track, latency_s: float, opts: Options) -> dict[str, Any]:
@@ -690,12 +701,25 @@ def run_once(track: Track, latency_s: float, opts: Options) -> dict[str, Any]:
     try:
         with err.status(f"{label}: arena up, arena llm serve ..."):
             arena(["up"], env)
+            style = opts.reply_style if latency_s > 0 else "plain"
             publish_ep = start_endpoint(
-                "publish", env, logs, latency_s=latency_s, capacity=opts.capacity, proxy=False
+                "publish",
+                env,
+                logs,
+                latency_s=latency_s,
+                capacity=opts.capacity,
+                proxy=False,
+                reply_style=style,
             )
             endpoints.append(publish_ep)
             workers_ep = start_endpoint(
-                "workers", env, logs, latency_s=latency_s, capacity=opts.capacity, proxy=opts.proxy
+                "workers",
+                env,
+                logs,
+                latency_s=latency_s,
+                capacity=opts.capacity,
+                proxy=opts.proxy,
+                reply_style=style,
             )
             endpoints.append(workers_ep)
         started = time.monotonic()
@@ -769,6 +793,8 @@ def run_once(track: Track, latency_s: float, opts: Options) -> dict[str, Any]:
             "llm_errors": after["errors"] - before["errors"],
             "mean_in_flight": round((_area(after) - _area(before)) / wall_s, 2) if wall_s else None,
             "max_in_flight": after["max_in_flight"],
+            "max_prompt_tokens": after.get("max_prompt_tokens", {}),
+            "replies_cut": after.get("cut", 0) - before.get("cut", 0),
             "requests_per_s": _ratio(requests, wall_s),
             "samples": sum(samples.values()),
             "samples_by_topic": samples,
@@ -845,6 +871,7 @@ def track_figures(track: Track, latency_s: float, opts: Options) -> dict[str, An
         )
         a, b = base["samples"], loaded["samples"]
         out["samples_differ"] = abs(a - b) > SAMPLES_TOLERANCE * max(a, b, 1)
+        out["samples_ratio"] = _ratio(b, a) if a else None
     out["per_stage"] = pick("per_stage")
     out["runs"] = {k: {n: v for n, v in r.items() if n != "per_stage"} for k, r in runs.items()}
     return out
@@ -880,6 +907,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", action="store_true", help="Keep each run's ARENA_HOME (logs, lake) and say where."
     )
+    parser.add_argument(
+        "--reply-style",
+        default="plain",
+        choices=("plain", "real", "reasoning"),
+        help="How the server writes answers in the loaded run (real: <think> first, JSON in prose and a "
+        "fence, Hermes tool calls); samples_ratio compares its samples with the plain baseline's.",
+    )
     args = parser.parse_args(argv)
     names = (args.tracks or ("sft" if args.quick else "sft,env,eigen")).split(",")
     unknown = [n for n in names if n not in TRACKS]
@@ -889,7 +923,12 @@ def main(argv: list[str] | None = None) -> int:
     if latency <= 0:
         parser.error("--latency must be above 0 (the baseline runs at 0)")
     opts = Options(
-        capacity=args.capacity, proxy=args.proxy, quick=args.quick, timeout_s=args.timeout, keep=args.keep
+        capacity=args.capacity,
+        proxy=args.proxy,
+        quick=args.quick,
+        timeout_s=args.timeout,
+        keep=args.keep,
+        reply_style=args.reply_style,
     )
     started = time.monotonic()
     tracks = {name: track_figures(TRACKS[name], latency, opts) for name in names}
@@ -902,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "latency_s": latency,
         "capacity": args.capacity,
+        "reply_style": args.reply_style,
         "arena_llm": f"openai://127.0.0.1:PORT/v1?model={MODEL}",
         "cpus": os.cpu_count(),
         "tracks": tracks,

@@ -27,7 +27,8 @@ from arena.llm.core import (
     TransientError,
     Undecidable,
 )
-from arena.llm.gateway import CACHE_FILE, Gateway, NoJsonObject, cache_key, extract_json
+from arena.llm.gateway import CACHE_FILE, Gateway, cache_key
+from arena.llm.replies import NoJsonObject, extract_json
 from lake.catalog import Catalog, open_gateway
 from simulator.backend import RuleFn, RulesBackend, UnknownRole
 

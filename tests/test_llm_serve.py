@@ -23,6 +23,7 @@ from app.llm_server import LlmServer
 from arena.config import ArenaSettings
 from arena.llm.gateway import Gateway
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurn, AgentTurnInput, PlannedCall
+from arena.llm.roles.chains import CHAIN_SYNTHESIS
 from arena.topics import topic
 from producers.publish_tools import raw_key
 from producers.tool_docs import load_tool_docs
@@ -57,12 +58,12 @@ def test_models_and_requests_the_rules_model_cannot_answer(served: str) -> None:
     unknown = {"json_schema": {"name": "no_such_role", "schema": {}}}
     resp = httpx.post(post, json={"messages": [{"role": "user", "content": "x"}], "response_format": unknown})
     assert resp.status_code == 400 and "'no_such_role' is unknown" in resp.json()["error"]["message"]
-    known = {"json_schema": {"name": AGENT_POLICY.name, "schema": {}}}
+    known = {"json_schema": {"name": CHAIN_SYNTHESIS.name, "schema": {}}}
     resp = httpx.post(post, json={"messages": [{"role": "user", "content": "x"}], "response_format": known})
     assert (
         resp.status_code == 400 and "does not follow the role's template" in resp.json()["error"]["message"]
     )
-    bad_input = AGENT_POLICY.template.replace("{input}", json.dumps({"messages": "not a list"}))
+    bad_input = CHAIN_SYNTHESIS.template.replace("{input}", json.dumps({"server": "not a server"}))
     resp = httpx.post(
         post, json={"messages": [{"role": "user", "content": bad_input}], "response_format": known}
     )
@@ -116,22 +117,20 @@ def test_stages_make_the_same_records_over_http_as_in_process(served: str, tmp_p
     assert stats["by_role"].get("chain_synthesis", 0) > 0 and stats["errors"] >= 1
 
 
-def agent_body(tools: bool) -> dict[str, Any]:
-    inputs = AgentTurnInput(
-        messages=[{"role": "user", "content": "What is the weather in Lyon?"}],
-        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
-    )
-    body: dict[str, Any] = {
+AGENT_INPUTS = AgentTurnInput(
+    messages=[{"role": "user", "content": "What is the weather in Lyon?"}],
+    tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+)
+
+
+def agent_body() -> dict[str, Any]:
+    """A native agent request, as Arena's client sends it (the role goes in X-Arena-Role)."""
+    return {
         "model": "m",
-        "messages": AGENT_POLICY.messages(inputs),
-        "response_format": {
-            "json_schema": {"name": AGENT_POLICY.name, "schema": AGENT_POLICY.output_schema()}
-        },
+        "messages": AGENT_POLICY.messages(AGENT_INPUTS),
+        "tools": AGENT_INPUTS.tools,
         "seed": 0,
     }
-    if tools:
-        body["tools"] = inputs.tools
-    return body
 
 
 def test_tool_calls_come_back_as_openai_tool_calls_when_tools_are_offered() -> None:
@@ -141,19 +140,23 @@ def test_tool_calls_come_back_as_openai_tool_calls_when_tools_are_offered() -> N
             content="looking it up", tool_calls=[PlannedCall(name="get_weather", arguments={"city": "Lyon"})]
         )
 
+    def final_answer(inputs: BaseModel, rng: Any) -> BaseModel:
+        return AgentTurn(content="It is sunny in Lyon.")
+
     server = LlmServer(RulesBackend(rules={AGENT_POLICY.name: call_weather}), model="m")
-    status, reply = asyncio.run(server.chat(agent_body(tools=True)))
+    status, reply = asyncio.run(server.chat(agent_body(), role=AGENT_POLICY.name))
     assert status == 200
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     (call,) = choice["message"]["tool_calls"]
     assert call["type"] == "function" and call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Lyon"}
-    assert AgentTurn.model_validate_json(choice["message"]["content"]).tool_calls[0].name == "get_weather"
-    status, reply = asyncio.run(server.chat(agent_body(tools=False)))
-    assert (
-        "tool_calls" not in reply["choices"][0]["message"] and reply["choices"][0]["finish_reason"] == "stop"
-    )
+    assert choice["message"]["content"] == "looking it up"
+    server = LlmServer(RulesBackend(rules={AGENT_POLICY.name: final_answer}), model="m")
+    status, reply = asyncio.run(server.chat(agent_body(), role=AGENT_POLICY.name))
+    message = reply["choices"][0]["message"]
+    assert "tool_calls" not in message and reply["choices"][0]["finish_reason"] == "stop"
+    assert message["content"] == "It is sunny in Lyon."
     assert reply["usage"]["completion_tokens"] > 0 and reply["usage"]["prompt_tokens"] > 0
 
 
@@ -166,7 +169,7 @@ def test_latency_and_the_concurrency_limit_shape_what_the_server_sees() -> None:
             RulesBackend(rules={AGENT_POLICY.name: answer}), model="m", latency_s=0.2, max_concurrency=2
         )
         started = time.monotonic()
-        replies = await asyncio.gather(*(server.chat(agent_body(tools=False)) for _ in range(6)))
+        replies = await asyncio.gather(*(server.chat(agent_body(), role=AGENT_POLICY.name) for _ in range(6)))
         return time.monotonic() - started, server.stats.snapshot(), [status for status, _ in replies]
 
     elapsed, stats, statuses = asyncio.run(burst())
@@ -186,15 +189,14 @@ def test_a_retry_gets_a_fresh_draw_like_in_process() -> None:
 
     server = LlmServer(RulesBackend(rules={AGENT_POLICY.name: answer}), model="m")
     for seed in (0, 1, 0):
-        asyncio.run(server.chat({**agent_body(tools=False), "seed": seed}))
+        asyncio.run(server.chat({**agent_body(), "seed": seed}, role=AGENT_POLICY.name))
     assert seen[0] == seen[2] != seen[1]
-    asyncio.run(server.chat({**agent_body(tools=False), "seed": 7}, attempt=0))
+    asyncio.run(server.chat({**agent_body(), "seed": 7}, attempt=0, role=AGENT_POLICY.name))
     assert seen[3] == seen[0]  # the header's attempt wins over the seed
 
     async def in_process() -> list[int]:
         gateway = Gateway(RulesBackend(rules={AGENT_POLICY.name: answer}))
-        request_inputs = AGENT_POLICY.inputs_from(agent_body(tools=False)["messages"])
-        await gateway.call(AGENT_POLICY, request_inputs)
+        await gateway.call(AGENT_POLICY, AGENT_INPUTS)
         return seen[-1:]
 
     assert asyncio.run(in_process()) == seen[:1]
@@ -214,7 +216,7 @@ def test_a_callers_sampling_seed_gives_the_same_answer_over_http(served: str) ->
     from arena.llm.backends.openai import OpenAIBackend
     from arena.llm.core import Sampling
 
-    inputs = AGENT_POLICY.inputs_from(agent_body(tools=False)["messages"])
+    inputs = AGENT_INPUTS  # sent natively: the conversation and tools
 
     async def both() -> tuple[Any, Any]:
         local = Gateway(RulesBackend(seed=0))

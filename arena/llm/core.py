@@ -9,7 +9,7 @@ gateway (``arena.llm.gateway``) renders prompts, validates, retries and caches.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Protocol, TypeVar
@@ -34,6 +34,9 @@ class Role(Generic[In, Out]):
     """System prompt text (instructions, output contract)."""
     template: str
     """User prompt; ``{input}`` is replaced by the input record as JSON."""
+    agent: AgentIO[In, Out] | None = None
+    """Set for agent roles: they speak the chat API natively (conversation and ``tools`` out,
+    ``tool_calls`` back) instead of one JSON object in text."""
 
     @property
     def prompt_text(self) -> str:
@@ -45,8 +48,10 @@ class Role(Generic[In, Out]):
         """Content hash of the prompt text (the catalog also numbers versions per role)."""
         return content_hash({"role": self.name, "text": self.prompt_text}, prefix="pv-", length=24)
 
-    def messages(self, inputs: In) -> list[dict[str, str]]:
-        """Chat messages sent to a text backend for ``inputs``."""
+    def messages(self, inputs: In) -> list[dict[str, Any]]:
+        """Chat messages sent to a text backend for ``inputs`` (an agent role: its conversation)."""
+        if self.agent is not None:
+            return self.agent.conversation(inputs)
         payload = json.dumps(inputs.model_dump(mode="json"), ensure_ascii=False, indent=1)
         return [
             {"role": "system", "content": self.system},
@@ -54,15 +59,15 @@ class Role(Generic[In, Out]):
         ]
 
     def inputs_from(self, messages: Sequence[Mapping[str, Any]]) -> In:
-        """The input that ``messages`` rendered: the inverse of ``messages`` on its last user message.
+        """The input that ``messages`` rendered: the inverse of ``messages`` on its first user message.
 
         Raises ``ValueError`` (with what did not match) when the messages were not rendered from
         this role's template, or the JSON inside does not validate as the role's input.
         """
         users = [m for m in messages if m.get("role") == "user"]
-        if not users or not isinstance(users[-1].get("content"), str):
+        if not users or not isinstance(users[0].get("content"), str):
             raise ValueError(f"role {self.name!r}: no user message with text content")
-        text: str = users[-1]["content"]
+        text: str = users[0]["content"]  # later user messages are the gateway's feedback on a retry
         head, _, tail = self.template.partition("{input}")
         if not (text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail)):
             raise ValueError(f"role {self.name!r}: the user message does not follow the role's template")
@@ -76,6 +81,49 @@ class Role(Generic[In, Out]):
         """JSON Schema of the output, for guided decoding."""
         return self.output.model_json_schema()
 
+    def tools(self, inputs: In) -> list[dict[str, Any]] | None:
+        """OpenAI tools an agent role offers for ``inputs`` (None for other roles)."""
+        return None if self.agent is None else self.agent.tools(inputs)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of a reply: native ``tool_calls`` or parsed from text."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+    """The server's call id (empty when parsed from text)."""
+    error: str = ""
+    """Why the server's call could not be read (its arguments were not a JSON object); '' when fine."""
+
+
+TRACE_ONLY_KEYS = frozenset({"reasoning_content"})
+"""Message keys the trace keeps but a conversation never sends back (a model's earlier reasoning)."""
+
+
+def sendable(message: Mapping[str, Any]) -> dict[str, Any]:
+    """``message`` as sent to a server: without the trace-only keys."""
+    return {k: v for k, v in message.items() if k not in TRACE_ONLY_KEYS}
+
+
+@dataclass(frozen=True)
+class AgentIO(Generic[In, Out]):
+    """How an agent role speaks the chat API: its input as a conversation plus tools, and a reply
+    (text and tool calls) as its output. ``inputs_from`` and ``as_reply`` are the inverses that let
+    ``arena llm serve`` answer native requests with the rules simulator."""
+
+    conversation: Callable[[In], list[dict[str, Any]]]
+    """The chat messages to send (system prompt first)."""
+    tools: Callable[[In], list[dict[str, Any]]]
+    """The OpenAI tools to offer."""
+    reply: Callable[[str, list[ToolCall]], Out]
+    """The output from the reply's visible text and its tool calls (raises ValueError when unusable)."""
+    inputs_from: Callable[[list[dict[str, Any]], list[dict[str, Any]]], In]
+    """The input that rendered (messages, tools); raises ValueError when they were not Arena's."""
+    as_reply: Callable[[Out], tuple[str, list[ToolCall]]]
+    """The reply (text, tool calls) a model would send for an output."""
+
 
 class Sampling(BaseModel):
     """Sampling parameters; part of the cache key."""
@@ -84,6 +132,9 @@ class Sampling(BaseModel):
     top_p: Annotated[float, Field(gt=0, le=1, description="Nucleus sampling mass.")] = 0.95
     max_tokens: Annotated[int, Field(ge=1, le=131072, description="Most tokens to generate.")] = 1024
     seed: Annotated[int, Field(ge=0, description="Sampling seed (backends that take one).")] = 0
+    stop: Annotated[
+        list[str] | None, Field(max_length=8, description="Stop sequences (None: the model's own).")
+    ] = None
 
 
 @dataclass(frozen=True)
@@ -93,11 +144,13 @@ class CompletionRequest:
     role: Role[Any, Any]
     inputs: BaseModel
     """The typed input (the ``rules`` backend works on it directly)."""
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     """Rendered chat messages (text backends)."""
     json_schema: dict[str, Any]
     """Output schema for guided JSON decoding."""
     sampling: Sampling
+    tools: list[dict[str, Any]] | None = None
+    """OpenAI tools offered (agent roles); the reply may carry ``tool_calls``."""
     attempt: int = 0
     """How many replies to this request came back invalid (0 first); backends reseed by it.
 
@@ -115,10 +168,18 @@ class Usage:
 
 @dataclass(frozen=True)
 class Completion:
-    """Raw text a backend produced."""
+    """What a backend produced: the reply text and what the server said about it."""
 
     text: str
     usage: Usage = field(default_factory=Usage)
+    reasoning: str = ""
+    """Reasoning the server returned apart from the text (``reasoning_content``)."""
+    finish_reason: str | None = None
+    """``stop``, ``length`` (cut at max_tokens), ``tool_calls``...; None when the backend does not say."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Native tool calls of the reply."""
+    refusal: str | None = None
+    """The server's refusal message (OpenAI ``message.refusal``), when it refused."""
 
 
 class Backend(Protocol):
@@ -197,3 +258,6 @@ class Answer(Generic[Out]):
     cached: bool
     usage: Usage
     raw: str
+    """The reply as text (native tool calls written as ``<tool_call>`` blocks, reasoning as ``<think>``)."""
+    reasoning: str = ""
+    """The reply's reasoning (``<think>`` or ``reasoning_content``), kept for the trace, never parsed."""

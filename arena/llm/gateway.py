@@ -31,23 +31,24 @@ counters count only tokens spent by this process.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
 from arena.hashing import content_hash
+from arena.llm.budget import MIN_REPLY_TOKENS, TEMPLATE_MARGIN_TOKENS, ContextBudget, prompt_tokens
 from arena.llm.cache import ResponseCache
 from arena.llm.core import (
     CALLER,
     Answer,
     Backend,
+    Completion,
     CompletionRequest,
     EndpointRejected,
     In,
@@ -60,6 +61,17 @@ from arena.llm.core import (
     Usage,
 )
 from arena.llm.outage import EndpointHealth, EndpointState, state_writer
+from arena.llm.replies import (
+    NoJsonObject,
+    Reply,
+    ReplyInvalid,
+    as_text,
+    choose_output,
+    split_reasoning,
+    text_tool_calls,
+    unusable_reason,
+)
+from arena.llm.routing import RoleRoute, route_of
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
@@ -67,35 +79,77 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "llm-cache.db"
-MAX_JSON_CANDIDATES = 64
-"""Opening braces tried when looking for the first JSON object in a reply."""
+FEEDBACK_PREFIX = "That reply could not be used: "
+"""How the gateway's note on an unusable reply opens (a server can tell feedback from the input)."""
+FEEDBACK_EXCERPT = 2000
+"""Characters of an invalid reply quoted back to the model with the validation error."""
 
 
-class NoJsonObject(ValueError):
-    """A reply holds no parseable JSON object."""
+class PromptTooLong(InvalidOutput):
+    """The rendered prompt does not fit the role's context budget; never sent."""
 
 
-def extract_json(text: str) -> dict[str, Any]:
-    """The first JSON object in ``text``: tolerates ```json fences and prose around it."""
-    decoder = json.JSONDecoder()
-    start = text.find("{")
-    tried = 0
-    while start != -1 and tried < MAX_JSON_CANDIDATES:
-        tried += 1
+@dataclass(frozen=True)
+class ParsedReply(Generic[Out]):
+    """A role output read from a reply, with what the reply carried besides."""
+
+    output: Out
+    reasoning: str
+    raw: str
+    """The reply as text: reasoning as ``<think>``, native tool calls as ``<tool_call>`` blocks."""
+
+
+def _raw_text(completion: Completion, reply: Reply) -> str:
+    think = f"<think>{reply.reasoning}</think>\n" if reply.reasoning else ""
+    return think + reply.visible + as_text(completion.tool_calls)
+
+
+def read_reply(
+    role: Role[Any, Out], completion: Completion, offered: set[str] | None = None
+) -> ParsedReply[Out]:
+    """``role``'s output from ``completion``; raises ``NoJsonObject``, ``ReplyInvalid`` or
+    ``Unusable`` (empty reply, refusal) with the reason.
+
+    Reasoning is set apart first and never parsed. An agent role's output comes from its native
+    tool calls, else tool calls written as text, else a JSON object of its output model (what the
+    rules simulator and JSON-speaking models send), else the visible text as a plain answer.
+    """
+    reply = split_reasoning(completion.text, completion.reasoning)
+    raw = _raw_text(completion, reply)
+    reason = (
+        None if completion.tool_calls else unusable_reason(reply.visible, completion.refusal, reply.reasoning)
+    )
+    if reason is not None:
+        raise Unusable(reason)
+    if role.agent is None:
+        return ParsedReply(choose_output(role.output, reply.visible), reply.reasoning, raw)
+    broken = [c for c in completion.tool_calls if c.error]
+    if broken:
+        raise ReplyInvalid(f"tool call {broken[0].name!r}: {broken[0].error}")
+    calls, rest = list(completion.tool_calls), reply.visible
+    if not calls:
+        calls, rest = text_tool_calls(reply.visible, offered or set())
+    if not calls:
         try:
-            value, _end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            start = text.find("{", start + 1)
-            continue
-        if isinstance(value, dict):
-            return value
-        start = text.find("{", start + 1)
-    raise NoJsonObject("no JSON object in the reply")
+            return ParsedReply(choose_output(role.output, reply.visible), reply.reasoning, raw)
+        except (NoJsonObject, ReplyInvalid):
+            pass  # plain text: the agent's answer or message
+    try:
+        output = role.agent.reply(rest, calls)
+    except ValidationError as exc:
+        raise ReplyInvalid(f"invalid reply: {_validation_summary(exc)}") from None
+    except ValueError as exc:
+        raise ReplyInvalid(f"invalid reply: {exc}") from None
+    return ParsedReply(output, reply.reasoning, raw)
 
 
 def parse_output(role: Role[Any, Out], text: str) -> Out:
-    """Extract and validate ``role``'s output from a reply; raises NoJsonObject or ValidationError."""
-    return role.output.model_validate(extract_json(text))
+    """``role``'s output from a reply text (see ``read_reply``)."""
+    return read_reply(role, Completion(text=text)).output
+
+
+class Unusable(ValueError):
+    """A reply that is empty or a refusal."""
 
 
 def cache_key(role: Role[Any, Any], inputs: BaseModel, backend: str, model: str, sampling: Sampling) -> str:
@@ -140,6 +194,10 @@ class RoleUsage(BaseModel):
     invalid_outputs: Annotated[
         int, Field(ge=0, description="Attempts whose reply was not valid JSON for the role, or undecidable.")
     ] = 0
+    cut_off: Annotated[
+        int, Field(ge=0, description="Attempts whose reply was cut at max_tokens (finish_reason=length).")
+    ] = 0
+    refusals: Annotated[int, Field(ge=0, description="Attempts whose reply was empty or a refusal.")] = 0
     failures: Annotated[
         int, Field(ge=0, description="Calls that raised (InvalidOutput or a non-retryable error).")
     ] = 0
@@ -205,6 +263,37 @@ class _Attempts:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One call being answered: what is asked, how, and where."""
+
+    role: Role[Any, Any]
+    inputs: BaseModel
+    sampling: Sampling
+    counters: _Counters
+    endpoint: Endpoint
+    route: RoleRoute | None
+
+
+def _offered(role: Role[Any, Any], inputs: BaseModel | None) -> set[str]:
+    """Names of the tools an agent role offers (empty for other roles, or without the inputs)."""
+    tools = role.tools(inputs) if inputs is not None and role.agent is not None else None
+    return {str(t.get("function", {}).get("name")) for t in tools or []}
+
+
+def _feedback(reply: str, error: str) -> list[dict[str, Any]]:
+    """The messages that show the model its unusable reply and why, before it answers again."""
+    excerpt = reply if len(reply) <= FEEDBACK_EXCERPT else reply[:FEEDBACK_EXCERPT] + " ..."
+    return [
+        {"role": "assistant", "content": excerpt},
+        {
+            "role": "user",
+            "content": f"{FEEDBACK_PREFIX}{error}. Answer again, following the required "
+            "output format exactly.",
+        },
+    ]
+
+
 class PromptVersionRef(Protocol):
     """A registered prompt version: its id is the content hash of (role, prompt text)."""
 
@@ -234,8 +323,16 @@ def backend_health(
     return EndpointHealth(endpoint, probe, on_change=on_change)
 
 
+@dataclass
+class Endpoint:
+    """One model server (or in-process backend) and its health."""
+
+    backend: Backend
+    health: EndpointHealth
+
+
 class Gateway:
-    """Typed, validated, retried, cached LLM calls on one backend."""
+    """Typed, validated, retried, cached LLM calls, each role on its endpoint with its sampling."""
 
     def __init__(
         self,
@@ -247,11 +344,19 @@ class Gateway:
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         health: EndpointHealth | None = None,
+        routes: Callable[[str], RoleRoute] | None = None,
+        endpoints: dict[str, Endpoint] | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.backend = backend
         self.health = health if health is not None else backend_health(backend)
+        self.routes = routes
+        """Role name -> route (sampling, endpoint, context window); None: every role samples
+        ``Sampling(seed=seed)`` on ``backend`` with no context check."""
+        self.endpoints: dict[str, Endpoint] = dict(endpoints or {})
+        """Further endpoints by their ARENA_LLM form (a route naming another ``llm``)."""
+        self._default = Endpoint(backend, self.health)
         self.cache = cache
         self.catalog = catalog
         self.max_attempts = max_attempts
@@ -280,6 +385,11 @@ class Gateway:
         from arena.llm.backends import make_backend
 
         backend = make_backend(settings)
+        endpoints: dict[str, Endpoint] = {}
+        for url in sorted({e.llm for e in settings.llm_roles.values() if e.llm and e.llm != settings.llm}):
+            other = make_backend(settings.model_copy(update={"llm": url}))
+            writer = state_writer(Path(settings.home), endpoint=len(endpoints) + 1)
+            endpoints[url] = Endpoint(other, backend_health(other, on_change=writer))
         gateway = cls(
             backend,
             cache=ResponseCache(Path(settings.home) / CACHE_FILE),
@@ -287,6 +397,8 @@ class Gateway:
             max_attempts=settings.llm_max_attempts,
             seed=settings.seed,
             health=backend_health(backend, on_change=state_writer(Path(settings.home))),
+            routes=lambda role: route_of(settings, role),
+            endpoints=endpoints,
         )
         gateway._owns_catalog = catalog is not None
         return gateway
@@ -326,19 +438,22 @@ class Gateway:
         """The validated output of ``role`` for ``inputs``; raises ``InvalidOutput`` when none came."""
         if not isinstance(inputs, role.input):
             raise TypeError(f"role {role.name!r} takes {role.input.__name__}, got {type(inputs).__name__}")
-        sampling = sampling if sampling is not None else Sampling(seed=self.seed)
+        route = self.routes(role.name) if self.routes is not None else None
+        sampling = self._sampling(route, sampling)
+        endpoint = self._endpoint(route)
         counters = self._count(role.name)
         counters.add(calls=1)
         try:
             await self._register(role)
-            key = cache_key(role, inputs, self.backend.name, self.backend.model, sampling)
-            hit = await self._from_cache(role, key)
+            key = cache_key(role, inputs, endpoint.backend.name, endpoint.backend.model, sampling)
+            hit = await self._from_cache(role, key, endpoint)
             if hit is not None:
                 counters.add(cache_hits=1)
                 return hit
             flight = self._in_flight.get(key)
             if flight is None:
-                flight = asyncio.ensure_future(self._served_and_cached(key, role, inputs, sampling, counters))
+                call = _Call(role, inputs, sampling, counters, endpoint, route)
+                flight = asyncio.ensure_future(self._served_and_cached(key, call))
                 self._in_flight[key] = flight
                 flight.add_done_callback(lambda done: self._landed(key, done))
             else:
@@ -350,19 +465,29 @@ class Gateway:
             raise
         return answer
 
+    def _sampling(self, route: RoleRoute | None, given: Sampling | None) -> Sampling:
+        """The route's sampling (or the seed default), with the fields the caller set on top."""
+        base = route.sampling if route is not None else Sampling(seed=self.seed)
+        if given is None:
+            return base
+        return base.model_copy(update={name: getattr(given, name) for name in given.model_fields_set})
+
+    def _endpoint(self, route: RoleRoute | None) -> Endpoint:
+        if route is None or route.llm not in self.endpoints:
+            return self._default
+        return self.endpoints[route.llm]
+
     def _landed(self, key: str, flight: asyncio.Future[Any]) -> None:
         self._in_flight.pop(key, None)
         if not flight.cancelled():
             flight.exception()  # retrieved: every caller may have been cancelled meanwhile
 
-    async def _served_and_cached(
-        self, key: str, role: Role[In, Out], inputs: In, sampling: Sampling, counters: _Counters
-    ) -> Answer[Out]:
-        answer = await self._served(role, inputs, sampling, counters)
+    async def _served_and_cached(self, key: str, call: _Call) -> Answer[Any]:
+        answer = await self._served(call)
         await self._to_cache(key, answer)
         return answer
 
-    async def _from_cache(self, role: Role[Any, Out], key: str) -> Answer[Out] | None:
+    async def _from_cache(self, role: Role[Any, Out], key: str, endpoint: Endpoint) -> Answer[Out] | None:
         if self.cache is None:
             return None
         try:
@@ -373,10 +498,10 @@ class Gateway:
         if stored is None:
             return None
         try:
-            output = parse_output(role, stored.raw)
-        except (NoJsonObject, ValidationError):
+            parsed = read_reply(role, Completion(text=stored.raw), _offered(role, None))
+        except (NoJsonObject, ReplyInvalid, Unusable):
             return None  # stored under an older output model that validated it: recompute
-        return self._answer(role, output, stored.raw, stored.usage, cached=True)
+        return self._answer(role, parsed, stored.usage, endpoint, cached=True)
 
     async def _to_cache(self, key: str, answer: Answer[Any]) -> None:
         if self.cache is None:
@@ -386,39 +511,41 @@ class Gateway:
         except sqlite3.Error as exc:
             log.warning("LLM cache write failed (%s); the answer is returned uncached", exc)
 
-    def _answer(self, role: Role[Any, Out], output: Out, raw: str, usage: Usage, cached: bool) -> Answer[Out]:
+    def _answer(
+        self, role: Role[Any, Out], parsed: ParsedReply[Out], usage: Usage, endpoint: Endpoint, cached: bool
+    ) -> Answer[Out]:
         return Answer(
-            output=output,
+            output=parsed.output,
             role=role.name,
             prompt_version=role.version,
-            backend=self.backend.name,
-            model=self.backend.model,
+            backend=endpoint.backend.name,
+            model=endpoint.backend.model,
             cached=cached,
             usage=usage,
-            raw=raw,
+            raw=parsed.raw,
+            reasoning=parsed.reasoning,
         )
 
-    async def _served(
-        self, role: Role[In, Out], inputs: In, sampling: Sampling, counters: _Counters
-    ) -> Answer[Out]:
+    async def _served(self, call: _Call) -> Answer[Any]:
         """``_attempts``, waiting out endpoint outages; a request the endpoint alone refuses ends invalid."""
+        health = call.endpoint.health
         own_faults: list[str] = []
         while True:
-            if not self.health.up:
-                counters.add(endpoint_waits=1)
-                await self.health.wait_up()
-            served_before = self.health.successes
-            state = await self._attempts(role, inputs, sampling, counters)
+            if not health.up:
+                call.counters.add(endpoint_waits=1)
+                await health.wait_up()
+            served_before = health.successes
+            state = await self._attempts(call)
             if state.unserved is None:
                 assert state.answer is not None
                 return state.answer
             reason = state.errors[-1] if state.errors else str(state.unserved)
-            if self.health.successes > served_before and not isinstance(state.unserved, EndpointRejected):
+            if health.successes > served_before and not isinstance(state.unserved, EndpointRejected):
                 # The endpoint served other calls meanwhile: this request is what fails.
                 own_faults.append(reason)
                 if len(own_faults) >= self.max_attempts:
                     raise InvalidOutput(
-                        role.name,
+                        call.role.name,
                         raw=state.raw,
                         errors=[
                             *state.errors,
@@ -426,34 +553,74 @@ class Gateway:
                         ],
                         attempts=self.max_attempts * len(own_faults),
                     )
-            if not self.health.can_wait:
-                raise InvalidOutput(role.name, raw=state.raw, errors=state.errors, attempts=self.max_attempts)
-            self.health.report(reason, stage=CALLER.get().stage, error=state.unserved)
+            if not health.can_wait:
+                raise InvalidOutput(
+                    call.role.name, raw=state.raw, errors=state.errors, attempts=self.max_attempts
+                )
+            health.report(reason, stage=CALLER.get().stage, error=state.unserved)
 
-    async def _attempts(
-        self, role: Role[In, Out], inputs: In, sampling: Sampling, counters: _Counters
-    ) -> _Attempts:
+    def _request(
+        self, call: _Call, draw: int, sampling: Sampling, feedback: list[dict[str, Any]]
+    ) -> CompletionRequest:
+        """The request of one attempt; refuses a prompt that does not fit the role's context budget."""
+        messages = call.role.messages(call.inputs) + feedback
+        tools = call.role.tools(call.inputs)
+        if call.route is not None:
+            budget = ContextBudget(call.route.context_tokens, sampling.max_tokens)
+            needed = prompt_tokens(messages, tools)
+            if budget.too_long(needed):
+                raise PromptTooLong(
+                    call.role.name,
+                    raw="",
+                    errors=[
+                        f"the prompt needs about {needed} tokens, which leaves {budget.reply_room(needed)} "
+                        f"of the {call.route.context_tokens}-token context for the reply (at least "
+                        f"{min(sampling.max_tokens, MIN_REPLY_TOKENS)} needed); raise ARENA_LLM_CONTEXT_TOKENS "
+                        "if the model has a larger window"
+                    ],
+                    attempts=0,
+                )
+            # A long prompt gets the room left: a server refuses prompt + max_tokens over its window.
+            sampling = sampling.model_copy(update={"max_tokens": budget.reply_room(needed)})
+        return CompletionRequest(
+            role=call.role,
+            inputs=call.inputs,
+            messages=messages,
+            json_schema=call.role.output_schema(),
+            sampling=sampling,
+            attempt=draw,
+            tools=tools,
+        )
+
+    def _longer(self, call: _Call, sampling: Sampling) -> Sampling | None:
+        """``sampling`` with twice the reply budget, within the context window (None: no room to grow)."""
+        limit = 131072
+        if call.route is not None:
+            prompt = prompt_tokens(call.role.messages(call.inputs), call.role.tools(call.inputs))
+            limit = min(limit, call.route.context_tokens - prompt - TEMPLATE_MARGIN_TOKENS)
+        grown = min(sampling.max_tokens * 2, limit)
+        return sampling.model_copy(update={"max_tokens": grown}) if grown > sampling.max_tokens else None
+
+    async def _attempts(self, call: _Call) -> _Attempts:
         """Ask the backend up to ``max_attempts`` times; the first valid output wins.
 
-        Returns the state with ``answer`` set, or with ``unserved`` set when the endpoint did not
-        serve the last attempt; raises ``InvalidOutput`` when the replies stayed invalid.
+        A reply cut at ``max_tokens`` is asked again with twice the budget; an invalid reply is
+        asked again with the validation error fed back (the reply and what was wrong with it as
+        two more messages). Returns the state with ``answer`` set, or with ``unserved`` set when
+        the endpoint did not serve the last attempt; raises ``InvalidOutput`` when the replies
+        stayed unusable.
         """
-        messages = role.messages(inputs)
-        schema = role.output_schema()
+        role, counters, backend = call.role, call.counters, call.endpoint.backend
+        offered = _offered(role, call.inputs)
         state = _Attempts()
-        draw = 0  # replies that came back invalid so far: a transport retry resends the same request
+        sampling = call.sampling
+        feedback: list[dict[str, Any]] = []
+        draw = 0  # replies that came back unusable so far: a transport retry resends the same request
         for attempt in range(self.max_attempts):
             counters.add(attempts=1, retries=1 if attempt else 0)
-            request = CompletionRequest(
-                role=role,
-                inputs=inputs,
-                messages=messages,
-                json_schema=schema,
-                sampling=sampling,
-                attempt=draw,
-            )
+            request = self._request(call, draw, sampling, feedback)
             try:
-                completion = await self.backend.complete(request)
+                completion = await backend.complete(request)
             except EndpointRejected as exc:
                 counters.add(transient_errors=1)
                 state.errors.append(f"attempt {attempt}: endpoint rejected the request: {exc}")
@@ -473,7 +640,7 @@ class Gateway:
                 state.unserved = None
                 draw += 1
                 continue
-            self.health.served()
+            call.endpoint.health.served()
             state.unserved = None
             counters.add(
                 prompt_tokens=completion.usage.prompt_tokens,
@@ -482,23 +649,44 @@ class Gateway:
             state.raw = completion.text
             state.prompt_tokens += completion.usage.prompt_tokens
             state.completion_tokens += completion.usage.completion_tokens
+            draw += 1
+            if completion.finish_reason == "length":
+                counters.add(cut_off=1)
+                longer = self._longer(call, sampling)
+                room = (
+                    f"; retrying with max_tokens={longer.max_tokens}"
+                    if longer
+                    else "; no room in the context to grow"
+                )
+                state.errors.append(
+                    f"attempt {attempt}: reply cut off at the token limit (finish_reason=length, "
+                    f"max_tokens={sampling.max_tokens}){room}"
+                )
+                if longer is None:
+                    break
+                sampling, feedback = longer, []
+                continue
             try:
-                output = parse_output(role, completion.text)
-            except NoJsonObject as exc:
+                parsed = read_reply(role, completion, offered)
+            except Unusable as exc:
+                counters.add(refusals=1)
+                state.errors.append(f"attempt {attempt}: {exc}")
+                continue
+            except (NoJsonObject, ReplyInvalid) as exc:
                 counters.add(invalid_outputs=1)
                 state.errors.append(f"attempt {attempt}: {exc}")
-                draw += 1
+                feedback = _feedback(completion.text, str(exc))
                 continue
-            except ValidationError as exc:
-                counters.add(invalid_outputs=1)
-                state.errors.append(f"attempt {attempt}: invalid output: {_validation_summary(exc)}")
-                draw += 1
-                continue
-            state.answer = self._answer(role, output, completion.text, state.usage, cached=False)
+            state.answer = self._answer(role, parsed, state.usage, call.endpoint, cached=False)
             return state
         if state.unserved is not None:
             return state
-        log.warning("role %s: no valid output after %d attempt(s)", role.name, self.max_attempts)
+        log.warning(
+            "role %s: no valid output after %d attempt(s): %s",
+            role.name,
+            self.max_attempts,
+            state.errors[-1:],
+        )
         raise InvalidOutput(role.name, raw=state.raw, errors=state.errors, attempts=self.max_attempts)
 
     def _backoff(self, attempt: int, exc: BaseException) -> float:
@@ -509,9 +697,10 @@ class Gateway:
         return max(delay, retry_after) if retry_after is not None else delay
 
     async def aclose(self) -> None:
-        """Close the backend and the cache (and the catalog when ``from_settings`` opened it)."""
-        await self.health.aclose()
-        await self.backend.aclose()
+        """Close the backends and the cache (and the catalog when ``from_settings`` opened it)."""
+        for endpoint in [self._default, *self.endpoints.values()]:
+            await endpoint.health.aclose()
+            await endpoint.backend.aclose()
         if self.cache is not None:
             await self.cache.aclose()
         if self._owns_catalog and self.catalog is not None:

@@ -181,15 +181,17 @@ STATE_DIR = Path("run") / "llm-endpoints"
 """Under ``$ARENA_HOME``: one ``<pid>.json`` per worker process whose endpoint state is known."""
 
 
-def state_writer(home: Path) -> Callable[[EndpointState], None]:
-    """An ``on_change`` that writes the state to ``$ARENA_HOME/run/llm-endpoints/<pid>.json`` atomically."""
+def state_writer(home: Path, endpoint: int = 0) -> Callable[[EndpointState], None]:
+    """An ``on_change`` that writes the state to ``$ARENA_HOME/run/llm-endpoints/<pid>.json`` atomically
+    (``<pid>-<endpoint>.json`` for a process's further endpoints, e.g. a judge's own model)."""
     folder = home / STATE_DIR
 
     def write(state: EndpointState) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
-        target = folder / f"{pid}.json"
-        temp = folder / f".{pid}.json.tmp"
+        name = f"{pid}.json" if endpoint == 0 else f"{pid}-{endpoint}.json"
+        target = folder / name
+        temp = folder / f".{name}.tmp"
         temp.write_text(state.model_copy(update={"pid": pid}).model_dump_json())
         temp.replace(target)
 

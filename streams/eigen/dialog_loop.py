@@ -51,6 +51,7 @@ from arena.llm.roles.eigen_dialogs import (
     AgentToolCall,
     AppEvent,
     TrajectoryAgentInput,
+    dialog_system_message,
 )
 from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInput, UserTurn
 from arena.records.eigen import Dialog, DialogCall, EndSignal
@@ -65,8 +66,7 @@ MAX_AGENT_STEPS = 12
 
 
 def system_message(pack: DomainPack, state: Mapping[str, Any]) -> str:
-    today = str(state.get("today") or "")
-    return pack.policy_text + (f"\n\nToday's date: {today}." if today else "")
+    return dialog_system_message(pack.policy_text, str(state.get("today") or ""))
 
 
 def user_instructions(intent: UserIntent) -> str:
@@ -293,7 +293,9 @@ class DialogLoop:
             messages=run.messages,
             app_events=run.events,
         )
-        step = (await self.gateway.call(EIGEN_TRAJECTORY_AGENT, inputs, self.sampling)).output
+        answer = await self.gateway.call(EIGEN_TRAJECTORY_AGENT, inputs, self.sampling)
+        step = answer.output
+        kept = {"reasoning_content": answer.reasoning} if answer.reasoning else {}  # the trace keeps it
         if step.tool_calls:
             ids = [f"call_{run.n_calls + k}" for k in range(len(step.tool_calls))]
             run.n_calls += len(ids)
@@ -302,6 +304,7 @@ class DialogLoop:
                 {
                     "role": "assistant",
                     "content": None,
+                    **kept,
                     "tool_calls": [
                         {
                             "id": i,
@@ -314,7 +317,7 @@ class DialogLoop:
             )
             return DialogState.TOOLS
         text = str(step.message)
-        run.messages.append({"role": "assistant", "content": text})
+        run.messages.append({"role": "assistant", "content": text, **kept})
         run.dialogue.append(DialogueMessage(role="assistant", content=text))
         run.requests = step.user_action_requests
         run.steps = 0

@@ -72,7 +72,7 @@ class AgentLoop:
                 answers.append(answer)
                 turns += 1
                 pending = list(answer.output.tool_calls)
-                messages.append(assistant_message(answer.output.content, pending, turns))
+                messages.append(assistant_message(answer.output.content, pending, turns, answer.reasoning))
                 state = LoopState.calling_tools if pending else LoopState.done
             else:
                 ids = [c["id"] for c in messages[-1]["tool_calls"]]
@@ -100,9 +100,16 @@ class AgentLoop:
         return LoopResult(messages, statuses, "answer", turns, answers)
 
 
-def assistant_message(content: str, calls: list[PlannedCall], turn: int) -> dict[str, Any]:
-    """An OpenAI assistant message; arguments are JSON strings as the API sends them."""
+def assistant_message(
+    content: str, calls: list[PlannedCall], turn: int, reasoning: str = ""
+) -> dict[str, Any]:
+    """An OpenAI assistant message; arguments are JSON strings as the API sends them.
+
+    A reasoning model's reasoning is kept in the trace as ``reasoning_content`` (vLLM's field),
+    apart from the content, so it is never parsed nor sent back as the answer."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [
             {

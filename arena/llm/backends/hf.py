@@ -63,6 +63,7 @@ class HfBackend:
             tokenizer, lm = self._ensure_loaded()
             encoded = tokenizer.apply_chat_template(
                 request.messages,
+                tools=request.tools,
                 add_generation_prompt=True,
                 tokenize=True,
                 return_dict=True,
@@ -85,8 +86,12 @@ class HfBackend:
                 output = lm.generate(**encoded, **kwargs)
             new_tokens = output[0, prompt_len:]
             text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+            stopped = bool(new_tokens.shape[0]) and int(new_tokens[-1]) == tokenizer.eos_token_id
+        cut = int(new_tokens.shape[0]) >= sampling.max_tokens and not stopped
         return Completion(
-            text=text, usage=Usage(prompt_tokens=prompt_len, completion_tokens=int(new_tokens.shape[0]))
+            text=text,
+            usage=Usage(prompt_tokens=prompt_len, completion_tokens=int(new_tokens.shape[0])),
+            finish_reason="length" if cut else "stop",
         )
 
     async def complete(self, request: CompletionRequest) -> Completion:

@@ -19,6 +19,7 @@ Servers that silently ignore ``response_format`` (``transformers serve`` 5.x) ne
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from email.utils import parsedate_to_datetime
@@ -29,7 +30,7 @@ import httpx
 from arena.config import redact_url
 from arena.llm.admission import Admission, LocalAdmission, admission_for
 from arena.llm.backends import BackendError, LlmTarget, RetryAfter
-from arena.llm.core import Completion, CompletionRequest, EndpointRejected, TransientError, Usage
+from arena.llm.core import Completion, CompletionRequest, EndpointRejected, ToolCall, TransientError, Usage
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
@@ -78,6 +79,68 @@ def _model_ids(response: httpx.Response) -> set[str] | None:
 
 ATTEMPT_HEADER = "X-Arena-Attempt"
 """The gateway's attempt number (0 first, then retries after invalid output), sent with each request."""
+ROLE_HEADER = "X-Arena-Role"
+"""The role a request is for (``arena llm serve`` answers native agent requests by it)."""
+
+
+def _tool_call(call: dict[str, Any]) -> ToolCall:
+    """A native tool call; arguments arrive as a JSON string (some servers send an object)."""
+    function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
+    name = str(function.get("name") or "")
+    raw = function.get("arguments")
+    if isinstance(raw, dict):
+        return ToolCall(name=name, arguments=raw, id=str(call.get("id") or ""))
+    try:
+        arguments = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict) or not name:
+        problem = "no function name" if not name else f"arguments are not a JSON object: {str(raw)[:200]!r}"
+        return ToolCall(name=name, arguments={}, id=str(call.get("id") or ""), error=problem)
+    return ToolCall(name=name, arguments=arguments, id=str(call.get("id") or ""))
+
+
+HERMES_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}'
+    "\n</tool_call>"
+)
+"""The tool preamble of Hermes-style chat templates (Qwen 2.5/3, Hermes 2/3)."""
+
+
+def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` for a server without native tools: the tools described in the system prompt,
+    earlier tool calls as ``<tool_call>`` text and tool results as ``<tool_response>`` user turns."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    preamble = HERMES_TOOLS.format(tools=listing)
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content") or ""
+        if role == "system":
+            out.append({"role": "system", "content": f"{content}\n\n{preamble}"})
+        elif role == "assistant" and message.get("tool_calls"):
+            calls = "".join(
+                f"\n<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': _arguments(c)}, ensure_ascii=False)}\n</tool_call>"
+                for c in message["tool_calls"]
+            )
+            out.append({"role": "assistant", "content": f"{content}{calls}".strip()})
+        elif role == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
+        else:
+            out.append({"role": str(role), "content": content})
+    if not out or out[0]["role"] != "system":
+        out.insert(0, {"role": "system", "content": preamble})
+    return out
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    raw = call.get("function", {}).get("arguments")
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return raw
 
 
 class OpenAIBackend:
@@ -115,23 +178,39 @@ class OpenAIBackend:
         )
         self._unguided: set[str] = set()
         """Roles whose ``response_format`` this server rejected (sent without it from then on)."""
+        self._no_native_tools: set[str] = set()
+        """Agent roles whose native ``tools`` this server rejected (tools go in the prompt from then on)."""
 
     def __repr__(self) -> str:  # no API key here, ever
         return f"OpenAIBackend({redact_url(self.base_url)!r}, model={self.model!r}, concurrency={self.concurrency})"
 
     def body(self, request: CompletionRequest, guided: bool = True) -> dict[str, Any]:
-        """The JSON body of ``POST /chat/completions`` for ``request``."""
+        """The JSON body of ``POST /chat/completions`` for ``request``.
+
+        An agent role offers its tools natively (``tools``, ``tool_choice=auto``; no
+        ``response_format``, which would forbid tool calls), or, on a server that refused native
+        tools, describes them in the system prompt the Hermes way (``hermes_messages``).
+        """
         sampling = request.sampling
+        native = request.tools is not None and request.role.name not in self._no_native_tools
+        messages = request.messages
+        if request.tools is not None and not native:
+            messages = hermes_messages(request.messages, request.tools)
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": request.messages,
+            "messages": messages,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "max_tokens": sampling.max_tokens,
             # Retries after invalid output must not replay the same sample.
             "seed": sampling.seed + request.attempt,
         }
-        if guided:
+        if sampling.stop:
+            body["stop"] = sampling.stop
+        if native:
+            body["tools"] = request.tools
+            body["tool_choice"] = "auto"
+        elif guided and request.tools is None:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": request.role.name, "schema": request.json_schema, "strict": True},
@@ -140,17 +219,38 @@ class OpenAIBackend:
 
     async def complete(self, request: CompletionRequest) -> Completion:
         guided = request.role.name not in self._unguided
+        native = request.tools is not None and request.role.name not in self._no_native_tools
         async with self.admission.slot(self.admission_key):
-            response = await self._post(self.body(request, guided), request.attempt)
-            if response.status_code == 400 and guided:
+            response = await self._post(self.body(request, guided), request)
+            if response.status_code == 400 and native:
+                response = await self._without_native_tools(request, response)
+            elif response.status_code == 400 and guided and request.tools is None:
                 response = await self._without_response_format(request, response)
         return self._completion(response)
+
+    async def _without_native_tools(
+        self, request: CompletionRequest, rejected: httpx.Response
+    ) -> httpx.Response:
+        """Retry a 400 to ``tools`` once with the tools in the prompt (a server without a tool parser)."""
+        self._no_native_tools.add(request.role.name)
+        retry = await self._post(self.body(request), request)
+        if not retry.is_success:
+            self._no_native_tools.discard(request.role.name)
+            return rejected
+        log.warning(
+            "LLM server %s rejected native tools for role %s (%s); tools go in the prompt (Hermes "
+            "<tool_call> format) from now on",
+            redact_url(self.base_url),
+            request.role.name,
+            _error_text(rejected),
+        )
+        return retry
 
     async def _without_response_format(
         self, request: CompletionRequest, rejected: httpx.Response
     ) -> httpx.Response:
         """Retry a 400 once without ``response_format``; keep the first error if that fails too."""
-        retry = await self._post(self.body(request, guided=False), request.attempt)
+        retry = await self._post(self.body(request, guided=False), request)
         if retry.status_code == 400:
             return rejected
         if retry.is_success:
@@ -163,16 +263,17 @@ class OpenAIBackend:
             )
         return retry
 
-    async def _post(self, body: dict[str, Any], attempt: int) -> httpx.Response:
+    async def _post(self, body: dict[str, Any], request: CompletionRequest) -> httpx.Response:
         """One HTTP request under the per-request timeout; transport failures become transient.
 
-        ``ATTEMPT_HEADER`` tells a server that cares (``arena llm serve``) which retry this is; any
-        other server ignores it.
+        ``ATTEMPT_HEADER`` and ``ROLE_HEADER`` tell a server that cares (``arena llm serve``) which
+        retry of which role this is; any other server ignores them.
         """
         url = f"{self.base_url}/chat/completions"
+        headers = {ATTEMPT_HEADER: str(request.attempt), ROLE_HEADER: request.role.name}
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._client.post(url, json=body, headers={ATTEMPT_HEADER: str(attempt)})
+                return await self._client.post(url, json=body, headers=headers)
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise TransientError(f"LLM request timed out after {self.timeout_s:g}s") from exc
         except httpx.TransportError as exc:
@@ -198,16 +299,24 @@ class OpenAIBackend:
             )
         try:
             payload = response.json()
-            message = payload["choices"][0]["message"]
+            choice = payload["choices"][0]
+            message = choice["message"]
+            if not isinstance(message, dict):
+                raise TypeError("message is not an object")
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise TransientError(f"LLM server sent a malformed completion: {_error_text(response)}") from exc
         usage = payload.get("usage") or {}
+        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
         return Completion(
             text=message.get("content") or "",
             usage=Usage(
                 prompt_tokens=int(usage.get("prompt_tokens") or 0),
                 completion_tokens=int(usage.get("completion_tokens") or 0),
             ),
+            reasoning=reasoning if isinstance(reasoning, str) else "",
+            finish_reason=choice.get("finish_reason") if isinstance(choice, dict) else None,
+            tool_calls=tuple(_tool_call(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)),
+            refusal=message.get("refusal") or None,
         )
 
     @property

@@ -82,6 +82,10 @@ class VllmBackend:
             "max_tokens": sampling.max_tokens,
             "seed": sampling.seed + request.attempt,
         }
+        if sampling.stop:
+            kwargs["stop"] = sampling.stop
+        if request.tools is not None:  # an agent turn: free text with tool calls, no JSON guide
+            return self._vllm.SamplingParams(**kwargs)
         try:
             from vllm.sampling_params import StructuredOutputsParams
 
@@ -95,7 +99,11 @@ class VllmBackend:
     async def complete(self, request: CompletionRequest) -> Completion:
         engine, tokenizer = await self._ensure_started()
         prompt = await asyncio.to_thread(
-            tokenizer.apply_chat_template, request.messages, tokenize=False, add_generation_prompt=True
+            tokenizer.apply_chat_template,
+            request.messages,
+            tools=request.tools,  # the template writes them its own way (Hermes <tools> for Qwen)
+            tokenize=False,
+            add_generation_prompt=True,
         )
         final: Any = None
         async for output in engine.generate(prompt, self.sampling_params(request), uuid.uuid4().hex):
@@ -108,6 +116,7 @@ class VllmBackend:
             usage=Usage(
                 prompt_tokens=len(final.prompt_token_ids or []), completion_tokens=len(choice.token_ids)
             ),
+            finish_reason=getattr(choice, "finish_reason", None),
         )
 
     async def aclose(self) -> None:

@@ -1,5 +1,10 @@
 """The agent policy role (ASTRA §2.1.4): one assistant turn of the tool-calling loop.
 
+Sent natively (``Role.agent``): the conversation as OpenAI chat messages and the tools as
+``tools``; the reply's ``tool_calls`` (or Hermes ``<tool_call>`` text) are the turn's calls. The
+JSON contract below is what the rules simulator answers, and what a model that replies with one
+JSON object is read by.
+
 The policy sees exactly what a deployed tool-using model sees: the OpenAI chat
 messages so far (system prompt, user task, earlier assistant turns and tool
 results) and the OpenAI tool schemas. It never sees the tool chain a task was
@@ -13,7 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from arena.llm.core import Role
+from arena.llm.core import AgentIO, Role, ToolCall, sendable
 
 
 class AgentTurnInput(BaseModel):
@@ -59,6 +64,26 @@ class AgentTurn(BaseModel):
     )
 
 
+def _reply(text: str, calls: list[ToolCall]) -> AgentTurn:
+    return AgentTurn(
+        content=text, tool_calls=[PlannedCall(name=c.name, arguments=c.arguments) for c in calls]
+    )
+
+
+def _as_reply(turn: AgentTurn) -> tuple[str, list[ToolCall]]:
+    return turn.content, [ToolCall(name=c.name, arguments=c.arguments) for c in turn.tool_calls]
+
+
+NATIVE = AgentIO[AgentTurnInput, AgentTurn](
+    conversation=lambda inputs: [sendable(m) for m in inputs.messages],
+    tools=lambda inputs: list(inputs.tools),
+    reply=_reply,
+    inputs_from=lambda messages, tools: AgentTurnInput(messages=messages, tools=tools),
+    as_reply=_as_reply,
+)
+"""The policy speaks the chat API natively: the conversation as sent, tools offered, ``tool_calls``
+back; a reply with no call is the final answer. The system prompt is the conversation's own."""
+
 AGENT_POLICY: Role[AgentTurnInput, AgentTurn] = Role(
     name="agent_policy",
     input=AgentTurnInput,
@@ -89,4 +114,5 @@ AGENT_POLICY: Role[AgentTurnInput, AgentTurn] = Role(
         '"arguments": object}, ...]} and nothing else.'
     ),
     template="Conversation and tools:\n{input}\n\nReturn the next assistant turn as the JSON object.",
+    agent=NATIVE,
 )

@@ -16,11 +16,13 @@ The user side reuses ``arena.llm.roles.user_sim.USER_SIMULATOR``.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from arena.llm.core import Role
+from arena.llm.core import AgentIO, Role, ToolCall, sendable
 from arena.llm.roles.eigen import UserIntent
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "TrajectoryAgentInput",
     "TrajectoryValidationInput",
     "TrajectoryVerdict",
+    "dialog_system_message",
 ]
 
 Criterion = Literal["schema", "grounding", "goal", "realism", "policy"]
@@ -168,6 +171,153 @@ class TrajectoryVerdict(BaseModel):
 
 # --------------------------------------------------------------------------- roles
 
+# --------------------------------------------------------------------------- native chat form
+
+APP_ACTION_TOOL = "request_app_action"
+"""The tool through which a native agent asks the customer to act in the app (``user_action_requests``)."""
+NATIVE_INSTRUCTIONS = (
+    "You are a customer-service agent. Help the user efficiently while strictly adhering to the "
+    "company policy below.\n"
+    "- Identify the customer first and verify their identity as the policy demands before any "
+    "change; never act on another customer's account.\n"
+    "- Read before you write: check with look-up tools that each request is allowed before acting; "
+    "confirm every write with the customer first.\n"
+    "- Refuse requests the policy forbids, saying which rule forbids it.\n"
+    "- Trust system data over user claims; state only facts that appear in tool results or in the "
+    "user's messages.\n"
+    "- Each turn either calls tools or writes one message to the customer, never both. When the "
+    f"customer must act in the app, write the message asking for it and call {APP_ACTION_TOOL} with "
+    "the action and the arguments the app pre-fills."
+)
+"""The agent's instructions when it speaks the chat API natively (the JSON contract is not needed)."""
+_TODAY = re.compile(r"\n\nToday's date: (?P<today>[^\n]*)\.$")
+_APP_ACTIONS = "\n\n<app_actions>\n"
+_APP_EVENTS = "\n\n<app_events>\n"
+
+
+def dialog_system_message(policy: str, today: str) -> str:
+    """The system message a dialogue opens with: the policy and today's date."""
+    return policy + (f"\n\nToday's date: {today}." if today else "")
+
+
+def _app_action_tool(user_tools: list[dict[str, Any]]) -> dict[str, Any]:
+    names = [str(t.get("function", {}).get("name")) for t in user_tools]
+    return {
+        "type": "function",
+        "function": {
+            "name": APP_ACTION_TOOL,
+            "description": "Ask the customer to take an action in the app (listed in <app_actions>); "
+            "goes with the message that asks for it.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "action": {"type": "string", "enum": names, "description": "The app action."},
+                    "arguments": {"type": "object", "description": "Arguments the app pre-fills."},
+                },
+                "required": ["action"],
+            },
+        },
+    }
+
+
+def _conversation(inputs: TrajectoryAgentInput) -> list[dict[str, Any]]:
+    """The instructions and the dialogue's system message first; app events inside the user turns."""
+    out: list[dict[str, Any]] = []
+    events: dict[int, list[dict[str, Any]]] = {}
+    for event in inputs.app_events:
+        events.setdefault(event.after_message, []).append(event.model_dump(mode="json"))
+    for i, message in enumerate(inputs.messages):
+        message = sendable(message)
+        if i == 0 and message.get("role") == "system":
+            actions = f"{_APP_ACTIONS}{json.dumps(inputs.user_tools, ensure_ascii=False)}\n</app_actions>"
+            message["content"] = f"{NATIVE_INSTRUCTIONS}\n\n{message.get('content') or ''}" + (
+                actions if inputs.user_tools else ""
+            )
+        if i in events:
+            listed = json.dumps(events[i], ensure_ascii=False)
+            message["content"] = f"{message.get('content') or ''}{_APP_EVENTS}{listed}\n</app_events>"
+        out.append(message)
+    return out
+
+
+def _inputs_from(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> TrajectoryAgentInput:
+    """The inverse of ``_conversation`` (and of ``_tools``); ValueError when they are not its output."""
+    if not messages or messages[0].get("role") != "system":
+        raise ValueError("the conversation does not open with the agent's system message")
+    system = str(messages[0].get("content") or "")
+    if not system.startswith(NATIVE_INSTRUCTIONS + "\n\n"):
+        raise ValueError("the system message is not the eigen agent's")
+    system = system[len(NATIVE_INSTRUCTIONS) + 2 :]
+    user_tools: list[dict[str, Any]] = []
+    if _APP_ACTIONS in system:
+        system, _, listed = system.partition(_APP_ACTIONS)
+        user_tools = json.loads(listed.removesuffix("\n</app_actions>"))
+    today_match = _TODAY.search(system)
+    policy = system[: today_match.start()] if today_match else system
+    today = today_match.group("today") if today_match else ""
+    restored: list[dict[str, Any]] = [{**messages[0], "content": system}]
+    events: list[AppEvent] = []
+    for message in messages[1:]:
+        content = message.get("content")
+        if isinstance(content, str) and _APP_EVENTS in content:
+            content, _, listed = content.partition(_APP_EVENTS)
+            events.extend(
+                AppEvent.model_validate(e) for e in json.loads(listed.removesuffix("\n</app_events>"))
+            )
+            message = {**message, "content": content}
+        restored.append(message)
+    return TrajectoryAgentInput(
+        policy=policy,
+        today=today,
+        tools=[t for t in tools if t.get("function", {}).get("name") != APP_ACTION_TOOL],
+        user_tools=user_tools,
+        messages=restored,
+        app_events=events,
+    )
+
+
+def _tools(inputs: TrajectoryAgentInput) -> list[dict[str, Any]]:
+    return [*inputs.tools, _app_action_tool(inputs.user_tools)] if inputs.user_tools else list(inputs.tools)
+
+
+def _reply(text: str, calls: list[ToolCall]) -> AgentStep:
+    """Tool calls (with the text as reasoning), or a message with the app actions it asks for."""
+    requests = [
+        AgentToolCall(
+            name=str(c.arguments.get("action") or ""), arguments=dict(c.arguments.get("arguments") or {})
+        )
+        for c in calls
+        if c.name == APP_ACTION_TOOL
+    ]
+    real = [AgentToolCall(name=c.name, arguments=c.arguments) for c in calls if c.name != APP_ACTION_TOOL]
+    if real:
+        return AgentStep(think=text, tool_calls=real, user_action_requests=requests)
+    return AgentStep(message=text, user_action_requests=requests)
+
+
+def _as_reply(step: AgentStep) -> tuple[str, list[ToolCall]]:
+    if step.tool_calls:
+        return step.think, [ToolCall(name=c.name, arguments=c.arguments) for c in step.tool_calls]
+    asks = [
+        ToolCall(name=APP_ACTION_TOOL, arguments={"action": r.name, "arguments": r.arguments})
+        for r in step.user_action_requests
+    ]
+    return str(step.message or ""), asks
+
+
+EIGEN_AGENT_NATIVE = AgentIO[TrajectoryAgentInput, AgentStep](
+    conversation=_conversation,
+    tools=_tools,
+    reply=_reply,
+    inputs_from=_inputs_from,
+    as_reply=_as_reply,
+)
+"""The TrajectoryAgent over the chat API: the dialogue as messages (instructions and policy in the
+system message, the customer's in-app actions inside the user turns they came with), the agent
+tools plus ``request_app_action``; a reply with tool calls is a tool step, one without is the
+message to the customer."""
+
+
 EIGEN_TRAJECTORY_AGENT: Role[TrajectoryAgentInput, AgentStep] = Role(
     name="eigen_trajectory_agent",
     input=TrajectoryAgentInput,
@@ -191,6 +341,7 @@ EIGEN_TRAJECTORY_AGENT: Role[TrajectoryAgentInput, AgentStep] = Role(
         'string | null, "user_action_requests": [{"name", "arguments"}]} and nothing else.'
     ),
     template="Policy, tools, dialogue and app events:\n{input}\n\nReturn your next step.",
+    agent=EIGEN_AGENT_NATIVE,
 )
 
 EIGEN_TRAJECTORY_VALIDATION: Role[TrajectoryValidationInput, TrajectoryVerdict] = Role(
