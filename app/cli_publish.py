@@ -97,7 +97,10 @@ def publish_qa(
     ] = None,
     builtin: Annotated[
         list[str] | None,
-        typer.Option("--builtin", help="A built-in seeded knowledge base by domain (repeatable)."),
+        typer.Option(
+            "--builtin",
+            help="A built-in knowledge base by domain (repeatable); world_facts is prose (passages only).",
+        ),
     ] = None,
     questions: Annotated[
         Path | None,
@@ -111,7 +114,7 @@ def publish_qa(
     ] = 8,
 ) -> None:
     """Publish QA seeds to `qa.seeds`: knowledge sources plus hop budget, or main questions."""
-    from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
+    from producers.builtin_knowledge import BUILTIN_DOMAINS, PROSE_DOMAINS, builtin_knowledge
     from producers.knowledge import (
         KnowledgeError,
         load_knowledge,
@@ -122,11 +125,10 @@ def publish_qa(
     from producers.publish_qa import publish_seeds
 
     cfg = settings()
-    unknown = [d for d in builtin or [] if d not in BUILTIN_DOMAINS]
+    known = (*BUILTIN_DOMAINS, *PROSE_DOMAINS)
+    unknown = [d for d in builtin or [] if d not in known]
     if unknown:
-        raise UserError(
-            f"no built-in knowledge base {unknown[0]!r} (fix: use one of {', '.join(BUILTIN_DOMAINS)})"
-        )
+        raise UserError(f"no built-in knowledge base {unknown[0]!r} (fix: use one of {', '.join(known)})")
     if not paths and not builtin:
         raise UserError("give knowledge sources (PATH...) or --builtin DOMAIN")
     missing = [p for p in [*(paths or []), *([questions] if questions else [])] if not p.exists()]
@@ -144,10 +146,15 @@ def publish_qa(
     else:
         seeds = [unconditional_seed(kb, hop_budget=hops, count=count, source=src) for kb, src in sources]
     asyncio.run(publish_seeds(ready_broker(cfg), seeds))
-    table = Table("seed", "domain", "mode", "tables", "instances", "source", title="published to qa.seeds")
+    table = Table(
+        "seed", "domain", "mode", "tables", "passages", "instances", "source", title="published to qa.seeds"
+    )
     for seed in seeds:
         n = str(seed.count) if seed.mode == "unconditional" else "1"
-        table.add_row(seed.seed_id, seed.domain, seed.mode, str(len(seed.knowledge.tables)), n, seed.source)
+        k = seed.knowledge
+        table.add_row(
+            seed.seed_id, seed.domain, seed.mode, str(len(k.tables)), str(len(k.passages)), n, seed.source
+        )
     console.print(table)
 
 

@@ -2,18 +2,24 @@
 
 Each is a few small tables linked by foreign keys (a listing's agent, that agent's agency, the
 agency's city), so multi-hop questions exist; ``arena demo`` and ``arena publish qa --builtin``
-publish them.
+publish them. ``PROSE_DOMAINS`` are sample knowledge bases of prose only (Markdown under
+``arena/samples/knowledge``), for the passage path: ``arena publish qa --builtin world_facts``.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from pathlib import Path
 
+import arena.samples
 from arena.records.envs import Cell, KbTable, KnowledgeBase
-from producers.knowledge import KnowledgeError
+from producers.knowledge import KnowledgeError, load_knowledge
 
 BUILTIN_DOMAINS: tuple[str, ...] = ("real_estate", "e_commerce", "healthcare")
+PROSE_DOMAINS: tuple[str, ...] = ("world_facts",)
+"""Sample knowledge bases of prose (passages, no tables); not part of ``arena demo``."""
+PROSE_DIR = Path(arena.samples.__file__).parent / "knowledge"
 
 
 _FIRST = [
@@ -313,10 +319,11 @@ _BUILDERS: dict[str, Callable[[random.Random], list[KbTable]]] = {
 
 
 def builtin_knowledge(domain: str, seed: int = 0) -> KnowledgeBase:
-    """The seeded built-in knowledge base of ``domain`` (one of ``BUILTIN_DOMAINS``)."""
+    """The seeded built-in knowledge base of ``domain`` (``BUILTIN_DOMAINS``, or prose: ``PROSE_DOMAINS``)."""
+    if domain in PROSE_DOMAINS:
+        return load_knowledge(PROSE_DIR / f"{domain}.md")[0]
     builder = _BUILDERS.get(domain)
     if builder is None:
-        raise KnowledgeError(
-            f"builtin:{domain}", "no such built-in knowledge base", f"use one of {', '.join(BUILTIN_DOMAINS)}"
-        )
+        known = ", ".join((*BUILTIN_DOMAINS, *PROSE_DOMAINS))
+        raise KnowledgeError(f"builtin:{domain}", "no such built-in knowledge base", f"use one of {known}")
     return KnowledgeBase(domain=domain, tables=builder(random.Random(f"{domain}:{seed}")))

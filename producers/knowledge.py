@@ -10,7 +10,8 @@ listing's agent, that agent's agency, the agency's city. Sources:
   of such, or a list of row dicts = one table), CSV (one table, key = first
   column, name from the file stem), Markdown/text corpora (pipe tables become
   tables; sentences "The <column> of <entity> <key> is <value>." become rows;
-  other text is kept as passages for LLM backends). A folder is one knowledge
+  other text is kept as passages: prose, one passage per paragraph, which the
+  environment track chunks, retrieves per question and grounds answers in). A folder is one knowledge
   base of all its files. Links are inferred when none are given: a column
   whose values are all keys of another table (and whose name points at it).
 
@@ -176,11 +177,20 @@ def _read_text(path: Path) -> str:
             path, f"file is larger than {MAX_FILE_BYTES >> 20} MiB", "split it into smaller sources"
         )
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise KnowledgeError(
             path, f"not UTF-8 text ({exc.reason} at byte {exc.start})", "save it as UTF-8"
         ) from None
+    except OSError as exc:
+        raise KnowledgeError(
+            path, f"cannot be read ({exc.strerror or exc})", "check its permissions"
+        ) from None
+    if "\x00" in text:
+        raise KnowledgeError(
+            path, "looks like a binary file (it holds NUL bytes)", "export it as plain text or Markdown first"
+        )
+    return text
 
 
 def _json_tables(path: Path, doc: Any, where: str = "") -> KnowledgeBase:

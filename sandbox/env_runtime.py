@@ -9,9 +9,11 @@ program::
     <invocation>          # final expression statement; its value is the return value
 
 The sandbox returns the trailing expression's value as ``return_value``. A job
-passes when the run is ok and the normalised answer (casefolded, whitespace
-collapsed) occurs in the normalised output text: stdout followed by the JSON of
-the return value (the "output contains a_i" rule of ASTRA §2.2.3).
+passes when the run is ok and the output text (stdout followed by the JSON of
+the return value) contains the answer (the "output contains a_i" rule of ASTRA
+§2.2.3): the normalised answer (casefolded, whitespace collapsed) occurs in the
+normalised output, or ``arena.fuzzy.contains_value`` finds it (a number within
+tolerance, thousands separators and units aside; most of the answer's words).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from arena.fuzzy import contains_value
 from arena.records.envs import Cell, EnvJob, EnvPackage
 from sandbox.pool import SandboxResult
 
@@ -94,9 +97,12 @@ def output_text(result: SandboxResult) -> str:
 
 
 def contains_answer(result: SandboxResult, answer: str) -> bool:
-    """The run is ok and its output text contains ``answer`` (normalised); an empty answer never does."""
+    """The run is ok and its output text contains ``answer`` (normalised, or fuzzily); an empty answer never does."""
     wanted = normalise(answer)
-    return result.ok and bool(wanted) and wanted in normalise(output_text(result))
+    if not (result.ok and wanted):
+        return False
+    text = output_text(result)
+    return wanted in normalise(text) or contains_value(text, answer)
 
 
 def judge(job: EnvJob, result: SandboxResult) -> JobOutcome:

@@ -21,7 +21,7 @@ from simulator import (
     emulation,
     envs,
     judges,
-    qa,
+    prose_qa,
     qa_judges,
     tasks,
     user_sim,
@@ -36,7 +36,7 @@ RULES: dict[str, RuleFn] = {
     **agent.RULES,
     **judges.RULES,
     **envs.RULES,
-    **qa.RULES,
+    **prose_qa.RULES,  # qa_synthesis: tables (simulator.qa) or prose
     **qa_judges.RULES,
     **user_sim.RULES,
     **eigen.RULES,

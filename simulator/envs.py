@@ -10,6 +10,13 @@ response-format enum. On a first attempt the invocation is, with a small
 seeded probability, wrong the way a model gets it wrong (a parameter name the
 function does not take, a key copied with trailing punctuation), so the
 stage's retry-from-invocation loop is exercised.
+
+A passage-grounded sub-question (prose knowledge) gets a text search tool,
+``search_<domain>_passages(query, top_k=3, ...)``: its implementation ranks the
+chunks in ``DATA[<tool name>]`` (rows ``{"id", "text"}``) by a small BM25 over
+the query's words and returns the best ones, so the answer is in the returned
+text and disappears when the data no longer states it. The invocation asks for
+"<attribute> of <entity>".
 """
 
 from __future__ import annotations
@@ -123,9 +130,41 @@ def _lookup_param(spec: ToolSpec) -> str:
     return spec.required[0]
 
 
+TOP_K = 3
+"""Passages a search tool returns by default."""
+
+
+def passage_query(g: Grounding) -> str:
+    """What a search for a passage grounding's fact asks: ``height of Eiffel Tower``."""
+    return f"{g.column} of {g.key}"
+
+
+def passage_spec(domain: str) -> ToolSpec:
+    name = f"search_{ident(domain)}_passages"[:64]
+    properties: dict[str, Any] = {
+        "query": {"type": "string", "description": "What to look for: an entity and the fact wanted."},
+        "top_k": {"type": "integer", "minimum": 1, "default": TOP_K, "description": "Passages to return."},
+        "response_format": {
+            "type": "string",
+            "enum": list(FORMATS),
+            "default": "json",
+            "description": "json: an object with the passages; text: the passages, one per line.",
+        },
+    }
+    return ToolSpec(
+        name=name,
+        description=f"Search the {domain.replace('_', ' ')} reference text. Returns "
+        '{"passages": [{"id", "text"}, ...]}, the best matches first (plain text for other response '
+        "formats), or an object with an 'error' when nothing matches.",
+        parameters={"type": "object", "properties": properties, "required": ["query"]},
+    )
+
+
 def tool_spec(inputs: BaseModel, rng: random.Random) -> ToolSpec:
     assert isinstance(inputs, ToolSpecInput)
     g = _grounding(inputs.grounding, "tool_spec")
+    if g.is_passage:
+        return passage_spec(inputs.domain)
     entity = ident(inputs.entity or _singular(g.table))
     name = f"get_{entity}_{ident(g.column)}"[:64]
     param = key_param(entity, g.key_column)
@@ -174,6 +213,9 @@ def tool_invocation(inputs: BaseModel, rng: random.Random) -> ToolInvocation:
     assert isinstance(inputs, ToolInvocationInput)
     g = _grounding(inputs.grounding, "tool_invocation")
     param = _lookup_param(inputs.spec)
+    if g.is_passage:
+        slip = inputs.attempt == 1 and rng.random() < WRONG_INVOCATION_RATE
+        return ToolInvocation(invocation=_call(inputs.spec.name, "q" if slip else param, passage_query(g)))
     if inputs.attempt == 1 and rng.random() < WRONG_INVOCATION_RATE:
         if rng.random() < 0.5:
             wrong = "id" if param != "id" else "key"  # a generic name the function does not take
@@ -210,6 +252,8 @@ def tool_implementation(inputs: BaseModel, rng: random.Random) -> ToolImplementa
     param = _lookup_param(spec)
     if not inputs.rows:
         raise Undecidable("tool_implementation: no rows given; the rules backend does not invent data")
+    if g.is_passage:
+        return ToolImplementation(code=search_code(spec, param, inputs.data_key))
     props = spec.properties
     fmt = "response_format" in props
     lines = [
@@ -241,6 +285,54 @@ def tool_implementation(inputs: BaseModel, rng: random.Random) -> ToolImplementa
     return ToolImplementation(code="\n".join(lines) + "\n")
 
 
+def search_code(spec: ToolSpec, param: str, data_key: str) -> str:
+    """A passage search over ``DATA[data_key]``: BM25 of the query's words, best passages first."""
+    props = spec.properties
+    top = "max(1, int(top_k))" if "top_k" in props else str(TOP_K)
+    lines = [
+        f"def {spec.name}({_signature(spec)}) -> dict | str:",
+        f"    {spec.description!r}",
+        "    import math",
+        "    import re",
+        "",
+        "    def words(text):",
+        "        return re.findall(r'[^\\W_]+', str(text).casefold())",
+        "",
+        f"    rows = DATA[{data_key!r}]",
+        "    docs = [words(row.get('text', '')) for row in rows]",
+        "    avg = sum(len(d) for d in docs) / max(1, len(docs))",
+        f"    terms = set(words({param})) - {{'of', 'the', 'a', 'an', 'in', 'is', 'what', 'and'}}",
+        "    scored = []",
+        "    for n, doc in enumerate(docs):",
+        "        score = 0.0",
+        "        for term in terms:",
+        "            tf = doc.count(term)",
+        "            if tf:",
+        "                df = sum(1 for d in docs if term in d)",
+        "                idf = math.log(1 + (len(docs) - df + 0.5) / (df + 0.5))",
+        "                score += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * len(doc) / (avg or 1)))",
+        "        if score > 0:",
+        "            scored.append((-score, n))",
+        f"    hits = [rows[n] for _, n in sorted(scored)[:{top}]]",
+        "    if not hits:",
+        f"        return {{'error': 'no passage matches ' + repr({param})}}",
+    ]
+    if "response_format" in props:
+        lines += [
+            "    if response_format != 'json':",
+            "        return '\\n'.join(str(h.get('text', '')) for h in hits)",
+        ]
+    lines.append("    result = {'passages': [{'id': h.get('id'), 'text': h.get('text')} for h in hits]}")
+    if "include_key" in props:
+        lines += ["    if include_key:", f"        result['query'] = {param}"]
+    if "include_source" in props:
+        lines += ["    if include_source:", "        result['source'] = 'passages'"]
+    if "request_id" in props:
+        lines += ["    if request_id is not None:", "        result['request_id'] = request_id"]
+    lines.append("    return result")
+    return "\n".join(lines) + "\n"
+
+
 def homogeneous_groups(inputs: BaseModel, rng: random.Random) -> HomogeneousGroups:
     """Same (table, key column, column) lookup = same functional intent."""
     assert isinstance(inputs, HomogeneousInput)
@@ -261,7 +353,8 @@ def homogeneous_groups(inputs: BaseModel, rng: random.Random) -> HomogeneousGrou
 def merge_invocation(inputs: BaseModel, rng: random.Random) -> ToolInvocation:
     assert isinstance(inputs, MergeInvocationInput)
     g = _grounding(inputs.grounding, "merge_invocation")
-    return ToolInvocation(invocation=_call(inputs.base.name, _lookup_param(inputs.base), g.key))
+    value = passage_query(g) if g.is_passage else g.key
+    return ToolInvocation(invocation=_call(inputs.base.name, _lookup_param(inputs.base), value))
 
 
 RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {

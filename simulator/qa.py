@@ -28,11 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
-
 from arena.llm.core import Undecidable
 from arena.llm.roles.qa import (
-    QA_SYNTHESIS,
     QaDraft,
     QaJudgeInput,
     QaSynthesisInput,
@@ -676,16 +673,5 @@ def synthesize_instance(
 
 
 def qa_synthesis(inputs: QaSynthesisInput, rng: random.Random) -> QaDraft:
+    """The table draft for ``inputs`` (the registered rule, ``simulator.prose_qa``, also reads prose)."""
     return synthesize_instance(inputs, rng)[0]
-
-
-# --------------------------------------------------------------------------- registry
-
-
-def _synthesis_rule(inputs: BaseModel, rng: random.Random) -> BaseModel:
-    if not isinstance(inputs, QaSynthesisInput):
-        raise TypeError(f"expected QaSynthesisInput, got {type(inputs).__name__}")
-    return qa_synthesis(inputs, rng)
-
-
-RULES: dict[str, Callable[[BaseModel, random.Random], BaseModel]] = {QA_SYNTHESIS.name: _synthesis_rule}

@@ -245,10 +245,11 @@ def test_knowledge_without_links_falls_back_to_simpler_structures() -> None:
     assert all(s.answer == cell(flat, s) for t in got for s in t.sub_qas if s.grounding)
 
 
-def test_text_only_knowledge_is_undecidable_for_rules() -> None:
+def test_prose_without_readable_facts_is_undecidable_for_rules() -> None:
+    # Prose is read for simple declarative facts (tests/test_prose_knowledge.py); this has none.
     text = KnowledgeBase(domain="notes", passages=["Some prose without any table."])
     (refused,) = run(unconditional_seed(text, count=1))
-    assert isinstance(refused, InvalidOutput) and "no tables" in refused.errors[-1]
+    assert isinstance(refused, InvalidOutput) and "state no fact" in refused.errors[-1]
 
 
 def test_synthesis_input_carries_the_instance_number() -> None:

@@ -1,9 +1,10 @@
 """Environment-track records (ASTRA §2.2) and the verified-sample schema.
 
-A knowledge base is a set of small relational tables; every tool-needing
-sub-question is grounded in one lookup (table, key, column), which is what
-lets the environment stage carry the table as the tool's data and lets
-verification detect a tampered table.
+A knowledge base is a set of small relational tables and/or passages of prose;
+every tool-needing sub-question is grounded in one lookup: a table cell (table,
+key, column) or a fact stated in a passage chunk (passage id, entity, attribute,
+quote). That is what lets the environment stage carry the rows or chunks as the
+tool's data and lets verification detect tampered data.
 """
 
 from __future__ import annotations
@@ -11,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import (
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
+from arena.passages import chunk_passages
 from arena.records.common import Record
 
 Cell = str | int | float
@@ -41,17 +49,56 @@ class KnowledgeBase(Record):
     domain: Annotated[str, Field(min_length=1, description="Domain, e.g. 'real_estate'.")]
     tables: list[KbTable] = Field(default_factory=list, description="Relations the rules backend walks.")
     passages: list[str] = Field(
-        default_factory=list, description="Free-text passages (text corpora) for LLM backends."
+        default_factory=list,
+        description="Free-text passages (prose): chunked, retrieved per question, grounded by passage id.",
     )
 
 
 class Grounding(Record):
-    """The one knowledge-base lookup that answers a tool-needing sub-question."""
+    """The one knowledge-base lookup that answers a tool-needing sub-question.
 
-    table: Annotated[str, Field(description="Table looked up.")]
-    key_column: Annotated[str, Field(description="Column the lookup matches on (usually the key).")]
-    key: Annotated[str, Field(description="Value matched, as text.")]
-    column: Annotated[str, Field(description="Column whose value is the sub-answer.")]
+    A table grounding names a cell (table, key_column, key, column). A passage grounding names the
+    chunk that states the fact (``passage``), the entity (``key``), the attribute (``column``) and
+    the sentence (``quote``); its ``table`` and ``key_column`` stay empty. Passage fields are left
+    out of a table grounding's JSON, so records stored before passages existed hash the same.
+    """
+
+    table: Annotated[str, Field(description="Table looked up; empty for a passage grounding.")] = ""
+    key_column: Annotated[
+        str, Field(description="Column the lookup matches on (usually the key); empty for a passage.")
+    ] = ""
+    key: Annotated[
+        str, Field(description="Value matched, as text; for a passage, the entity the fact is about.")
+    ]
+    column: Annotated[
+        str, Field(description="Column whose value is the sub-answer; for a passage, the attribute.")
+    ]
+    passage: Annotated[
+        str | None, Field(description="Id of the passage chunk stating the fact (passage groundings only).")
+    ] = None
+    quote: Annotated[
+        str | None,
+        Field(description="The sentence of that chunk stating the fact (passage groundings only)."),
+    ] = None
+
+    @property
+    def is_passage(self) -> bool:
+        return self.passage is not None
+
+    @model_validator(mode="after")
+    def _complete(self) -> Grounding:
+        if self.passage is None and not (self.table and self.key_column):
+            raise ValueError("a table grounding names table and key_column (or give passage for a passage)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if self.passage is None:
+            out.pop("passage", None)
+            if self.quote is None:
+                out.pop("quote", None)
+        return out
 
 
 class SubQA(Record):
@@ -89,6 +136,25 @@ class QaSeed(Record):
     source: Annotated[str, Field(description="Where the seed came from (file path or generator).")] = ""
 
 
+class ContextCut(Record):
+    """What one role's prompt left out of the knowledge base to fit the model's context window."""
+
+    role: Annotated[str, Field(description="The role whose prompt was cut.")]
+    rows_cut: Annotated[int, Field(ge=0, description="Table rows left out.")] = 0
+    rows_total: Annotated[int, Field(ge=0, description="Table rows there were.")] = 0
+    passages_cut: Annotated[int, Field(ge=0, description="Passage chunks left out.")] = 0
+    passages_total: Annotated[int, Field(ge=0, description="Passage chunks there were.")] = 0
+    tables: list[str] = Field(default_factory=list, description="Tables some rows were cut from.")
+    prompt_tokens: Annotated[int, Field(ge=0, description="Estimated prompt tokens after the cut.")] = 0
+    budget_tokens: Annotated[int, Field(ge=0, description="The prompt budget it had to fit.")] = 0
+
+    def summary(self) -> str:
+        parts = [f"{self.rows_cut} of {self.rows_total} rows"] * bool(self.rows_total)
+        parts += [f"{self.passages_cut} of {self.passages_total} passage chunks"] * bool(self.passages_total)
+        where = f" (tables {', '.join(self.tables)})" if self.tables else ""
+        return f"{self.role}: left out {' and '.join(parts) or 'nothing'}{where} to fit {self.budget_tokens} tokens"
+
+
 class QaTrace(Record):
     """A decomposed QA instance; value of ``qa.traces`` and ``qa.validated``."""
 
@@ -104,6 +170,10 @@ class QaTrace(Record):
     ]
     scores: dict[str, float] = Field(
         default_factory=dict, description="DC, SA, SR, TC and QS once validated."
+    )
+    context_cut: list[ContextCut] = Field(
+        default_factory=list,
+        description="Knowledge left out of the prompts that made or judged this trace (context window).",
     )
 
 
@@ -149,6 +219,10 @@ class EnvPackage(Record):
     lineage: dict[str, str] = Field(
         default_factory=dict, description="Prompt versions and backend per role that built the package."
     )
+    context_cut: list[ContextCut] = Field(
+        default_factory=list,
+        description="Knowledge left out of the environment roles' prompts (context window); not hashed.",
+    )
 
 
 class VerifiedSample(Record):
@@ -170,12 +244,24 @@ class VerifiedSample(Record):
     split: Annotated[str, Field(description="Split name; held-out samples are never published.")] = "train"
 
 
-def prune_knowledge(kb: KnowledgeBase, sub_qas: Sequence[SubQA]) -> KnowledgeBase:
-    """Only the tables the groundings refer to (and links among them); passages dropped."""
-    used = {s.grounding.table for s in sub_qas if s.grounding is not None}
+def prune_knowledge(kb: KnowledgeBase, sub_qas: Sequence[SubQA], extra_chunks: int = 0) -> KnowledgeBase:
+    """Only the tables the groundings refer to (and links among them), and the passage chunks they cite.
+
+    ``extra_chunks`` more chunks (the first ones not cited, in order) may be kept as distractors so a
+    passage search tool has more than the answer to search through.
+    """
+    groundings = [s.grounding for s in sub_qas if s.grounding is not None]
+    used = {g.table for g in groundings if not g.is_passage}
     tables = [
         t.model_copy(update={"links": {c: v for c, v in t.links.items() if v in used}})
         for t in kb.tables
         if t.name in used
     ]
-    return KnowledgeBase(domain=kb.domain, tables=tables)
+    cited = {g.passage for g in groundings if g.is_passage}
+    passages: list[str] = []
+    if cited:
+        chunks = chunk_passages(kb.passages)
+        extra = {c.id for c in chunks if c.id not in cited}
+        keep = cited | set(sorted(extra, key=[c.id for c in chunks].index)[:extra_chunks])
+        passages = [c.text for c in chunks if c.id in keep]  # in the knowledge base's order
+    return KnowledgeBase(domain=kb.domain, tables=tables, passages=passages)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from arena.llm.core import InvalidOutput
+from arena.llm.roles.envs import HOMOGENEOUS_GROUPS
+from arena.llm.routing import budget_for
 from arena.records.envs import EnvPackage
 from sandbox.env_runtime import verify_package
 from streams.envs.merging import merge_package
@@ -24,7 +26,9 @@ async def handle(record: EnvPackage, ctx: Context) -> Sequence[Emit]:
     gw = gateway_for(ctx.settings)
     pool = await sandbox_pool_for(ctx.settings)
     try:
-        result = await merge_package(record, gw, pool)
+        result = await merge_package(
+            record, gw, pool, budget=budget_for(ctx.settings, HOMOGENEOUS_GROUPS.name)
+        )
     except InvalidOutput as exc:
         return [ctx.llm_dead_letter(exc, f"merging {record.env_id}")]
     merged = result.package

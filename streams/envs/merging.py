@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arena.hashing import content_hash
+from arena.llm.budget import ContextBudget
 from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.envs import (
@@ -99,7 +100,31 @@ def insert(package: EnvPackage, base: EnvJob, member: EnvJob, invocation: str) -
     return package.model_copy(update={"jobs": jobs, "data": data, "tools": tools, "code": code})
 
 
-async def find_groups(package: EnvPackage, gw: Gateway) -> tuple[list[list[int]], list[Answer[Any]]]:
+def compact_tool(tool: dict[str, Any], level: int) -> dict[str, Any]:
+    """``tool`` shortened for a small context window: 1 = parameter names only, 2 = name and required."""
+    fn = tool.get("function", tool)
+    params = fn.get("parameters", {}) if isinstance(fn.get("parameters"), dict) else {}
+    out: dict[str, Any] = {"name": fn.get("name"), "required": params.get("required", [])}
+    if level == 1:
+        out |= {"description": fn.get("description", ""), "parameters": sorted(params.get("properties", {}))}
+    return out
+
+
+def fitted_views(views: list[SubQuestionView], budget: ContextBudget) -> HomogeneousInput:
+    """The grouping input, its tool specs shortened until the prompt fits (the intent is in the names)."""
+    inputs = HomogeneousInput(sub_questions=views)
+    for level in (1, 2):
+        if budget.fits(HOMOGENEOUS_GROUPS.messages(inputs)):
+            break
+        inputs = HomogeneousInput(
+            sub_questions=[v.model_copy(update={"tool": compact_tool(v.tool, level)}) for v in views]
+        )
+    return inputs
+
+
+async def find_groups(
+    package: EnvPackage, gw: Gateway, budget: ContextBudget | None = None
+) -> tuple[list[list[int]], list[Answer[Any]]]:
     if len(package.jobs) < 2:
         return [], []
     by_index = {q.index: q for q in package.sub_qas}
@@ -114,7 +139,8 @@ async def find_groups(package: EnvPackage, gw: Gateway) -> tuple[list[list[int]]
         )
         for j in package.jobs
     ]
-    answer = await gw.call(HOMOGENEOUS_GROUPS, HomogeneousInput(sub_questions=views))
+    inputs = fitted_views(views, budget) if budget is not None else HomogeneousInput(sub_questions=views)
+    answer = await gw.call(HOMOGENEOUS_GROUPS, inputs)
     return clean_groups(answer.output.groups, {j.index for j in package.jobs}), [answer]
 
 
@@ -161,12 +187,15 @@ async def merge_invocations(
     return {index: answer for (_, index), answer in zip(members, answers, strict=True)}
 
 
-async def merge_package(package: EnvPackage, gw: Gateway, pool: Runner, *, seed: int = 0) -> MergeResult:
+async def merge_package(
+    package: EnvPackage, gw: Gateway, pool: Runner, *, seed: int = 0, budget: ContextBudget | None = None
+) -> MergeResult:
     """Version 2 of ``package`` with homogeneous sub-environments merged; every job still passes.
 
+    ``budget`` is the grouping role's context budget (tool specs are shortened to fit it).
     Raises ``InvalidOutput`` when the grouping role gives no valid answer.
     """
-    groups, answers = await find_groups(package, gw)
+    groups, answers = await find_groups(package, gw, budget)
     bases = [(group, base_of(package, group, seed)) for group in groups]
     invocations = await merge_invocations(package, bases, gw)
     state = package

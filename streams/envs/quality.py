@@ -6,6 +6,10 @@ drops instances where a no-tool step has dependents (it would break the tool
 chain); then the four judges score the survivors: DC_i, SA_i, SR_i per
 sub-question (binary, averaged over the m sub-questions) and TC per instance
 (binary); QS is their mean and the instance is kept when QS >= qs_threshold.
+
+Each role's prompt carries the trace's knowledge cut to the role's context
+budget, grounded rows and chunks first; what was cut is added to the trace's
+``context_cut``.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from arena.config import ArenaSettings, EnvSettings
-from arena.llm.core import Answer
+from arena.kb_fit import fit_knowledge, grounded_order
+from arena.llm.core import Answer, Role
 from arena.llm.gateway import Gateway
 from arena.llm.roles.qa import (
     QA_ATOMICITY,
@@ -29,7 +34,8 @@ from arena.llm.roles.qa import (
     ToolNeedInput,
     ToolNeeds,
 )
-from arena.records.envs import QaTrace, SubQA
+from arena.records.envs import ContextCut, QaTrace, SubQA
+from streams.envs.context import role_budget
 from streams.envs.qa_synthesis import env_settings
 
 GATE_LEAF = "non_tool_inner_node"
@@ -90,6 +96,25 @@ def leaf_rule_violations(sub_qas: Sequence[SubQA]) -> list[int]:
 
 # --------------------------------------------------------------------------- validation
 
+In = TypeVar("In", ToolNeedInput, QaJudgeInput)
+
+
+def fitted(
+    role: Role[In, Any], inputs: In, settings: ArenaSettings | EnvSettings, cuts: list[ContextCut]
+) -> In:
+    """``inputs`` with their knowledge cut to ``role``'s budget (grounded rows first); cuts appended."""
+    knowledge, cut = fit_knowledge(
+        inputs.knowledge,
+        lambda kb: role.messages(inputs.model_copy(update={"knowledge": kb})),
+        role_budget(settings, role.name),
+        role.name,
+        grounded_order(inputs.knowledge, inputs.sub_qas),
+    )
+    if cut is None:
+        return inputs
+    cuts.append(cut)
+    return inputs.model_copy(update={"knowledge": knowledge})
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -143,11 +168,12 @@ async def validate(trace: QaTrace, gw: Gateway, settings: ArenaSettings | EnvSet
     Raises ``InvalidOutput`` when a role's output stays invalid (the stage dead-letters the trace).
     """
     threshold = env_settings(settings).qs_threshold
-    need = await gw.call(
-        QA_TOOL_NEED, ToolNeedInput(question=trace.question, sub_qas=trace.sub_qas, knowledge=trace.knowledge)
-    )
+    cuts: list[ContextCut] = []
+    need_in = ToolNeedInput(question=trace.question, sub_qas=trace.sub_qas, knowledge=trace.knowledge)
+    need = await gw.call(QA_TOOL_NEED, fitted(QA_TOOL_NEED, need_in, settings, cuts))
     subs = classified(trace.sub_qas, need.output)
-    trace = trace.model_copy(update={"sub_qas": subs})
+    trace = trace.model_copy(update={"sub_qas": subs, "context_cut": [*trace.context_cut, *cuts]})
+    cuts = []
     ungrounded = [s.index for s in subs if s.needs_tool and s.grounding is None]
     if ungrounded:
         reason = f"sub-questions {ungrounded} need a tool but name no table lookup to build it from"
@@ -165,11 +191,13 @@ async def validate(trace: QaTrace, gw: Gateway, settings: ArenaSettings | EnvSet
         knowledge=trace.knowledge,
     )
     dep, atom, seq, comp = await asyncio.gather(
-        gw.call(QA_DEPENDENCY, view),
-        gw.call(QA_ATOMICITY, view),
-        gw.call(QA_SEQUENCE, view),
-        gw.call(QA_COMPLETENESS, view),
+        gw.call(QA_DEPENDENCY, fitted(QA_DEPENDENCY, view, settings, cuts)),
+        gw.call(QA_ATOMICITY, fitted(QA_ATOMICITY, view, settings, cuts)),
+        gw.call(QA_SEQUENCE, fitted(QA_SEQUENCE, view, settings, cuts)),
+        gw.call(QA_COMPLETENESS, fitted(QA_COMPLETENESS, view, settings, cuts)),
     )
+    if cuts:
+        trace = trace.model_copy(update={"context_cut": [*trace.context_cut, *cuts]})
     indices = [s.index for s in subs]
     failures: dict[str, list[str]] = {}
     flags: dict[str, list[float]] = {}

@@ -10,17 +10,26 @@ answer cell changed, the output must no longer contain the answer, so an
 implementation that writes the answer as a literal never passes. The
 sub-environments are then assembled into one package, which must pass every
 job again as a whole.
+
+A passage-grounded sub-question gets a tool over text: its data is the trace's
+passage chunks as ``{"id", "text"}`` rows, and its tamper check removes the
+answer from every chunk. The implementation prompt carries the rows that fit
+the role's context budget (the grounded ones first); the tool's data is always
+the whole table. What a prompt left out is recorded on the package
+(``context_cut``, not part of its content hash).
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from arena.config import ArenaSettings, EnvSettings
 from arena.hashing import content_hash
+from arena.kb_fit import fit_rows
 from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.roles.envs import (
@@ -35,8 +44,10 @@ from arena.llm.roles.envs import (
     ToolSpec,
     ToolSpecInput,
 )
-from arena.records.envs import Cell, EnvJob, EnvPackage, Grounding, KbTable, QaTrace, SubQA
+from arena.passages import chunk_passages
+from arena.records.envs import Cell, ContextCut, EnvJob, EnvPackage, Grounding, KbTable, QaTrace, SubQA
 from sandbox.env_runtime import Runner, contains_answer, judge, normalise, program, verify_package
+from streams.envs.context import role_budget
 from streams.fanout import gather_all
 
 Rows = list[dict[str, Cell]]
@@ -53,6 +64,8 @@ class SubEnvironment:
     invocation: str
     code: str
     rows: Rows
+    cuts: list[ContextCut] = field(default_factory=list)
+    """What the implementation prompt left out (context window)."""
 
 
 @dataclass
@@ -81,7 +94,7 @@ class SynthesisResult:
 
 def package_id(package: EnvPackage) -> str:
     """Content hash of the package without its ``env_id``."""
-    return content_hash(package.model_dump(mode="json", exclude={"env_id"}), prefix="env-")
+    return content_hash(package.model_dump(mode="json", exclude={"env_id", "context_cut"}), prefix="env-")
 
 
 def with_id(package: EnvPackage) -> EnvPackage:
@@ -101,9 +114,35 @@ def env_settings(settings: ArenaSettings | EnvSettings) -> EnvSettings:
 
 
 def table_for(trace: QaTrace, grounding: Grounding | None) -> KbTable | None:
-    if grounding is None:
+    if grounding is None or grounding.is_passage:
         return None
     return next((t for t in trace.knowledge.tables if t.name == grounding.table), None)
+
+
+PASSAGE_COLUMNS = ["id", "text"]
+"""Columns of a passage tool's rows: the chunk id and its text."""
+
+
+def passage_rows(trace: QaTrace) -> Rows:
+    """The trace's passage chunks as rows of a passage tool."""
+    return [{"id": c.id, "text": c.text} for c in chunk_passages(trace.knowledge.passages)]
+
+
+def grounded_rows(trace: QaTrace, grounding: Grounding | None) -> tuple[Rows, list[str]]:
+    """The rows a sub-question's tool computes from, and their columns (none when ungrounded)."""
+    if grounding is not None and grounding.is_passage:
+        return passage_rows(trace), list(PASSAGE_COLUMNS)
+    table = table_for(trace, grounding)
+    return ([dict(r) for r in table.rows], list(table.columns)) if table else ([], [])
+
+
+def grounds(row: dict[str, Cell], grounding: Grounding | None) -> bool:
+    """Whether ``row`` is the one the grounding looks up (its key, or its chunk)."""
+    if grounding is None:
+        return False
+    if grounding.is_passage:
+        return row.get("id") == grounding.passage
+    return normalise(str(row.get(grounding.key_column, ""))) == normalise(grounding.key)
 
 
 def unique_names(specs: list[ToolSpec]) -> list[ToolSpec]:
@@ -125,6 +164,10 @@ async def design(
 ) -> tuple[ToolSpec, list[Answer[Any]]]:
     """Tool spec, then complexity scaling (name and required parameters kept whatever the role says)."""
     table = table_for(trace, qa.grounding)
+    rows, columns = grounded_rows(trace, qa.grounding)
+    samples = [r for r in rows if grounds(r, qa.grounding)][:1] + [
+        r for r in rows if not grounds(r, qa.grounding)
+    ]
     by_index = {q.index: q for q in trace.sub_qas}
     spec_in = ToolSpecInput(
         domain=trace.domain,
@@ -137,13 +180,11 @@ async def design(
         ],
         grounding=qa.grounding,
         entity=table.entity if table else None,
-        columns=list(table.columns) if table else [],
-        sample_rows=list(table.rows[:SAMPLE_ROWS]) if table else [],
+        columns=columns,
+        sample_rows=list(rows[:SAMPLE_ROWS]) if table else samples[:1],
     )
     spec = await gw.call(TOOL_SPEC, spec_in)
-    scale_in = ToolScalingInput(
-        spec=spec.output, extra_params=extra_params, columns=list(table.columns) if table else []
-    )
+    scale_in = ToolScalingInput(spec=spec.output, extra_params=extra_params, columns=columns)
     scaled = await gw.call(TOOL_SCALING, scale_in)
     return keep_contract(spec.output, scaled.output), [spec, scaled]
 
@@ -171,15 +212,25 @@ def static_problem(spec: ToolSpec, code: str, invocation: str) -> str | None:
 
 
 def tampered(rows: Rows, grounding: Grounding | None, answer: str) -> Rows | None:
-    """``rows`` with the grounded answer cell changed, or None when that cell cannot be found."""
+    """``rows`` with the grounded answer changed, or None when it cannot be found.
+
+    A table grounding changes the grounded row's answer cell; a passage grounding removes the
+    answer from the text of every chunk (a search tool may return any of them).
+    """
     if grounding is None or normalise(answer) in normalise(TAMPERED):
         return None
     out = copy.deepcopy(rows)
     hit = False
+    if grounding.is_passage:
+        pattern = re.compile(re.escape(answer.strip()), re.IGNORECASE)
+        for row in out:
+            text = str(row.get("text", ""))
+            if answer.strip() and pattern.search(text):
+                row["text"] = pattern.sub(TAMPERED, text)
+                hit = True
+        return out if hit else None
     for row in out:
-        if grounding.column in row and normalise(str(row.get(grounding.key_column, ""))) == normalise(
-            grounding.key
-        ):
+        if grounding.column in row and grounds(row, grounding):
             row[grounding.column] = TAMPERED
             hit = True
     return out if hit else None
@@ -200,17 +251,60 @@ async def sandbox_problem(
         await pool.run(program({spec.name: changed}, code, invocation)), qa.answer
     ):
         return (
-            f"the output still contains {qa.answer!r} after the row's {qa.grounding and qa.grounding.column} "
-            f"cell was changed: compute the answer from DATA[{spec.name!r}], never write it"
+            f"the output still contains {qa.answer!r} after the grounded {qa.grounding and qa.grounding.column} "
+            f"was changed in the data: compute the answer from DATA[{spec.name!r}], never write it"
         )
     return None
 
 
-async def build(trace: QaTrace, qa: SubQA, spec: ToolSpec, gw: Gateway, pool: Runner, attempts: int) -> Built:
+def implementation_input(
+    qa: SubQA,
+    spec: ToolSpec,
+    invocation: str,
+    rows: Rows,
+    columns: list[str],
+    attempt: int,
+    feedback: str | None,
+    settings: ArenaSettings | EnvSettings,
+) -> tuple[ToolImplementationInput, ContextCut | None]:
+    """The implementation role's input with the rows that fit its budget (grounded first), and the cut."""
+    full = ToolImplementationInput(
+        question=qa.question,
+        answer=qa.answer,
+        spec=spec,
+        invocation=invocation,
+        data_key=spec.name,
+        grounding=qa.grounding,
+        columns=columns,
+        rows=rows,
+        attempt=attempt,
+        feedback=feedback,
+    )
+    kept, cut = fit_rows(
+        rows,
+        lambda ks: TOOL_IMPLEMENTATION.messages(full.model_copy(update={"rows": [rows[k] for k in ks]})),
+        role_budget(settings, TOOL_IMPLEMENTATION.name),
+        TOOL_IMPLEMENTATION.name,
+        lambda row: grounds(dict(row), qa.grounding),
+    )
+    if cut is None:
+        return full, None
+    return full.model_copy(update={"rows": [rows[k] for k in kept]}), cut
+
+
+async def build(
+    trace: QaTrace,
+    qa: SubQA,
+    spec: ToolSpec,
+    gw: Gateway,
+    pool: Runner,
+    attempts: int,
+    settings: ArenaSettings | EnvSettings | None = None,
+) -> Built:
     """[invocation -> implementation -> sandbox] up to ``attempts`` times, each after the last failure."""
-    table = table_for(trace, qa.grounding)
-    rows: Rows = [dict(r) for r in table.rows] if table else []
+    rows, columns = grounded_rows(trace, qa.grounding)
     answers: list[Answer[Any]] = []
+    cuts: list[ContextCut] = []
     feedback: str | None = None
     invalid: InvalidOutput | None = None
     checked = False  # whether any attempt got as far as a check (else it is an LLM-output failure)
@@ -227,21 +321,19 @@ async def build(trace: QaTrace, qa: SubQA, spec: ToolSpec, gw: Gateway, pool: Ru
                 ),
             )
             answers.append(inv)
-            impl = await gw.call(
-                TOOL_IMPLEMENTATION,
-                ToolImplementationInput(
-                    question=qa.question,
-                    answer=qa.answer,
-                    spec=spec,
-                    invocation=inv.output.invocation,
-                    data_key=spec.name,
-                    grounding=qa.grounding,
-                    columns=list(table.columns) if table else [],
-                    rows=rows,
-                    attempt=attempt,
-                    feedback=feedback,
-                ),
+            impl_in, cut = implementation_input(
+                qa,
+                spec,
+                inv.output.invocation,
+                rows,
+                columns,
+                attempt,
+                feedback,
+                settings or EnvSettings.model_validate({}),
             )
+            if cut is not None and not cuts:
+                cuts.append(cut)  # the same rows are cut on every attempt: record it once
+            impl = await gw.call(TOOL_IMPLEMENTATION, impl_in)
             answers.append(impl)
         except InvalidOutput as exc:
             invalid, feedback = exc, f"no valid {exc.role} output: {'; '.join(exc.errors[-1:])}"
@@ -253,7 +345,7 @@ async def build(trace: QaTrace, qa: SubQA, spec: ToolSpec, gw: Gateway, pool: Ru
             qa, spec, code, invocation, data, pool
         )
         if feedback is None:
-            return Built(SubEnvironment(qa, spec, invocation, code, data), attempt, None, answers)
+            return Built(SubEnvironment(qa, spec, invocation, code, data, cuts), attempt, None, answers)
     if invalid is not None and not checked:
         raise invalid  # the model never produced usable output: dead-letter, not a sandbox rejection
     return Built(None, attempts, feedback, answers)
@@ -286,6 +378,7 @@ def assemble(trace: QaTrace, envs: list[SubEnvironment], answers: list[Answer[An
         version=1,
         tools_before_merge=len(envs),
         lineage=lineage(answers),
+        context_cut=[c for e in envs for c in e.cuts],
     )
     return with_id(package)
 
@@ -302,7 +395,7 @@ async def synthesize_package(
     answers = [a for _, got in designed for a in got]
     specs = unique_names([spec for spec, _ in designed])
     built = await gather_all(
-        build(trace, qa, spec, gw, pool, cfg.synthesis_attempts)
+        build(trace, qa, spec, gw, pool, cfg.synthesis_attempts, settings)
         for qa, spec in zip(steps, specs, strict=True)
     )
     answers += [a for b in built for a in b.answers]

@@ -271,7 +271,9 @@ _ENV_COMMON = (
     "You build executable tool environments from decomposed question-answer traces. Every "
     "tool-needing sub-question q_i has an answer a_i found in a table of a knowledge base; a tool is a "
     "Python function that answers such questions by reading the table rows from the global "
-    "DATA[<tool name>] (a list of row dicts).\n"
+    "DATA[<tool name>] (a list of row dicts). When the answer comes from prose (the grounding names a "
+    "passage), the rows are passages {id, text} and the tool searches them for the query's words and "
+    "returns the best passages.\n"
 )
 
 TOOL_SPEC: Role[ToolSpecInput, ToolSpec] = Role(

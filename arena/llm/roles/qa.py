@@ -189,7 +189,7 @@ QA_SYNTHESIS: Role[QaSynthesisInput, QaDraft] = Role(
     input=QaSynthesisInput,
     output=QaDraft,
     system="You write verifiable multi-step question-answer instances grounded in a knowledge base of "
-    "small relational tables (columns, rows, foreign-key links).\n"
+    "small relational tables (columns, rows, foreign-key links) and/or passages of prose.\n"
     "Unconditional mode: invent a main question q0 that needs about H lookups per reasoning chain, in "
     "the requested structure: single_hop (one lookup; a0 = a1), parallel_single_hop (2-3 independent "
     "lookups, then one no-tool aggregation such as compare, sum or count), multi_hop (a chain of H "
@@ -197,7 +197,10 @@ QA_SYNTHESIS: Role[QaSynthesisInput, QaDraft] = Role(
     "parallel_multi_hop (two such chains, then one no-tool aggregation). Question mode: decompose the "
     "given q0 the same way.\n"
     "Rules: every sub-answer a_i of a tool step is exactly one cell of the tables, copied verbatim, and "
-    "its grounding names that cell (table, key_column, key, column); each sub-question asks for one "
+    "its grounding names that cell (table, key_column, key, column); when the knowledge is prose "
+    "(passages), a_i is copied verbatim from one sentence and the grounding names the passage instead: "
+    '{"passage": the number of the passage (0-based), "key": the entity, "column": the attribute, '
+    '"quote": the sentence, verbatim}; each sub-question asks for one '
     "thing; a no-tool step (needs_tool false, with its operation) may only come last, nothing may "
     "depend on it; d_i lists exactly the earlier answers q_i uses; no superfluous steps; a0 follows "
     "from the sub-answers.\n"
