@@ -246,7 +246,11 @@ def eval_cmd(
     k: Annotated[int, typer.Option(min=1, help="k of pass^k and pass@k.")] = 4,
     trials: Annotated[int | None, typer.Option(min=1, help="Trials per case (n >= k; default k).")] = None,
     model: Annotated[
-        Path | None, typer.Option(help="Model folder to evaluate (default: the run's newest weights).")
+        str | None,
+        typer.Option(
+            help="Model folder to evaluate (default: the run's newest weights), or an OpenAI-compatible "
+            "endpoint: openai://host:port/v1?model=NAME (openais:// for https; key: ARENA_LLM_API_KEY)."
+        ),
     ] = None,
     run: Annotated[str | None, typer.Option(help="Run whose newest weights to evaluate.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -256,11 +260,19 @@ def eval_cmd(
             help="Who plays the user of interactive instances: 'gateway' (its simulator) or 'policy'."
         ),
     ] = "gateway",
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Trials in flight at once.")] = 4,
+    max_turns: Annotated[
+        int | None, typer.Option(min=1, help="Assistant turns per trial (default: ARENA_TRAIN__MAX_TURNS).")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Evaluate only the first N held-out packages and N instances.")
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Base seed of the trials and the bootstrap.")] = 0,
 ) -> None:
     """pass^k and pass@k of a policy on the held-out qa packages and interactive instances, per domain."""
     import tempfile
 
-    from trainer.checkpoint import Checkpoints
+    from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
     from trainer.evaluate import report_table, run_eval
 
     cfg = settings()
@@ -272,6 +284,7 @@ def eval_cmd(
     with tempfile.TemporaryDirectory(prefix="arena-eval-") as tmp:
         if model is None:
             from lake.store import open_store
+            from trainer.checkpoint import Checkpoints  # imports torch: only for a run's weights
 
             name = run or cfg.train.run
             checkpoints = Checkpoints(open_store(cfg), cfg.catalog, name)
@@ -280,11 +293,31 @@ def eval_cmd(
                 raise UserError(
                     f"run {name!r} has no weights yet (fix: `arena train` first, or pass --model)"
                 )
-            model = checkpoints.weights_folder(steps[-1], Path(tmp))
-        elif not (model / "config.json").is_file():
-            raise UserError(f"--model {model}: no config.json there (fix: a Hugging Face model folder)")
+            model = str(checkpoints.weights_folder(steps[-1], Path(tmp)))
+        elif is_endpoint(model):
+            try:
+                check_endpoint_url(model)
+            except EndpointError as exc:
+                raise UserError(str(exc)) from None
+        elif not (Path(model) / "config.json").is_file():
+            raise UserError(
+                f"--model {model}: no config.json there (fix: a Hugging Face model folder, or an "
+                "endpoint openai://host:port/v1?model=NAME)"
+            )
         try:
-            report = run_eval(cfg, str(model), k=k, trials=n, user=user)  # type: ignore[arg-type]  # checked above
+            report = run_eval(
+                cfg,
+                model,
+                k=k,
+                trials=n,
+                user=user,  # type: ignore[arg-type]  # checked above
+                concurrency=concurrency,
+                max_turns=max_turns,
+                limit=limit,
+                seed=seed,
+            )
+        except EndpointError as exc:  # the endpoint does not serve
+            raise UserError(str(exc)) from None
         except ValueError as exc:  # nothing held out
             raise UserError(
                 f"{exc} (fix: `arena demo`, or `arena publish qa` / `arena publish domain` and `arena worker`)"

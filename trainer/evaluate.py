@@ -5,7 +5,13 @@ its held-out interactive instances (EigenData track, ``eigen_instances``), repor
 row per domain. Every case (a held-out sample and how to build a fresh environment for it) is rolled
 out ``trials`` times (n >= k) with distinct seeds; an interactive trial gets a fresh
 ``InteractiveEnvironment`` with the user simulator in the loop (the gateway's ``user_simulator``
-role by default, or the evaluated policy speaking as the user). A trial succeeds when
+role by default, or the evaluated policy speaking as the user).
+
+The policy is a local checkpoint, rolled out token by token (``trainer.rollout``), or a model
+served at an OpenAI-compatible endpoint (``--model openai://host:port/v1?model=NAME``), driven one
+chat turn at a time through the gateway's native ``agent_policy`` role
+(``trainer.endpoint_policy``). Both end in a ``Trajectory`` scored by the same environment, so
+what follows holds for both. A trial succeeds when
 
 - ``qa``: the final assistant message contains the main answer a0 (``reward_spec["answer"]``,
   normalised as ``sandbox.env_runtime.normalise``; an empty answer never counts); the trial's F1
@@ -28,7 +34,8 @@ import asyncio
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
@@ -48,6 +55,7 @@ if TYPE_CHECKING:
     from environments.environment import Environment
     from environments.user_view import UserSimulator
     from sandbox.env_runtime import Runner
+    from trainer.endpoint_policy import EndpointPolicy
     from trainer.policy import RolloutBackend
     from trainer.rollout import Trajectory
 
@@ -256,6 +264,58 @@ def aggregate(results: Sequence[CaseResult], *, k: int, trials: int, seed: int) 
 
 
 # --- evaluation ----------------------------------------------------------------------------------
+TrialRunner = Callable[["EvalCase", "Environment", int], Awaitable["Trajectory"]]
+"""Runs one trial: a case, a fresh environment of it, the trial's seed -> the scored trajectory."""
+
+
+async def run_trials(
+    cases: Sequence[EvalCase],
+    run_trial: TrialRunner,
+    *,
+    k: int,
+    trials: int | None = None,
+    seed: int = 0,
+    concurrency: int = 4,
+    on_trial: Callable[[], None] | None = None,
+) -> EvalReport:
+    """Run every case ``trials`` (default k) times with ``run_trial`` and report pass^1..pass^k, pass@k.
+
+    At most ``concurrency`` trials are in flight. Trial t of a case gets a fresh environment and the
+    seed ``trial_seed(seed, sample_id, t)``. A trial that raises is logged, recorded in
+    ``CaseResult.errors`` and counts as a failure, so one broken environment (or one turn the
+    policy could not answer) cannot stop the evaluation.
+    """
+    from trainer.endpoint_policy import TurnFailed
+
+    n = k if trials is None else trials
+    if n < k:
+        raise ValueError(f"trials ({n}) must be >= k ({k})")
+    gate = asyncio.Semaphore(concurrency)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def trial(case: EvalCase, t: int) -> Trajectory | str:
+        async with gate:
+            try:
+                env: Environment = case.make_env()
+                return await run_trial(case, env, trial_seed(seed, case.sample.sample_id, t))
+            except TurnFailed as exc:  # the policy gave no usable reply: data, not a crash
+                log.warning("eval trial %d of %s failed: %s", t, case.sample.sample_id, exc)
+                return f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                log.exception("eval trial %d of %s failed", t, case.sample.sample_id)
+                return f"{type(exc).__name__}: {exc}"
+            finally:
+                if on_trial is not None:
+                    on_trial()
+
+    per_case = await asyncio.gather(*(asyncio.gather(*(trial(c, t) for t in range(n))) for c in cases))
+    results = [case_result(c.sample, trajs, k) for c, trajs in zip(cases, per_case, strict=True)]
+    report = aggregate(results, k=k, trials=n, seed=seed)
+    report.wall_s = round(loop.time() - start, 3)
+    return report
+
+
 async def evaluate(
     backend: RolloutBackend,
     tokenizer: Any,
@@ -271,48 +331,52 @@ async def evaluate(
     concurrency: int = 4,
     on_trial: Callable[[], None] | None = None,
 ) -> EvalReport:
-    """Roll every case out ``trials`` (default k) times and report pass^1..pass^k and pass@k.
+    """Roll every case out ``trials`` (default k) times with a local policy; see ``run_trials``.
 
-    At most ``concurrency`` rollouts are in flight (tool calls of one overlap generation of
-    another). A trial that raises is logged, recorded in ``CaseResult.errors`` and counts as a
-    failure, so one broken environment cannot stop the evaluation.
+    Tool calls of one rollout overlap generation of another (generation is serialised per backend).
     """
     from trainer.rollout import rollout
 
-    n = k if trials is None else trials
-    if n < k:
-        raise ValueError(f"trials ({n}) must be >= k ({k})")
-    gate = asyncio.Semaphore(concurrency)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
+    async def run_trial(case: EvalCase, env: Environment, trial_seed: int) -> Trajectory:
+        return await rollout(
+            backend,
+            tokenizer,
+            env,
+            case.sample,
+            max_turns=max_turns,
+            max_seq_len=max_seq_len,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=trial_seed,
+        )
 
-    async def trial(case: EvalCase, t: int) -> Trajectory | str:
-        async with gate:
-            try:
-                env: Environment = case.make_env()
-                return await rollout(
-                    backend,
-                    tokenizer,
-                    env,
-                    case.sample,
-                    max_turns=max_turns,
-                    max_seq_len=max_seq_len,
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    seed=trial_seed(seed, case.sample.sample_id, t),
-                )
-            except Exception as exc:
-                log.exception("eval trial %d of %s failed", t, case.sample.sample_id)
-                return f"{type(exc).__name__}: {exc}"
-            finally:
-                if on_trial is not None:
-                    on_trial()
+    return await run_trials(
+        cases, run_trial, k=k, trials=trials, seed=seed, concurrency=concurrency, on_trial=on_trial
+    )
 
-    per_case = await asyncio.gather(*(asyncio.gather(*(trial(c, t) for t in range(n))) for c in cases))
-    results = [case_result(c.sample, trajs, k) for c, trajs in zip(cases, per_case, strict=True)]
-    report = aggregate(results, k=k, trials=n, seed=seed)
-    report.wall_s = round(loop.time() - start, 3)
-    return report
+
+async def evaluate_endpoint(
+    policy: EndpointPolicy,
+    cases: Sequence[EvalCase],
+    *,
+    k: int,
+    trials: int | None = None,
+    max_turns: int = 32,
+    seed: int = 0,
+    concurrency: int = 4,
+    on_trial: Callable[[], None] | None = None,
+) -> EvalReport:
+    """Run every case ``trials`` (default k) times with a model at an endpoint (message-level
+    episodes through the gateway's ``agent_policy`` role, ``trainer.endpoint_policy``); see
+    ``run_trials``. A turn without a usable reply fails its trial (``CaseResult.errors``)."""
+    from trainer.endpoint_policy import endpoint_episode
+
+    async def run_trial(case: EvalCase, env: Environment, trial_seed: int) -> Trajectory:
+        return await endpoint_episode(policy, env, case.sample, max_turns=max_turns, seed=trial_seed)
+
+    return await run_trials(
+        cases, run_trial, k=k, trials=trials, seed=seed, concurrency=concurrency, on_trial=on_trial
+    )
 
 
 def heldout_cases(settings: ArenaSettings | EnvPackageStore) -> list[HeldOut]:
@@ -386,12 +450,133 @@ def run_eval(
 ) -> EvalReport:
     """``arena eval``: load the policy, roll out every held-out package and instance in the sandbox, report.
 
-    Rollout limits default to ``settings.train`` (max_turns, max_seq_len, max_new_tokens,
-    temperature); ``settings.train.backend`` picks transformers (CPU) or vLLM. ``limit`` caps the
-    held-out packages (the first by env_id) and, separately, the interactive instances (the first
-    by instance id). ``user`` picks who plays the user of interactive cases: the gateway settings
+    ``model_path`` is a local model folder, or an OpenAI-compatible endpoint
+    (``openai://host:port/v1?model=NAME``, ``openais://`` for https; ``trainer.endpoint_policy``):
+    the model then acts through the gateway's native ``agent_policy`` role with the ``llm_*``
+    settings (``ARENA_LLM_API_KEY``, ``ARENA_LLM_TIMEOUT_S``, ...), and an endpoint that does not
+    serve raises ``EndpointError`` before anything runs.
+
+    Local rollout limits default to ``settings.train`` (max_turns, max_seq_len, max_new_tokens,
+    temperature); ``settings.train.backend`` picks transformers (CPU) or vLLM. An endpoint's turns
+    sample at ``settings.train.temperature`` within ``max_turns``. ``limit`` caps the held-out
+    packages (the first by env_id) and, separately, the interactive instances (the first by
+    instance id). ``user`` picks who plays the user of interactive cases: the gateway settings
     describe (``ARENA_LLM``; closed afterwards), or the evaluated policy itself (for a policy
-    SFT-trained on user-simulator samples too). Raises ``ValueError`` when there is neither.
+    SFT-trained on user-simulator samples too; an endpoint plays it through the gateway's
+    ``user_simulator`` role). Raises ``ValueError`` when there is nothing held out.
+    """
+    from trainer.endpoint_policy import check_endpoint_url, is_endpoint
+
+    endpoint = is_endpoint(model_path)
+    if endpoint:
+        check_endpoint_url(model_path)
+    heldout = heldout_cases(settings)[:limit]
+    instances = heldout_instances(settings)[:limit]
+    if not heldout and not instances:
+        raise ValueError(
+            "no held-out packages or interactive instances in the catalog "
+            "(run the environment track or the EigenData track first)"
+        )
+    plan = _EvalPlan(
+        heldout=heldout,
+        instances=instances,
+        k=k,
+        trials=k if trials is None else trials,
+        max_turns=max_turns or settings.train.max_turns,
+        seed=seed,
+        concurrency=concurrency,
+        progress=progress,
+        user=user,
+    )
+    if endpoint:
+        report = asyncio.run(_eval_endpoint(settings, model_path, plan))
+    else:
+        report = _eval_local(settings, model_path, plan)
+    report.model = model_path
+    return report
+
+
+@dataclass(frozen=True)
+class _EvalPlan:
+    """What ``run_eval`` evaluates (held-out packages and instances) and how (see its arguments)."""
+
+    heldout: list[HeldOut]
+    instances: list[VerifiedSample]
+    k: int
+    trials: int
+    max_turns: int
+    seed: int
+    concurrency: int
+    progress: bool
+    user: EvalUser
+
+
+EvalRun = Callable[[list[EvalCase], Callable[[], None]], Awaitable[EvalReport]]
+"""Evaluates the cases, calling the tick after each trial."""
+
+
+def _eval_local(settings: ArenaSettings, model_path: str, plan: _EvalPlan) -> EvalReport:
+    """A local checkpoint: token-level rollouts (``trainer.rollout``) on its backend."""
+    cfg = settings.train
+    backend, tokenizer = _backend(settings, model_path)
+
+    def policy_user() -> UserSimulator:
+        return _policy_user(backend, tokenizer, settings, plan.seed)
+
+    def run(cases: list[EvalCase], tick: Callable[[], None]) -> Awaitable[EvalReport]:
+        return evaluate(
+            backend,
+            tokenizer,
+            cases,
+            k=plan.k,
+            trials=plan.trials,
+            max_turns=plan.max_turns,
+            max_seq_len=cfg.max_seq_len,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=plan.seed,
+            concurrency=plan.concurrency,
+            on_trial=tick,
+        )
+
+    return asyncio.run(_evaluate_held_out(settings, plan, run, policy_user))
+
+
+async def _eval_endpoint(settings: ArenaSettings, url: str, plan: _EvalPlan) -> EvalReport:
+    """An endpoint: probed first, then message-level episodes through its gateway."""
+    from environments.user_view import GatewayUserSimulator
+    from trainer.endpoint_policy import open_endpoint_policy
+
+    policy = await open_endpoint_policy(settings, url)
+
+    def policy_user() -> UserSimulator:
+        return GatewayUserSimulator(policy.gateway)
+
+    def run(cases: list[EvalCase], tick: Callable[[], None]) -> Awaitable[EvalReport]:
+        return evaluate_endpoint(
+            policy,
+            cases,
+            k=plan.k,
+            trials=plan.trials,
+            max_turns=plan.max_turns,
+            seed=plan.seed,
+            concurrency=plan.concurrency,
+            on_trial=tick,
+        )
+
+    try:
+        return await _evaluate_held_out(settings, plan, run, policy_user)
+    finally:
+        await policy.aclose()
+
+
+async def _evaluate_held_out(
+    settings: ArenaSettings, plan: _EvalPlan, run: EvalRun, policy_user: Callable[[], UserSimulator]
+) -> EvalReport:
+    """Build the cases over a sandbox pool and run them under a progress bar on stderr.
+
+    The user of interactive cases is ``policy_user()`` when ``plan.user`` is ``policy``, else the
+    gateway the settings describe (closed afterwards).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -401,62 +586,33 @@ def run_eval(
     from lake.catalog import open_gateway
     from sandbox import SandboxPool
 
-    heldout = heldout_cases(settings)[:limit]
-    instances = heldout_instances(settings)[:limit]
-    if not heldout and not instances:
-        raise ValueError(
-            "no held-out packages or interactive instances in the catalog "
-            "(run the environment track or the EigenData track first)"
-        )
-    n = k if trials is None else trials
-    cfg = settings.train
-    backend, tokenizer = _backend(settings, model_path)
-
-    async def main() -> EvalReport:
-        pool = SandboxPool(settings.sandbox)
-        await pool.start()
-        gateway: Gateway | None = None
-        try:
-            cases = qa_cases(heldout, pool)
-            if instances:
-                simulator: UserSimulator
-                if user == "policy":
-                    simulator = _policy_user(backend, tokenizer, settings, seed)
-                else:
-                    gateway = open_gateway(settings)
-                    simulator = GatewayUserSimulator(gateway)
-                cases += interactive_cases(instances, pool, simulator)
-            with Progress(
-                TextColumn("eval"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),  # stdout may carry --json
-                disable=not progress,
-            ) as bar:
-                task = bar.add_task("trials", total=len(cases) * n)
-                report = await evaluate(
-                    backend,
-                    tokenizer,
-                    cases,
-                    k=k,
-                    trials=n,
-                    max_turns=max_turns or cfg.max_turns,
-                    max_seq_len=cfg.max_seq_len,
-                    max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature,
-                    seed=seed,
-                    concurrency=concurrency,
-                    on_trial=lambda: bar.advance(task),
-                )
-        finally:
-            await pool.close()
-            if gateway is not None:
-                await gateway.aclose()
-        report.model = model_path
-        return report
-
-    return asyncio.run(main())
+    pool = SandboxPool(settings.sandbox)
+    await pool.start()
+    gateway: Gateway | None = None
+    try:
+        cases = qa_cases(plan.heldout, pool)
+        if plan.instances:
+            simulator: UserSimulator
+            if plan.user == "policy":
+                simulator = policy_user()
+            else:
+                gateway = open_gateway(settings)
+                simulator = GatewayUserSimulator(gateway)
+            cases += interactive_cases(plan.instances, pool, simulator)
+        with Progress(
+            TextColumn("eval"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),  # stdout may carry --json
+            disable=not plan.progress,
+        ) as bar:
+            task = bar.add_task("trials", total=len(cases) * plan.trials)
+            return await run(cases, lambda: bar.advance(task))
+    finally:
+        await pool.close()
+        if gateway is not None:
+            await gateway.aclose()
 
 
 def _policy_user(
