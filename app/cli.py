@@ -398,8 +398,10 @@ def config_cmd() -> None:
 
 def main() -> None:
     from kafka.errors import KafkaError
+    from rich.markup import escape
 
     from app.stack import StackError
+    from arena.llm.core import InvalidOutput
     from streams.admin import TopicAdminError
 
     try:
@@ -409,6 +411,10 @@ def main() -> None:
         sys.exit(2)
     except KafkaError as exc:
         err.print(f"[red]error:[/red] Kafka: {exc} (fix: check that the broker is up: `arena status`)")
+        sys.exit(1)
+    except InvalidOutput as exc:  # a command's own LLM call (not a stage's: those dead-letter)
+        reason = exc.errors[-1] if exc.errors else "no reply"
+        err.print(f"[red]error:[/red] the LLM gave no usable output for role {exc.role!r}: {escape(reason)}")
         sys.exit(1)
 
 

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from arena.config import ArenaSettings
 from arena.llm.backends.openai import OpenAIBackend
-from arena.llm.core import InvalidOutput, Sampling
+from arena.llm.core import InvalidOutput, Role, Sampling
 from arena.llm.gateway import FEEDBACK_PREFIX, Gateway, PromptTooLong
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurnInput
 from arena.llm.roles.eigen_dialogs import (
@@ -387,6 +388,17 @@ def test_a_prompt_over_the_context_budget_is_never_sent(server: OpenAIServer) ->
     assert server.stats().requests == 0
 
 
+class Items(BaseModel):
+    """Many short texts: nothing the fitting can shorten."""
+
+    items: list[str]
+
+
+LIST_ASK = Role(
+    name="test_ask", input=Items, output=ASK.output, system=ASK.system, template="Items:\n{input}"
+)
+
+
 def test_a_long_prompt_is_sent_with_the_reply_room_left(server: OpenAIServer) -> None:
     route = RoleRoute(
         role=ASK.name, kind="generator", sampling=Sampling(max_tokens=2048), llm="rules", context_tokens=4096
@@ -396,7 +408,7 @@ def test_a_long_prompt_is_sent_with_the_reply_room_left(server: OpenAIServer) ->
     async def run() -> Any:
         gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), routes=lambda role: route)
         try:
-            return await gateway.call(ASK, Question(text="long " * 1500))
+            return await gateway.call(LIST_ASK, Items(items=[f"item number {i}" for i in range(400)]))
         finally:
             await gateway.aclose()
 

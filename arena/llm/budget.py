@@ -61,8 +61,10 @@ class ContextBudget:
 
     @property
     def prompt_tokens(self) -> int:
-        """Most estimated prompt tokens a request may send."""
-        return max(0, self.context_tokens - self.reply_tokens - TEMPLATE_MARGIN_TOKENS)
+        """Most estimated prompt tokens a request should send: the window less the whole reply budget,
+        or half the window when the reply budget alone would take more (the reply then shrinks)."""
+        usable = self.context_tokens - TEMPLATE_MARGIN_TOKENS
+        return max(usable - self.reply_tokens, usable // 2, 0)
 
     def fits(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None

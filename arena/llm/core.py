@@ -261,3 +261,5 @@ class Answer(Generic[Out]):
     """The reply as text (native tool calls written as ``<tool_call>`` blocks, reasoning as ``<think>``)."""
     reasoning: str = ""
     """The reply's reasoning (``<think>`` or ``reasoning_content``), kept for the trace, never parsed."""
+    cut: list[str] = field(default_factory=list)
+    """What was left out of the input to fit the context budget (``arena.llm.fitting``); empty: nothing."""

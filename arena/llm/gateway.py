@@ -35,7 +35,7 @@ import logging
 import random
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol
 
@@ -60,6 +60,7 @@ from arena.llm.core import (
     Undecidable,
     Usage,
 )
+from arena.llm.fitting import fit_inputs
 from arena.llm.outage import EndpointHealth, EndpointState, state_writer
 from arena.llm.replies import (
     NoJsonObject,
@@ -198,6 +199,9 @@ class RoleUsage(BaseModel):
         int, Field(ge=0, description="Attempts whose reply was cut at max_tokens (finish_reason=length).")
     ] = 0
     refusals: Annotated[int, Field(ge=0, description="Attempts whose reply was empty or a refusal.")] = 0
+    inputs_fitted: Annotated[
+        int, Field(ge=0, description="Calls whose input was compacted to fit the context budget.")
+    ] = 0
     failures: Annotated[
         int, Field(ge=0, description="Calls that raised (InvalidOutput or a non-retryable error).")
     ] = 0
@@ -443,6 +447,15 @@ class Gateway:
         endpoint = self._endpoint(route)
         counters = self._count(role.name)
         counters.add(calls=1)
+        cut: list[str] = []
+        if route is not None:
+            fit = await asyncio.to_thread(
+                fit_inputs, role, inputs, ContextBudget(route.context_tokens, sampling.max_tokens)
+            )
+            inputs, cut = fit.inputs, fit.cut  # type: ignore[assignment]  # the same input model, compacted
+            if cut:
+                counters.add(inputs_fitted=1)
+                log.debug("role %s: input fitted to its context budget: %s", role.name, "; ".join(cut))
         try:
             await self._register(role)
             key = cache_key(role, inputs, endpoint.backend.name, endpoint.backend.model, sampling)
@@ -463,7 +476,7 @@ class Gateway:
         except Exception:
             counters.add(failures=1)
             raise
-        return answer
+        return replace(answer, cut=cut) if cut else answer
 
     def _sampling(self, route: RoleRoute | None, given: Sampling | None) -> Sampling:
         """The route's sampling (or the seed default), with the fields the caller set on top."""

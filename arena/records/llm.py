@@ -35,6 +35,9 @@ class LlmUsage(Record):
     invalid_outputs: Annotated[int, Field(ge=0, description="Replies that were not valid for the role.")] = 0
     cut_off: Annotated[int, Field(ge=0, description="Replies cut at max_tokens (finish_reason=length).")] = 0
     refusals: Annotated[int, Field(ge=0, description="Replies that were empty or refused.")] = 0
+    inputs_fitted: Annotated[
+        int, Field(ge=0, description="Calls whose input was compacted to fit the context budget.")
+    ] = 0
     failures: Annotated[int, Field(ge=0, description="Calls that ended in an error.")] = 0
     endpoint_waits: Annotated[int, Field(ge=0, description="Calls that waited out an endpoint outage.")] = 0
     prompt_tokens: Annotated[int, Field(ge=0, description="Prompt tokens spent.")] = 0

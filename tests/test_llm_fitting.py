@@ -1,0 +1,103 @@
+"""Fitting role inputs into a context budget (``arena.llm.fitting``), on the sample tool docs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.demo import sample_tools_dir
+from arena.config import ArenaSettings
+from arena.llm.budget import ContextBudget, prompt_tokens
+from arena.llm.fitting import fit_inputs
+from arena.llm.gateway import Gateway
+from arena.llm.roles.chains import CHAIN_COHERENCE, CHAIN_SYNTHESIS, ChainSynthesisInput, CoherenceInput
+from arena.llm.routing import route_of
+from arena.records.sft import ServerRef
+from producers.tool_docs import load_tool_docs
+from simulator.backend import RulesBackend
+from streams.sft.normalize import normalize_server
+from tests.fixtures.openai_server import ASK, Question
+
+
+def _servers() -> list[ServerRef]:
+    raws = load_tool_docs([sample_tools_dir() / "good"]).servers
+    servers = []
+    for raw in raws:
+        outcome = normalize_server(raw)
+        if outcome.tools:
+            servers.append(
+                ServerRef(
+                    server_id=outcome.server, name=outcome.server, domain="general", tools=outcome.tools
+                )
+            )
+    return servers
+
+
+def _size(role, inputs) -> int:  # type: ignore[no-untyped-def]
+    return prompt_tokens(role.messages(inputs), role.tools(inputs))
+
+
+@pytest.mark.parametrize("context", [4096, 8192])
+def test_every_sample_server_fits_chain_synthesis(context: int) -> None:
+    budget = route_of(ArenaSettings(llm_context_tokens=context), CHAIN_SYNTHESIS.name).budget
+    for server in _servers():
+        inputs = ChainSynthesisInput(server=server, max_length=4, variant=0)
+        fit = fit_inputs(CHAIN_SYNTHESIS, inputs, budget)
+        assert _size(CHAIN_SYNTHESIS, fit.inputs) <= budget.prompt_tokens, server.name
+        if _size(CHAIN_SYNTHESIS, inputs) > budget.prompt_tokens:
+            assert fit.cut and "estimated" in fit.cut[-1]
+        else:
+            assert fit.inputs == inputs and fit.cut == []
+
+
+def test_a_chain_keeps_its_tools_and_their_response_fields() -> None:
+    server = max(
+        _servers(),
+        key=lambda s: _size(CHAIN_SYNTHESIS, ChainSynthesisInput(server=s, max_length=4, variant=0)),
+    )
+    chain = server.tools[:3]
+    inputs = CoherenceInput(task="Do the thing.", chain=[*chain, *chain])
+    budget = ContextBudget(context_tokens=1800, reply_tokens=512)
+    fit = fit_inputs(CHAIN_COHERENCE, inputs, budget)
+    assert isinstance(fit.inputs, CoherenceInput)
+    assert [t.function.name for t in fit.inputs.chain] == [t.function.name for t in inputs.chain]
+    for before, after in zip(inputs.chain, fit.inputs.chain, strict=True):
+        if before.response_schema:
+            assert set(after.response_schema.get("properties", {})) == set(
+                before.response_schema.get("properties", {})
+            )
+
+
+def test_nothing_changes_when_the_input_fits() -> None:
+    server = _servers()[0]
+    inputs = ChainSynthesisInput(server=server, max_length=4, variant=0)
+    fit = fit_inputs(CHAIN_SYNTHESIS, inputs, ContextBudget(context_tokens=32768, reply_tokens=2048))
+    assert fit.inputs is inputs and fit.cut == []
+
+
+def test_long_texts_are_shortened_as_the_last_resort() -> None:
+    inputs = Question(text="word " * 3000)
+    budget = ContextBudget(context_tokens=2048, reply_tokens=512)
+    fit = fit_inputs(ASK, inputs, budget)
+    assert _size(ASK, fit.inputs) <= budget.prompt_tokens
+    assert isinstance(fit.inputs, Question) and "characters cut]" in fit.inputs.text
+    assert fit.inputs.text.startswith("word word") and "text" in fit.cut[0]
+
+
+def test_the_gateway_fits_before_it_asks_and_says_so() -> None:
+    settings = ArenaSettings(llm="rules", llm_context_tokens=4096)
+    server = max(_servers(), key=lambda s: len(s.tools))
+
+    async def run() -> None:
+        gateway = Gateway(RulesBackend(), routes=lambda role: route_of(settings, role))
+        try:
+            answer = await gateway.call(
+                CHAIN_SYNTHESIS, ChainSynthesisInput(server=server, max_length=4, variant=0)
+            )
+        finally:
+            await gateway.aclose()
+        assert answer.cut and gateway.usage.roles[CHAIN_SYNTHESIS.name].inputs_fitted == 1
+        assert set(answer.output.chain) <= {t.function.name for t in server.tools}
+
+    asyncio.run(run())
