@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from arena.llm.budget import ContextBudget, prompt_tokens
+from arena.llm.budget import CHARS_PER_TOKEN, ContextBudget, prompt_tokens
 from arena.llm.core import Role
 
 Tool = dict[str, Any]
@@ -218,38 +218,52 @@ def _texts(value: Any, path: str = "") -> list[tuple[str, str]]:
     return []
 
 
-def _replaced(value: Any, path: str, text: str, here: str = "") -> Any:
-    if here == path:
-        return text
+def _replaced(value: Any, changes: dict[str, str], here: str = "") -> Any:
+    """``value`` with the texts at the paths of ``changes`` replaced (one walk)."""
+    if here in changes:
+        return changes[here]
     if isinstance(value, dict):
-        return {k: _replaced(v, path, text, f"{here}.{k}" if here else str(k)) for k, v in value.items()}
+        return {k: _replaced(v, changes, f"{here}.{k}" if here else str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_replaced(v, path, text, f"{here}[{i}]") for i, v in enumerate(value)]
+        return [_replaced(v, changes, f"{here}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+MAX_ROUNDS = 8
+"""Rounds of shortening (each measures once); every round cuts what the estimate says is over."""
 
 
 def _shorten_texts(
     role: Role[Any, Any], inputs: BaseModel, budget: ContextBudget
 ) -> tuple[BaseModel, list[str]]:
-    """The last resort: halve the longest text (a policy, a tool result, a prompt) until the prompt fits.
+    """The last resort: cut the longest texts (a policy, a tool result, a prompt) until the prompt fits.
 
-    Every shortened text keeps its head and says how much was cut; an input whose model refuses
-    the shortened text (a length constraint) is left as it was."""
+    Each round cuts, longest first, about as many characters as the prompt is over (a text keeps
+    at least half of itself and ``MIN_TEXT`` characters, and says how much was cut). An input
+    whose model refuses a shortened text (a length constraint) is left as it was."""
     data = inputs.model_dump(mode="json")
     shortened: list[str] = []
     current = inputs
-    while _size(role, current) > budget.prompt_tokens:
-        longest = max(_texts(data), key=lambda leaf: len(leaf[1]), default=None)
-        if longest is None or len(longest[1]) <= MIN_TEXT:
+    for _ in range(MAX_ROUNDS):
+        over = _size(role, current) - budget.prompt_tokens
+        if over <= 0:
             break
-        path, text = longest
-        keep = max(MIN_TEXT, len(text) // 2)
-        data = _replaced(data, path, f"{text[:keep]} …[{len(text) - keep} characters cut]")
+        want = over * CHARS_PER_TOKEN + 64
+        changes: dict[str, str] = {}
+        for path, text in sorted(_texts(data), key=lambda leaf: -len(leaf[1])):
+            if want <= 0 or len(text) <= MIN_TEXT:
+                break
+            keep = max(MIN_TEXT, len(text) // 2, len(text) - want)
+            changes[path] = f"{text[:keep]} …[{len(text) - keep} characters cut]"
+            want -= len(text) - keep
+        if not changes:
+            break
+        data = _replaced(data, changes)
         try:
             current = type(inputs).model_validate(data)
         except ValueError:
             return inputs, []
-        shortened.append(_field_of(path))
+        shortened.extend(_field_of(path) for path in changes)
     return current, shortened
 
 
