@@ -101,3 +101,23 @@ def test_the_gateway_fits_before_it_asks_and_says_so() -> None:
         assert set(answer.output.chain) <= {t.function.name for t in server.tools}
 
     asyncio.run(run())
+
+
+def test_long_lists_are_thinned_keeping_their_variety() -> None:
+    from pydantic import BaseModel
+
+    from arena.llm.core import Role
+
+    class Rows(BaseModel):
+        rows: list[dict[str, str]]
+
+    role = Role(name="test_rows", input=Rows, output=Question, system="Read.", template="{input}")
+    inputs = Rows(rows=[{"id": f"r{i}", "kind": "ab"[i % 2]} for i in range(400)])
+    budget = ContextBudget(context_tokens=1024, reply_tokens=256)
+    fit = fit_inputs(role, inputs, budget)
+    assert isinstance(fit.inputs, Rows) and _size(role, fit.inputs) <= budget.prompt_tokens
+    kept = fit.inputs.rows
+    assert len(kept) < 400 and {r["kind"] for r in kept} == {"a", "b"}
+    ids = [int(r["id"][1:]) for r in kept]
+    assert ids == sorted(ids)  # the order stays
+    assert any("of 400 items kept" in note for note in fit.cut)

@@ -10,8 +10,9 @@ input step by step and stops at the first step that fits:
 2. tool descriptions 120, parameter descriptions 40 characters, response schemas without any
    (their property names and types stay: they are how one call feeds the next);
 3. leave out tools the input does not name (its ``chain``), last first, until it fits;
-4. the last resort, for any input: halve its longest text (a policy, a long tool result, a worker
-   prompt), keeping the head and saying how much was cut, until it fits.
+4. the last resort, for any input: cut its longest texts (a policy, a long tool result, a worker
+   prompt), keeping the head and saying how much was cut; then halve its largest list (rows,
+   database entities; a seeded half in order; never chat messages or tools), until it fits.
 
 What was cut comes back as short phrases (the gateway logs them, counts the call as fitted and keeps
 them on the answer, ``Answer.cut``). Inputs without tools, or that already fit, come back unchanged,
@@ -21,6 +22,8 @@ so at the default budget nothing differs.
 from __future__ import annotations
 
 import copy
+import json
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,9 +171,8 @@ def fit_inputs(role: Role[Any, Any], inputs: BaseModel, budget: ContextBudget) -
     if before <= budget.prompt_tokens:
         return Fit(inputs, [])
     if not slots:
-        fitted, shortened = _shorten_texts(role, inputs, budget)
-        note = f"{len(shortened)} long text(s) shortened: {', '.join(sorted(set(shortened))[:6])}"
-        return Fit(fitted, [note, _sizes(before, _size(role, fitted))] if shortened else [])
+        fitted, notes = _last_resort(role, inputs, budget)
+        return Fit(fitted, [*notes, _sizes(before, _size(role, fitted))] if notes else [])
     keep = _named(inputs)
     originals = [slot.get(inputs) for slot in slots]
 
@@ -197,10 +199,69 @@ def fit_inputs(role: Role[Any, Any], inputs: BaseModel, budget: ContextBudget) -
     cut = [_level_note(2)]
     if dropped:
         cut.append(f"{len(dropped)} tool(s) left out: {', '.join(sorted(set(dropped)))}")
-    fitted, shortened = _shorten_texts(role, fitted, budget)
-    if shortened:
-        cut.append(f"{len(shortened)} long text(s) shortened: {', '.join(sorted(set(shortened))[:6])}")
-    return Fit(fitted, [*cut, _sizes(before, _size(role, fitted))])
+    fitted, last = _last_resort(role, fitted, budget)
+    return Fit(fitted, [*cut, *last, _sizes(before, _size(role, fitted))])
+
+
+def _last_resort(
+    role: Role[Any, Any], inputs: BaseModel, budget: ContextBudget
+) -> tuple[BaseModel, list[str]]:
+    """Long texts shortened, then long lists thinned, as far as it takes; what was cut, as phrases."""
+    fitted, shortened = _shorten_texts(role, inputs, budget)
+    notes = (
+        [f"{len(shortened)} long text(s) shortened: {', '.join(sorted(set(shortened))[:6])}"]
+        if shortened
+        else []
+    )
+    fitted, thinned = _thin_lists(role, fitted, budget)
+    return fitted, notes + thinned
+
+
+MIN_ITEMS = 4
+"""Lists at most this long are never thinned."""
+
+
+def _lists(value: Any, path: str = "") -> list[tuple[str, list[Any]]]:
+    """(path, list) of every list of a dumped input that may be thinned: not chat messages, not tools."""
+    found: list[tuple[str, list[Any]]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found += _lists(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        structural = any(isinstance(v, dict) and ("role" in v or "function" in v) for v in value)
+        if len(value) > MIN_ITEMS and not structural and path != "chain":
+            found.append((path, value))
+        for i, v in enumerate(value):
+            found += _lists(v, f"{path}[{i}]")
+    return found
+
+
+def _thin_lists(
+    role: Role[Any, Any], inputs: BaseModel, budget: ContextBudget
+) -> tuple[BaseModel, list[str]]:
+    """Halve the largest list (a seeded half, in order) until the prompt fits:
+    a table of rows, entities of a database, examples. Chat messages and tools are never thinned."""
+    data = inputs.model_dump(mode="json")
+    current = inputs
+    notes: dict[str, tuple[int, int]] = {}
+    for _ in range(MAX_ROUNDS * 2):
+        if _size(role, current) <= budget.prompt_tokens:
+            break
+        candidates = _lists(data)
+        if not candidates:
+            break
+        path, items = max(candidates, key=lambda c: len(json.dumps(c[1], ensure_ascii=False)))
+        # A seeded half, in order: deterministic, and no stride pattern in the data decides what stays.
+        chosen = sorted(random.Random(len(items)).sample(range(len(items)), len(items) // 2))
+        kept = [items[i] for i in chosen]
+        data = _replaced(data, {path: kept})
+        try:
+            current = type(inputs).model_validate(data)
+        except ValueError:
+            return inputs, []
+        total = notes.get(_field_of(path), (len(items), len(items)))[0]
+        notes[_field_of(path)] = (total, len(kept))
+    return current, [f"{field}: {kept} of {total} items kept" for field, (total, kept) in notes.items()]
 
 
 MIN_TEXT = 400
@@ -218,7 +279,7 @@ def _texts(value: Any, path: str = "") -> list[tuple[str, str]]:
     return []
 
 
-def _replaced(value: Any, changes: dict[str, str], here: str = "") -> Any:
+def _replaced(value: Any, changes: dict[str, Any], here: str = "") -> Any:
     """``value`` with the texts at the paths of ``changes`` replaced (one walk)."""
     if here in changes:
         return changes[here]

@@ -5,8 +5,9 @@ verifiers decide and are deterministic (temperature 0); the tool emulator must a
 the same way (temperature 0); the agent and the user simulator act in dialogues and are sampled.
 ``settings.llm_roles`` (``ARENA_LLM_ROLES``, JSON, or ``[llm_roles.<name>]`` tables in arena.toml)
 overrides any field for a role or for a whole kind; a role's own entry wins over its kind's, which
-wins over ``KIND_DEFAULTS``. An entry with ``llm`` sends the role to another endpoint (e.g. a larger
-judge model), with ``context_tokens`` its window when it differs from ``llm_context_tokens``.
+wins over ``ROLE_DEFAULTS`` and ``KIND_DEFAULTS``. An entry with ``llm`` sends the role to another
+endpoint (e.g. a larger judge model), with ``context_tokens`` its window when it differs from
+``llm_context_tokens``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ KIND_DEFAULTS: dict[str, dict[str, Any]] = {
 """Sampling of each kind unless configured (documented in the README's per-role table)."""
 
 
+ROLE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "eigen_prompt_engineer": {"max_tokens": 8192},
+}
+"""Roles whose replies are long by nature, over their kind's default: the prompt engineer writes a
+whole prompt set (the rules simulator's run to about 24,000 characters)."""
+
+
 def kind_of(role: str) -> RoleKind:
     """The kind of the role named ``role``."""
     return ROLE_KIND_OF.get(role, "generator")
@@ -87,7 +95,7 @@ class RoleRoute:
 def route_of(settings: ArenaSettings, role: str) -> RoleRoute:
     """The route of ``role`` under ``settings`` (its entry, then its kind's, then the defaults)."""
     kind = kind_of(role)
-    fields: dict[str, Any] = {**KIND_DEFAULTS[kind], "seed": settings.seed}
+    fields: dict[str, Any] = {**KIND_DEFAULTS[kind], **ROLE_DEFAULTS.get(role, {}), "seed": settings.seed}
     llm, context = settings.llm, settings.llm_context_tokens
     for key in (kind, role):  # the role's own entry wins
         entry = settings.llm_roles.get(key)
