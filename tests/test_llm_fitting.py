@@ -121,3 +121,31 @@ def test_long_lists_are_thinned_keeping_their_variety() -> None:
     ids = [int(r["id"][1:]) for r in kept]
     assert ids == sorted(ids)  # the order stays
     assert any("of 400 items kept" in note for note in fit.cut)
+
+
+def test_database_entities_are_retrieved_in_coherent_neighbourhoods() -> None:
+    from arena.llm.roles.eigen import EntityRef
+    from streams.eigen.workers import entities_within, neighbourhoods
+
+    users = [EntityRef(kind="users", id=f"U-{u}", attributes={"user_id": f"U-{u}"}) for u in range(6)]
+    products = [EntityRef(kind="products", id=f"P-{p}", attributes={}) for p in range(4)]
+    orders = [
+        EntityRef(
+            kind="orders",
+            id=f"O-{o}",
+            attributes={"user_id": f"U-{o % 6}", "product_ids": f"P-{o % 4},P-{(o + 1) % 4}"},
+        )
+        for o in range(12)
+    ]
+    refs = [*users, *products, *orders]
+    hoods = neighbourhoods(refs)
+    user_hood = next(h for h in hoods if "U-0" in h)
+    assert user_hood == {"U-0", "O-0", "O-6", "P-0", "P-1", "P-2", "P-3"}
+    kept, cut = entities_within(refs, lambda chosen: len(chosen) <= 12, seed=3)
+    assert 0 < len(kept) <= 12 and cut == len(refs) - len(kept)
+    kept_ids = {r.id for r in kept}
+    for order in (r for r in kept if r.kind == "orders"):  # an order comes with its customer and products
+        assert order.attributes["user_id"] in kept_ids
+        assert set(str(order.attributes["product_ids"]).split(",")) <= kept_ids
+    assert entities_within(refs, lambda chosen: True, seed=3) == (refs, 0)
+    assert entities_within(refs, lambda chosen: len(chosen) <= 12, seed=3) == (kept, cut)  # seeded

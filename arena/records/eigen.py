@@ -96,6 +96,11 @@ class IntentPayload(BaseModel):
     scenario: Scenario
     draw: Annotated[PoolDraw, Field(description="RandomPool's persona, context and difficulty factors.")]
     intent: Annotated[UserIntent, Field(description="UserIntent's task specification.")]
+    context_cut: list[str] = Field(
+        default_factory=list,
+        exclude_if=lambda cut: not cut,  # absent when nothing was cut: earlier items keep their ids
+        description="What was left out of the prompts to fit the context window (e.g. database entities).",
+    )
 
 
 class TaskPayload(BaseModel):

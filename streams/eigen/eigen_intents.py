@@ -9,14 +9,22 @@ its per-iteration metrics go to ``eigen.pilot.metrics`` with the item.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
-from arena.llm.roles.eigen import EIGEN_RANDOM_POOL, EIGEN_USER_INTENT, RandomPoolInput, UserIntentInput
+from arena.llm.roles.eigen import (
+    EIGEN_RANDOM_POOL,
+    EIGEN_USER_INTENT,
+    EntityRef,
+    RandomPoolInput,
+    UserIntentInput,
+)
+from arena.llm.routing import budget_for
 from arena.records.eigen import EigenIntent, EigenSeed, IntentPayload
 from streams.eigen.audit import repilot
 from streams.eigen.evolution import PILOT_TOPIC, pilot_key
 from streams.eigen.items import lineage_of, make_item, open_item
-from streams.eigen.workers import domain_summary, entity_refs, state_slice
+from streams.eigen.workers import domain_summary, entities_within, entity_refs, state_slice
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
 
@@ -43,14 +51,28 @@ async def handle(record: EigenSeed, ctx: Context) -> Sequence[Emit]:
         )
         emits += [Emit(PILOT_TOPIC, pilot_key(m), m, (ctx.source_key,)) for m in metrics]
     domain = domain_summary(pack, state)
+    pool_role = prompt_set.role(EIGEN_RANDOM_POOL)
+    budget = budget_for(ctx.settings, EIGEN_RANDOM_POOL.name)
+
+    def fits(entities: list[EntityRef]) -> bool:
+        inputs = RandomPoolInput(
+            domain=domain, seed=scenario.seed, params=prompt_set.params, entities=entities
+        )
+        return budget.fits(pool_role.messages(inputs))
+
+    entities, cut = await asyncio.to_thread(entities_within, entity_refs(state), fits, scenario.seed)
     draw_input = RandomPoolInput(
-        domain=domain, seed=scenario.seed, params=prompt_set.params, entities=entity_refs(state)
+        domain=domain, seed=scenario.seed, params=prompt_set.params, entities=entities
     )
-    draw = (await gateway.call(prompt_set.role(EIGEN_RANDOM_POOL), draw_input)).output
+    draw = (await gateway.call(pool_role, draw_input)).output
     intent_input = UserIntentInput(draw=draw, domain=domain, records=state_slice(state, draw))
     intent = (await gateway.call(prompt_set.role(EIGEN_USER_INTENT), intent_input)).output
     body = IntentPayload(
-        scenario=scenario.model_copy(update={"set_version": prompt_set.version}), draw=draw, intent=intent
+        scenario=scenario.model_copy(update={"set_version": prompt_set.version}),
+        draw=draw,
+        intent=intent,
+        context_cut=[f"{EIGEN_RANDOM_POOL.name}: {cut} of {cut + len(entities)} database entities left out"]
+        * bool(cut),
     )
     item = make_item(EigenIntent, record, body, domain=pack.name, prompt_set=prompt_set.set_id)
     emits.append(

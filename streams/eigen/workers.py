@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -121,6 +122,47 @@ def entity_refs(state: Mapping[str, Any]) -> list[EntityRef]:
                 attributes["product_ids"] = ",".join(dict.fromkeys(str(p) for p in products if p))
             refs.append(EntityRef(kind=table, id=str(key), attributes=attributes))
     return refs
+
+
+def _references(ref: EntityRef, ids: set[str]) -> set[str]:
+    """Ids of other entities ``ref``'s attributes name (``user_id``, ``product_ids`` lists, ...)."""
+    named = {v.strip() for value in ref.attributes.values() for v in str(value).split(",")}
+    return (named & ids) - {ref.id}
+
+
+def neighbourhoods(refs: Sequence[EntityRef]) -> list[set[str]]:
+    """One coherent slice of the database per entity others refer to (a customer, a product): it,
+    the entities that refer to it (their orders) and what those refer to (the orders' products)."""
+    ids = {r.id for r in refs}
+    names = {r.id: _references(r, ids) for r in refs}
+    referrers: dict[str, list[str]] = {}
+    for ref in refs:
+        for target in names[ref.id]:
+            referrers.setdefault(target, []).append(ref.id)
+    hoods = []
+    for ref in refs:
+        if ref.id in referrers:
+            around = set(referrers[ref.id])
+            hoods.append({ref.id, *around, *(t for r in around for t in names[r])})
+    return hoods
+
+
+def entities_within(
+    refs: list[EntityRef], fits: Callable[[list[EntityRef]], bool], seed: int
+) -> tuple[list[EntityRef], int]:
+    """``refs`` when they fit; else whole neighbourhoods, in a seeded order, while they fit (the
+    entities a scenario can be about, with what they relate to). Returns the kept and how many were cut."""
+    if fits(refs):
+        return refs, 0
+    hoods = neighbourhoods(refs)
+    random.Random(seed).shuffle(hoods)
+    chosen: set[str] = set()
+    for hood in hoods:
+        trial = chosen | hood
+        if fits([r for r in refs if r.id in trial]):
+            chosen = trial
+    kept = [r for r in refs if r.id in chosen]
+    return kept, len(refs) - len(kept)
 
 
 def state_slice(state: Mapping[str, Any], draw: PoolDraw) -> dict[str, Any]:
