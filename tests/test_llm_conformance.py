@@ -389,9 +389,9 @@ def test_a_prompt_over_the_context_budget_is_never_sent(server: OpenAIServer) ->
 
 
 class Items(BaseModel):
-    """Many short texts: nothing the fitting can shorten."""
+    """Many short entries in one mapping: nothing the fitting shortens or thins."""
 
-    items: list[str]
+    items: dict[str, str]
 
 
 LIST_ASK = Role(
@@ -408,7 +408,9 @@ def test_a_long_prompt_is_sent_with_the_reply_room_left(server: OpenAIServer) ->
     async def run() -> Any:
         gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), routes=lambda role: route)
         try:
-            return await gateway.call(LIST_ASK, Items(items=[f"item number {i}" for i in range(400)]))
+            return await gateway.call(
+                LIST_ASK, Items(items={f"k{i}": f"item number {i}" for i in range(330)})
+            )
         finally:
             await gateway.aclose()
 
