@@ -5,12 +5,20 @@ validates the JSON answer against the role's output model, retries, caches valid
 counts usage per role. The role's prompt is registered in the catalog once per gateway, so the
 ``prompt_version`` in every answer (and in lineage) names a catalog row.
 
-Retries, up to ``max_attempts`` backend requests per call:
+Each role has a route (``arena.llm.routing``): its sampling, its endpoint and that endpoint's
+context window. Before asking, the gateway fits the input to the window (``arena.llm.fitting``;
+what was cut stays on the answer) and sends a long prompt with the reply room left.
+
+Replies are read as real models write them (``read_reply``, ``arena.llm.replies``): reasoning
+set apart and kept on the answer, the role's JSON chosen by its schema, an agent role's native or
+Hermes tool calls. Retries, up to ``max_attempts`` backend requests per call:
 
 * ``TransientError`` (HTTP 429/5xx, connection errors) and timeouts: exponential backoff with
-  jitter (at least the server's ``Retry-After`` when it sent a small one), then retry;
-* text that is not JSON, fails validation, or a rule raising ``Undecidable``: retry at once
-  with ``attempt + 1`` (backends reseed by it);
+  jitter (at least the server's ``Retry-After`` when it sent a small one), then the same request;
+* a reply cut at ``finish_reason=length``: asked again with twice the ``max_tokens``;
+* a reply that is not valid for the role: asked again with the reply and the validation error
+  fed back; an empty reply, a refusal or a rule raising ``Undecidable``: asked again. Each of
+  these counts ``attempt + 1`` (backends reseed by it);
 * ``EndpointRejected`` (HTTP 401/403/404: credentials, URL, model name): no retry;
 * anything else (``BackendError`` such as HTTP 400, a missing rule) propagates at once.
 
