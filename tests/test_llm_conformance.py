@@ -345,19 +345,29 @@ def test_eigen_agent_speaks_natively_with_app_actions(server: OpenAIServer) -> N
     ] and step.output.think == "Looking you up."
 
 
-def test_per_role_sampling_and_stop_reach_the_server(server: OpenAIServer) -> None:
-    sampling = Sampling(temperature=0.2, top_p=0.5, max_tokens=77, stop=["END"], seed=9)
-    route = RoleRoute(role=ASK.name, kind="generator", sampling=sampling, llm="rules", context_tokens=32768)
+def _routed(
+    server: OpenAIServer, sampling: Sampling, context: int, role: Any, inputs: Any, given: Any = None
+) -> Any:
+    """One call on a gateway whose every role has ``sampling`` and a ``context``-token window; the
+    answer, or the InvalidOutput it ended in."""
+    route = RoleRoute(role=ASK.name, kind="generator", sampling=sampling, llm="rules", context_tokens=context)
     server.configure(ServerScript(messages=[_text(GOOD)]))
 
-    async def run() -> None:
-        gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), routes=lambda role: route)
+    async def run() -> Any:
+        gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), routes=lambda _: route)
         try:
-            await gateway.call(ASK, Question(text="x"), Sampling(seed=3))  # the caller's seed wins
+            return await gateway.call(role, inputs, given)
+        except InvalidOutput as exc:
+            return exc
         finally:
             await gateway.aclose()
 
-    asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_per_role_sampling_and_stop_reach_the_server(server: OpenAIServer) -> None:
+    sampling = Sampling(temperature=0.2, top_p=0.5, max_tokens=77, stop=["END"], seed=9)
+    _routed(server, sampling, 32768, ASK, Question(text="x"), Sampling(seed=3))  # the caller's seed wins
     body = server.stats().bodies[0]
     assert (body["temperature"], body["top_p"], body["max_tokens"], body["stop"], body["seed"]) == (
         0.2,
@@ -369,21 +379,7 @@ def test_per_role_sampling_and_stop_reach_the_server(server: OpenAIServer) -> No
 
 
 def test_a_prompt_over_the_context_budget_is_never_sent(server: OpenAIServer) -> None:
-    route = RoleRoute(
-        role=ASK.name, kind="generator", sampling=Sampling(max_tokens=400), llm="rules", context_tokens=512
-    )
-    server.configure(ServerScript(messages=[_text(GOOD)]))
-
-    async def run() -> Any:
-        gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), routes=lambda role: route)
-        try:
-            return await gateway.call(ASK, Question(text="long " * 200))
-        except InvalidOutput as exc:
-            return exc
-        finally:
-            await gateway.aclose()
-
-    failed = asyncio.run(run())
+    failed = _routed(server, Sampling(max_tokens=400), 512, ASK, Question(text="long " * 200))
     assert isinstance(failed, PromptTooLong) and "512-token context" in failed.errors[0]
     assert server.stats().requests == 0
 
@@ -400,20 +396,7 @@ LIST_ASK = Role(
 
 
 def test_a_long_prompt_is_sent_with_the_reply_room_left(server: OpenAIServer) -> None:
-    route = RoleRoute(
-        role=ASK.name, kind="generator", sampling=Sampling(max_tokens=2048), llm="rules", context_tokens=4096
-    )
-    server.configure(ServerScript(messages=[_text(GOOD)]))
-
-    async def run() -> Any:
-        gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), routes=lambda role: route)
-        try:
-            return await gateway.call(
-                LIST_ASK, Items(items={f"k{i}": f"item number {i}" for i in range(330)})
-            )
-        finally:
-            await gateway.aclose()
-
-    assert asyncio.run(run()).output.answer == "Paris"
+    inputs = Items(items={f"k{i}": f"item number {i}" for i in range(330)})
+    assert _routed(server, Sampling(max_tokens=2048), 4096, LIST_ASK, inputs).output.answer == "Paris"
     (body,) = server.stats().bodies
     assert 256 <= body["max_tokens"] < 2048  # prompt + reply fit the 4096-token window

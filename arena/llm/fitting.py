@@ -167,9 +167,9 @@ def _size(role: Role[Any, Any], inputs: BaseModel) -> int:
 def fit_inputs(role: Role[Any, Any], inputs: BaseModel, budget: ContextBudget) -> Fit:
     """``inputs`` with its tool docs compacted until the prompt leaves the reply budget free."""
     before = _size(role, inputs)
-    slots = _slots(inputs)
-    if before <= budget.prompt_tokens:
+    if before <= budget.prompt_tokens:  # the common case: one measurement, nothing else
         return Fit(inputs, [])
+    slots = _slots(inputs)
     if not slots:
         fitted, notes = _last_resort(role, inputs, budget)
         return Fit(fitted, [*notes, _sizes(before, _size(role, fitted))] if notes else [])

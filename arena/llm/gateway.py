@@ -287,10 +287,20 @@ class _Call:
     route: RoleRoute | None
 
 
-def _offered(role: Role[Any, Any], inputs: BaseModel | None) -> set[str]:
-    """Names of the tools an agent role offers (empty for other roles, or without the inputs)."""
-    tools = role.tools(inputs) if inputs is not None and role.agent is not None else None
-    return {str(t.get("function", {}).get("name")) for t in tools or []}
+@dataclass(frozen=True)
+class _Prompt:
+    """A call's rendered prompt: what every attempt sends before any feedback."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    schema: dict[str, Any]
+    tokens: int
+    """Estimated prompt tokens of messages and tools."""
+
+    @classmethod
+    def of(cls, call: _Call) -> _Prompt:
+        messages, tools = call.role.messages(call.inputs), call.role.tools(call.inputs)
+        return cls(messages, tools, call.role.output_schema(), prompt_tokens(messages, tools))
 
 
 def _feedback(reply: str, error: str) -> list[dict[str, Any]]:
@@ -519,7 +529,8 @@ class Gateway:
         if stored is None:
             return None
         try:
-            parsed = read_reply(role, Completion(text=stored.raw), _offered(role, None))
+            # Stored native calls are <tool_call> text, read whatever tools are offered.
+            parsed = read_reply(role, Completion(text=stored.raw))
         except (NoJsonObject, ReplyInvalid, Unusable):
             return None  # stored under an older output model that validated it: recompute
         return self._answer(role, parsed, stored.usage, endpoint, cached=True)
@@ -581,14 +592,13 @@ class Gateway:
             health.report(reason, stage=CALLER.get().stage, error=state.unserved)
 
     def _request(
-        self, call: _Call, draw: int, sampling: Sampling, feedback: list[dict[str, Any]]
+        self, call: _Call, prompt: _Prompt, draw: int, sampling: Sampling, feedback: list[dict[str, Any]]
     ) -> CompletionRequest:
         """The request of one attempt; refuses a prompt that does not fit the role's context budget."""
-        messages = call.role.messages(call.inputs) + feedback
-        tools = call.role.tools(call.inputs)
+        messages = prompt.messages + feedback
         if call.route is not None:
             budget = ContextBudget(call.route.context_tokens, sampling.max_tokens)
-            needed = prompt_tokens(messages, tools)
+            needed = prompt.tokens + (prompt_tokens(feedback) if feedback else 0)
             if budget.too_long(needed):
                 raise PromptTooLong(
                     call.role.name,
@@ -607,18 +617,17 @@ class Gateway:
             role=call.role,
             inputs=call.inputs,
             messages=messages,
-            json_schema=call.role.output_schema(),
+            json_schema=prompt.schema,
             sampling=sampling,
             attempt=draw,
-            tools=tools,
+            tools=prompt.tools,
         )
 
-    def _longer(self, call: _Call, sampling: Sampling) -> Sampling | None:
+    def _longer(self, call: _Call, prompt: _Prompt, sampling: Sampling) -> Sampling | None:
         """``sampling`` with twice the reply budget, within the context window (None: no room to grow)."""
         limit = 131072
         if call.route is not None:
-            prompt = prompt_tokens(call.role.messages(call.inputs), call.role.tools(call.inputs))
-            limit = min(limit, call.route.context_tokens - prompt - TEMPLATE_MARGIN_TOKENS)
+            limit = min(limit, call.route.context_tokens - prompt.tokens - TEMPLATE_MARGIN_TOKENS)
         grown = min(sampling.max_tokens * 2, limit)
         return sampling.model_copy(update={"max_tokens": grown}) if grown > sampling.max_tokens else None
 
@@ -632,14 +641,15 @@ class Gateway:
         stayed unusable.
         """
         role, counters, backend = call.role, call.counters, call.endpoint.backend
-        offered = _offered(role, call.inputs)
+        prompt = _Prompt.of(call)  # rendered once: every attempt sends it (plus any feedback)
+        offered = {str(t.get("function", {}).get("name")) for t in prompt.tools or []}
         state = _Attempts()
         sampling = call.sampling
         feedback: list[dict[str, Any]] = []
         draw = 0  # replies that came back unusable so far: a transport retry resends the same request
         for attempt in range(self.max_attempts):
             counters.add(attempts=1, retries=1 if attempt else 0)
-            request = self._request(call, draw, sampling, feedback)
+            request = self._request(call, prompt, draw, sampling, feedback)
             try:
                 completion = await backend.complete(request)
             except EndpointRejected as exc:
@@ -673,7 +683,7 @@ class Gateway:
             draw += 1
             if completion.finish_reason == "length":
                 counters.add(cut_off=1)
-                longer = self._longer(call, sampling)
+                longer = self._longer(call, prompt, sampling)
                 room = (
                     f"; retrying with max_tokens={longer.max_tokens}"
                     if longer

@@ -137,19 +137,26 @@ def choose_output(model: type[M], visible: str) -> M:
     raise ReplyInvalid(f"invalid output{several}: {best[1]}")
 
 
+def parse_arguments(raw: Any) -> dict[str, Any] | None:
+    """Tool-call arguments as an object: given as one, or as a JSON string ('' is no arguments);
+    None when they are neither (servers send both forms, models write both)."""
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        return None
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def _call_of(obj: Any) -> ToolCall | None:
     """A tool call from ``{"name", "arguments"}`` (arguments an object or a JSON string)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    arguments = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(name=obj["name"], arguments=arguments)
+    arguments = parse_arguments(obj.get("arguments", obj.get("parameters", {})))
+    return None if arguments is None else ToolCall(name=obj["name"], arguments=arguments)
 
 
 def text_tool_calls(visible: str, offered: set[str]) -> tuple[list[ToolCall], str]:

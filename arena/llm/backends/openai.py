@@ -31,6 +31,7 @@ from arena.config import redact_url
 from arena.llm.admission import Admission, LocalAdmission, admission_for
 from arena.llm.backends import BackendError, LlmTarget, RetryAfter
 from arena.llm.core import Completion, CompletionRequest, EndpointRejected, ToolCall, TransientError, Usage
+from arena.llm.replies import parse_arguments
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
@@ -88,13 +89,8 @@ def _tool_call(call: dict[str, Any]) -> ToolCall:
     function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
     name = str(function.get("name") or "")
     raw = function.get("arguments")
-    if isinstance(raw, dict):
-        return ToolCall(name=name, arguments=raw, id=str(call.get("id") or ""))
-    try:
-        arguments = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict) or not name:
+    arguments = parse_arguments("" if raw is None else raw)
+    if arguments is None or not name:
         problem = "no function name" if not name else f"arguments are not a JSON object: {str(raw)[:200]!r}"
         return ToolCall(name=name, arguments={}, id=str(call.get("id") or ""), error=problem)
     return ToolCall(name=name, arguments=arguments, id=str(call.get("id") or ""))
@@ -136,11 +132,10 @@ def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]])
 
 
 def _arguments(call: dict[str, Any]) -> Any:
+    """A call's arguments as an object when they parse, else as sent."""
     raw = call.get("function", {}).get("arguments")
-    try:
-        return json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        return raw
+    parsed = parse_arguments(raw)
+    return raw if parsed is None else parsed
 
 
 class OpenAIBackend:
