@@ -33,7 +33,16 @@ def _toml_path() -> Path:
 class SandboxSettings(BaseModel):
     """Limits of the sandbox that runs generated code; env vars ``ARENA_SANDBOX__<FIELD>``."""
 
-    pool_size: Annotated[int, Field(default=2, ge=1, le=64, description="Warm worker processes kept ready.")]
+    pool_size: Annotated[
+        int,
+        Field(
+            default=16,
+            ge=1,
+            le=256,
+            description="Sandbox sessions open at once per process (an environment instance holds one for its "
+            "episode; a one-off run holds one while it runs); more wait. Each gets its own uid.",
+        ),
+    ]
     timeout_s: Annotated[
         float, Field(default=5.0, gt=0, le=600, description="Wall-clock limit per execution (seconds).")
     ]
@@ -42,6 +51,15 @@ class SandboxSettings(BaseModel):
     ]
     max_procs: Annotated[
         int, Field(default=16, ge=1, le=4096, description="Processes the sandbox uid may run at once.")
+    ]
+    session_cpu_s: Annotated[
+        float,
+        Field(
+            default=600.0,
+            gt=0,
+            le=86400,
+            description="CPU seconds one session (an episode, all its calls) may use before it is killed.",
+        ),
     ]
     max_output_bytes: Annotated[
         int, Field(default=65536, ge=1024, le=16 << 20, description="Captured stdout/stderr cap (bytes).")

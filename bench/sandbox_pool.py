@@ -1,31 +1,37 @@
-"""Sandbox benchmark: executions per second and latency of the warm pool vs a fresh interpreter.
+"""Sandbox benchmark: environment tool calls per second -- fresh interpreter, forked, session.
 
 Usage::
 
-    python bench/sandbox_pool.py [--calls N] [--concurrency C] [--rows R] [--seed S]
+    python bench/sandbox_pool.py [--calls N] [--concurrency C] [--instances I] [--home DIR] [--quick]
 
 Prints ONE JSON object on stdout; progress goes to stderr.
 
-Both paths run the same N seeded programs, in the same run, C at a time. Each program has
-the shape of an environment job (the execution contract of ``sandbox/env_runtime.py``): a
-``DATA`` table of R rows decoded from JSON, a lookup tool over it and one call.
+The calls are the jobs of the demo's verified environments (``EnvPackage``: a ``DATA`` table,
+lookup tools over it, and each job's invocation): by default the environment track runs
+in-process on the demo's seeds (``rules`` backend, I QA instances per knowledge base) to make
+them; ``--home`` reads them from a finished ``arena demo`` instead. N calls are drawn (seeded)
+from all packages' jobs; every path runs the same N calls, C at a time, in the same run, and
+every path must return the same values.
 
-``pool``
-    ``sandbox.SandboxPool`` with C warm slots: per call a pre-spawned worker (namespaces,
-    read-only mounts, job dir already made) forks the job, drops to its uid, applies the
-    rlimits and seccomp, runs it, reports JSON; the slot's next worker is then spawned in
-    the background (that cost lands on the same 2 cores and is included).
-``baseline``
-    ``python -I -c PROGRAM`` per call via ``asyncio.create_subprocess_exec`` (no isolation at
-    all: same uid, no limits), result printed as JSON on stdout.
+``fresh``    ``python -I -c PROGRAM`` per call (the execution contract's program: DATA decoded
+             from JSON, the package code, the call), no isolation at all: the baseline.
+``fork``     ``SandboxPool.run(PROGRAM)``: per call a session forked from the warm fork server
+             (its own uid, pid/mount/ipc namespaces, /proc and /tmp, rlimits, seccomp), the
+             program run in it, the session torn down; what RL paid per call before sessions,
+             minus the interpreter start.
+``session``  One session per package, opened and loaded once (DATA bound, code run), then each
+             call is ``Session.call(tool, arguments)``: a message; the package stays in the
+             session's memory between calls. Opening (and loading) is measured on its own as
+             ``sessions_opened_per_s``.
 
-Latency is per call, from submission to result; executions/s = N / wall time of the phase.
-ratio = pool executions/s / baseline executions/s.
+Latency is per call, from submission to result; calls/s = N / wall time of the phase; the ratios
+are calls/s of a path over the fresh baseline's, measured side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import json
 import os
@@ -33,142 +39,262 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+if TYPE_CHECKING:
+    from arena.records.envs import EnvPackage
+    from sandbox.pool import SandboxPool, Session
+
 console = Console(stderr=True)
 
 
-def programs(calls: int, rows: int, seed: int) -> list[tuple[str, Any]]:
-    """(program, expected value) pairs: a lookup tool over a seeded table, one call each."""
+class Call:
+    """One environment tool call: the package, the tool and its arguments, and its program."""
+
+    def __init__(self, package: EnvPackage, tool: str, arguments: dict[str, Any], program: str) -> None:
+        self.package = package
+        self.tool = tool
+        self.arguments = arguments
+        self.program = program
+
+
+def as_call(invocation: str) -> tuple[str, dict[str, Any]] | None:
+    """(tool, keyword arguments) of ``tool(k=literal, ...)``; None for any other invocation."""
+    try:
+        node = ast.parse(invocation.strip(), mode="eval").body
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args):
+            return None
+        arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+    except (SyntaxError, ValueError):
+        return None
+    return (node.func.id, arguments) if len(arguments) == len(node.keywords) else None
+
+
+def draw_calls(packages: list[EnvPackage], n: int, seed: int) -> list[Call]:
+    """``n`` calls drawn (seeded, with replacement) from every package's jobs that are plain tool calls."""
+    from sandbox.env_runtime import call_program
+
+    pool = []
+    for package in packages:
+        for job in package.jobs:
+            parsed = as_call(job.invocation)
+            if parsed is not None:
+                pool.append(Call(package, *parsed, call_program(package, *parsed)))
+    if not pool:
+        raise SystemExit("no verified environment has a job that is a plain tool call")
     rng = random.Random(seed)
-    table = [{"listing_id": f"L{i:04d}", "price": rng.randrange(100_000, 900_000)} for i in range(rows)]
-    data = json.dumps({"get_listing_price": table})
-    out = []
-    for _ in range(calls):
-        row = rng.choice(table)
-        code = (
-            "import json\n"
-            f"DATA = json.loads({data!r})\n"
-            "def get_listing_price(listing_id):\n"
-            "    for r in DATA['get_listing_price']:\n"
-            "        if r['listing_id'].casefold() == listing_id.casefold():\n"
-            "            return {'listing_id': r['listing_id'], 'price': r['price']}\n"
-            "    raise KeyError(listing_id)\n"
-            f"get_listing_price(listing_id={row['listing_id']!r})\n"
-        )
-        out.append((code, {"listing_id": row["listing_id"], "price": row["price"]}))
-    return out
+    return [rng.choice(pool) for _ in range(n)]
 
 
-def as_script(code: str) -> str:
+async def demo_packages(instances: int) -> list[EnvPackage]:
+    """The demo's verified environments: the environment track in-process on the demo's seeds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sft_stages import outputs, run_stage  # a sibling script
+
+    from app.demo import demo_seeds
+    from arena.config import ArenaSettings
+    from streams import resources
+    from streams.envs import envs_code, envs_verified, qa_traces, qa_validated
+
+    plan = ((qa_traces.STAGE, "qa.traces"), (qa_validated.STAGE, "qa.validated"))
+    plan += ((envs_code.STAGE, "envs.code"), (envs_verified.STAGE, "envs.verified"))
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = ArenaSettings(home=Path(tmp), llm="rules")
+        settings.envs.demo_instances = instances
+        current: list[Any] = [(s.seed_id, s) for s in demo_seeds(settings)]
+        with console.status("environment track (demo seeds, rules backend) ..."):
+            for stage, produces in plan:
+                emits, _wall = await run_stage(stage, current, settings)
+                current = outputs(emits, produces)
+        await resources.close_sandbox_pool(settings)
+    return [record for _key, record in current]
+
+
+def stored_packages(home: Path) -> list[EnvPackage]:
+    """The verified environments of a finished ``arena demo`` in ``home``."""
+    os.environ["ARENA_HOME"] = str(home)
+    from arena.config import ArenaSettings
+    from arena.records.envs import EnvPackage
+    from lake.env_packages import EnvPackageStore
+
+    store = EnvPackageStore(ArenaSettings().catalog)
+    try:
+        return [EnvPackage.model_validate_json(row.package) for row in store.rows()]
+    finally:
+        store.dispose()
+
+
+def as_script(program: str) -> str:
     """The same program for a plain interpreter: print the trailing expression as JSON."""
-    *body, last = code.rstrip("\n").split("\n")
-    return "\n".join([*body, f"print(json.dumps({last}))"])
+    *body, last = program.rstrip("\n").split("\n")
+    return "\n".join([*body, f"print(json.dumps({last}, default=repr))"])
 
 
-async def baseline_call(code: str) -> Any:
+async def fresh_call(call: Call) -> Any:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-c", as_script(code), stdout=asyncio.subprocess.PIPE
+        sys.executable, "-I", "-c", as_script(call.program), stdout=asyncio.subprocess.PIPE
     )
     out, _ = await proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"baseline call failed with status {proc.returncode}")
+        raise RuntimeError(f"fresh call {call.tool} failed with status {proc.returncode}")
     return json.loads(out)
 
 
 async def phase(
-    name: str, call: Callable[[str], Awaitable[Any]], work: list[tuple[str, Any]], concurrency: int
-) -> dict[str, Any]:
-    """Run every program through ``call`` (``concurrency`` at a time); latencies and throughput."""
+    name: str, run: Callable[[Call], Awaitable[Any]], work: list[Call], concurrency: int
+) -> tuple[dict[str, Any], list[Any]]:
+    """Every call through ``run``, ``concurrency`` at a time: figures, and the values in call order."""
     gate = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
+    values: list[Any] = [None] * len(work)
     with Progress(
         TextColumn(f"{name:>8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
     ) as progress:
         task = progress.add_task(name, total=len(work))
 
-        async def one(code: str, expected: Any) -> None:
+        async def one(i: int, call: Call) -> None:
             async with gate:
                 start = time.perf_counter()
-                value = await call(code)
+                values[i] = await run(call)
                 latencies.append(time.perf_counter() - start)
-            if value != expected:
-                raise RuntimeError(f"{name}: wrong value {value!r}, expected {expected!r}")
             progress.advance(task)
 
         start = time.perf_counter()
-        await asyncio.gather(*(one(code, expected) for code, expected in work))
+        await asyncio.gather(*(one(i, call) for i, call in enumerate(work)))
         wall = time.perf_counter() - start
     q = statistics.quantiles(latencies, n=100, method="inclusive")
-    return {
+    figures = {
         "calls": len(work),
         "wall_s": round(wall, 3),
-        "executions_per_s": round(len(work) / wall, 2),
-        "latency_p50_ms": round(q[49] * 1000, 2),
-        "latency_p99_ms": round(q[98] * 1000, 2),
+        "calls_per_s": round(len(work) / wall, 2),
+        "latency_p50_ms": round(q[49] * 1000, 3),
+        "latency_p99_ms": round(q[98] * 1000, 3),
+    }
+    return figures, values
+
+
+def _value(result: Any, what: str) -> Any:
+    if not result.ok:
+        raise RuntimeError(f"{what} failed: {result.error_type}: {result.error}")
+    return result.return_value
+
+
+async def open_sessions(
+    pool: SandboxPool, packages: list[EnvPackage], concurrency: int
+) -> tuple[dict[str, Session], dict[str, Any]]:
+    """One loaded session per package (DATA bound, code run), ``concurrency`` opened at a time."""
+    sessions: dict[str, Session] = {}
+    gate = asyncio.Semaphore(concurrency)
+
+    async def load(package: EnvPackage) -> None:
+        async with gate:
+            session = await pool.open_session()
+            _value(await session.run(package.code, bind={"DATA": package.data}), f"loading {package.env_id}")
+            sessions[package.env_id] = session
+
+    start = time.perf_counter()
+    await asyncio.gather(*(load(p) for p in packages))
+    wall = time.perf_counter() - start
+    return sessions, {
+        "sessions": len(packages),
+        "wall_s": round(wall, 3),
+        "opened_per_s": round(len(packages) / wall, 2),
     }
 
 
-async def bench(calls: int, concurrency: int, rows: int, seed: int) -> dict[str, Any]:
+async def bench(calls: int, concurrency: int, instances: int, seed: int, home: Path | None) -> dict[str, Any]:
     from arena.config import SandboxSettings
     from sandbox.pool import SandboxPool
 
-    work = programs(calls, rows, seed)
-    warmup = programs(5, rows, seed + 1)
-    settings = SandboxSettings.model_validate({"pool_size": concurrency})
+    packages = stored_packages(home) if home else await demo_packages(instances)
+    work = draw_calls(packages, calls, seed)
+    used = list({c.package.env_id: c.package for c in work}.values())
+    warmup = draw_calls(packages, 2 * concurrency, seed + 1)
+    settings = SandboxSettings.model_validate({"pool_size": min(64, max(concurrency, len(used)))})
     async with SandboxPool(settings) as pool:
 
-        async def pool_call(code: str) -> Any:
-            result = await pool.run(code)
-            if not result.ok:
-                raise RuntimeError(f"pool call failed: {result.error}")
-            return result.return_value
+        async def fork_call(call: Call) -> Any:
+            return _value(await pool.run(call.program), f"fork call {call.tool}")
 
-        await phase("warm-up", pool_call, warmup, concurrency)
-        pooled = await phase("pool", pool_call, work, concurrency)
-    await phase("warm-up", baseline_call, warmup, concurrency)
-    baseline = await phase("baseline", baseline_call, work, concurrency)
+        await phase("warm-up", fork_call, warmup, concurrency)
+        forked, fork_values = await phase("fork", fork_call, work, concurrency)
+        sessions, opened = await open_sessions(pool, used, concurrency)
+        try:
+
+            async def session_call(call: Call) -> Any:
+                result = await sessions[call.package.env_id].call(call.tool, call.arguments)
+                return _value(result, f"session call {call.tool}")
+
+            in_session, session_values = await phase("session", session_call, work, concurrency)
+        finally:
+            await asyncio.gather(*(s.close() for s in sessions.values()))
+    await phase("warm-up", fresh_call, warmup, concurrency)
+    fresh, fresh_values = await phase("fresh", fresh_call, work, concurrency)
+    for i, call in enumerate(work):
+        if not fresh_values[i] == fork_values[i] == session_values[i]:
+            raise RuntimeError(
+                f"{call.tool}({call.arguments}) differs: fresh {fresh_values[i]!r}, fork {fork_values[i]!r}, "
+                f"session {session_values[i]!r}"
+            )
+    base = fresh["calls_per_s"]
     return {
         "benchmark": "sandbox",
-        "params": {"calls": calls, "concurrency": concurrency, "rows": rows, "seed": seed},
-        "pool": pooled,
-        "baseline": baseline,
-        "ratio_executions_per_s": round(pooled["executions_per_s"] / baseline["executions_per_s"], 3),
-        "ratio_latency_p50": round(pooled["latency_p50_ms"] / baseline["latency_p50_ms"], 3),
+        "params": {"calls": calls, "concurrency": concurrency, "instances": instances, "seed": seed},
+        "environments": {
+            "packages": len(packages),
+            "used": len(used),
+            "from": str(home) if home else "demo seeds",
+        },
+        "fresh_calls_per_s": base,
+        "fork_calls_per_s": forked["calls_per_s"],
+        "session_calls_per_s": in_session["calls_per_s"],
+        "fork_vs_fresh": round(forked["calls_per_s"] / base, 2),
+        "session_vs_fresh": round(in_session["calls_per_s"] / base, 2),
+        "sessions_opened_per_s": opened["opened_per_s"],
+        "fresh": fresh,
+        "fork": forked,
+        "session": in_session,
+        "session_open": opened,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
         "note": (
-            "pool: SandboxPool with `concurrency` warm slots (fresh pid/net/mount/ipc/uts namespaces, read-only "
-            "filesystem + private tmpfs, unprivileged uid, rlimits, seccomp; one job per process, the slot's next "
-            "worker spawned in the background on the same cores, included). baseline: `python -I -c` per call, "
-            "no isolation. Same seeded programs (JSON table + lookup tool + one call), same run; latency from "
-            "submission to result; ratio = pool / baseline."
+            "Same seeded calls (jobs of the demo's verified environments) on every path, same run, same values. "
+            "fresh: `python -I -c` per call, no isolation. fork: a session forked from the warm fork server per "
+            "call (own uid and namespaces, rlimits, seccomp), torn down after. session: one loaded session per "
+            "package, each call a message to it. Ratios: calls/s over fresh."
         ),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--calls", type=int, default=200, help="programs per path (N)")
-    parser.add_argument("--concurrency", type=int, default=2, help="calls in flight = pool slots (C)")
-    parser.add_argument("--rows", type=int, default=50, help="rows in the tool's table (R)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the programs")
+    parser.add_argument("--calls", type=int, default=400, help="calls per path (N)")
+    parser.add_argument("--concurrency", type=int, default=2, help="calls in flight (C)")
+    parser.add_argument("--instances", type=int, default=8, help="demo QA instances per knowledge base (I)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the drawn calls")
+    parser.add_argument("--home", type=Path, help="read the environments of a finished `arena demo` here")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 40 calls, 2 instances")
     args = parser.parse_args(argv)
-    if args.calls < 2 or not 1 <= args.concurrency <= 64 or args.rows < 1:
-        parser.error("--calls must be >= 2, --concurrency in [1, 64], --rows >= 1")
+    if args.quick:
+        args.calls, args.instances = 40, 2
+    if args.calls < 2 or not 1 <= args.concurrency <= 64 or args.instances < 1:
+        parser.error("--calls must be >= 2, --concurrency in [1, 64], --instances >= 1")
     if os.geteuid() != 0:
         console.print("[red]benchmark failed[/red]: the sandbox needs root")
         return 1
-    result = asyncio.run(bench(args.calls, args.concurrency, args.rows, args.seed))
+    if args.home and not args.home.is_dir():
+        parser.error(f"--home {args.home}: no such directory (fix: pass the ARENA_HOME of a finished demo)")
+    result = asyncio.run(bench(args.calls, args.concurrency, args.instances, args.seed, args.home))
     print(json.dumps(result, indent=2))
     return 0
 

@@ -33,12 +33,63 @@ from sandbox.pool import SandboxResult
 EXCERPT_CHARS = 400
 
 
+class EnvSession(Protocol):
+    """One environment instance in the sandbox for a whole episode (``sandbox.pool.Session``).
+
+    Its namespaces (``space``) keep globals between requests, so an environment's tools and state
+    are loaded once and each tool call is a message. A request that fails, or is sent with
+    ``commit=False``, leaves the session as it was."""
+
+    @property
+    def alive(self) -> bool:
+        """The session can still take requests (not closed, its process not gone)."""
+        ...
+
+    async def run(
+        self,
+        source: str,
+        *,
+        bind: dict[str, Any] | None = None,
+        space: str = "main",
+        commit: bool = True,
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        """Execute ``source`` in ``space`` after binding ``bind`` (JSON values) as its globals."""
+        ...
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        space: str = "main",
+        commit: bool = True,
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        """``tool(**arguments)``, ``tool`` a function of ``space``."""
+        ...
+
+    async def read(self, name: str, *, space: str = "main") -> SandboxResult:
+        """The value of the global ``name`` of ``space`` (e.g. the environment's state)."""
+        ...
+
+    async def close(self) -> None:
+        """End the session; its processes are gone when this returns."""
+        ...
+
+
 class Runner(Protocol):
-    """What runs a program: ``sandbox.SandboxPool`` (or anything with its ``run``)."""
+    """What runs sandboxed code: ``sandbox.SandboxPool`` (or anything with its ``run`` and
+    ``open_session``). ``run`` is one program in a throw-away session; ``open_session`` waits while
+    the pool's ``pool_size`` sessions are open (back-pressure)."""
 
     async def run(
         self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
     ) -> SandboxResult: ...
+
+    async def open_session(
+        self, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> EnvSession: ...
 
 
 class JobOutcome(BaseModel):

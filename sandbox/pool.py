@@ -1,23 +1,34 @@
-"""A pool of warm sandbox workers that run untrusted Python, one job per process.
+"""Sandboxed sessions over one fork server per pool (``sandbox/forkserver.py``).
 
-Each pool slot owns one unprivileged uid (the first free uid at or above
-``settings.uid_base``, claimed with a lock file so two pools never share one): the
-RLIMIT_NPROC cap then counts only that slot, and after every job whatever still runs under
-the uid is SIGKILLed. A slot always has a worker (``sandbox/worker.py``) pre-spawned and
-waiting on its stdin: namespaces built, filesystem locked, job dir made -- a job only pays
-for a fork. After the job the worker is gone and a fresh one is spawned in the background.
+A session is one environment instance -- one rollout of one task, one verification run -- living
+in one sandboxed process for its whole episode: its Python namespaces (an environment's tools and
+its state) stay there between calls, so a tool call is a message, not a program. Each call runs in
+a child forked from the session's process, under the per-call CPU, memory and wall-clock limits; a
+call that raises, dies or runs over a limit leaves the session's state exactly as it was (the
+child's memory is thrown away), while a committed success becomes the session's new state.
+
+Sessions are forks of a server that has already imported the runtime, so opening one costs forks,
+not an interpreter start. Each open session owns one unprivileged uid of the pool (the first free
+uid at or above ``settings.uid_base``, claimed with a lock file so two pools never share one) and
+its own pid, mount and ipc namespaces with a private /tmp and /proc: one session cannot see, signal
+or change another. ``pool_size`` bounds the sessions open at once; ``open_session`` waits for a free
+one (back-pressure). ``run`` is the one-off form: a session for one program, closed afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import pwd
 import signal
 import site
+import socket
+import struct
 import sys
 import time
 from pathlib import Path
@@ -28,17 +39,19 @@ from pydantic import BaseModel, Field
 
 from arena.config import SandboxSettings
 
-WORKER = Path(__file__).with_name("worker.py")
+FORKSERVER = Path(__file__).with_name("forkserver.py")
 LOCK_DIR = Path("/run/arena-sandbox")
 UID_SEARCH = 4096
 """How many uids above uid_base a pool may look at for free ones."""
 SITE_DIRS = [d for d in site.getsitepackages() if os.path.isdir(d)]
-"""Installed packages stay importable by jobs (the worker runs without ``site``)."""
+"""Installed packages stay importable by sessions (the server runs without ``site``)."""
 READY_TIMEOUT_S = 30.0
 KILL_GRACE_S = 2.0
-CTL_SLACK = 1 << 20
+FRAME_SLACK = 1 << 20
+MAX_STATE_BYTES = 1 << 30
+"""Largest value ``Session.read`` returns (an environment's whole state)."""
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
-"""The worker's whole environment: nothing of the parent's (secrets) is inherited."""
+"""The fork server's whole environment: nothing of the parent's (secrets) is inherited."""
 
 ErrorType = Literal[
     "timeout", "cpu_time", "memory", "output_limit", "exception", "crash", "killed", "sandbox_error"
@@ -46,121 +59,29 @@ ErrorType = Literal[
 
 
 class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot run here (not root, no namespaces, no free uid)."""
+    """The sandbox cannot run here (not root, no namespaces, no free uid), or its pool is closed."""
 
 
 class SandboxResult(BaseModel):
-    """What one execution did."""
+    """What one execution (a program, a tool call, a read) did."""
 
-    ok: bool = Field(description="The program ran to its end without an exception or a limit.")
-    stdout: str = Field(description="Captured standard output (at most max_output_bytes).")
+    ok: bool = Field(description="The code ran to its end without an exception or a limit.")
+    stdout: str = Field(default="", description="Captured standard output (at most max_output_bytes).")
     stderr: str = Field(
-        description="Captured standard error, tracebacks included (at most max_output_bytes)."
+        default="", description="Captured standard error, tracebacks included (at most max_output_bytes)."
     )
     return_value: Any = Field(
         default=None,
-        description="Value of the program's trailing expression statement: JSON, or its repr when not JSON-able.",
+        description="Value of the program's trailing expression statement (or of the tool call): JSON, or "
+        "its repr when not JSON-able.",
     )
     error_type: ErrorType | None = Field(default=None, description="Why the run is not ok; None when ok.")
     error: str | None = Field(default=None, description="One line saying what went wrong.")
-    wall_s: float = Field(description="Seconds from handing over the job until it was over.")
-    cpu_s: float = Field(description="CPU seconds used by the job and every process it started.")
+    wall_s: float = Field(default=0.0, description="Seconds from handing over the request until it was over.")
+    cpu_s: float = Field(
+        default=0.0, description="CPU seconds used by the call and every process it started."
+    )
     truncated: bool = Field(default=False, description="Output was cut at max_output_bytes.")
-
-
-class _Worker:
-    """One spawned worker process and the messages it sent on its control pipe."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, ctl: asyncio.StreamReader, ctl_cap: int) -> None:
-        self.proc = proc
-        self.messages: list[dict[str, Any]] = []
-        self.ready = asyncio.get_running_loop().create_future()
-        self.ctl_overflow = False
-        self.reader = asyncio.create_task(self._read(ctl, ctl_cap))
-
-    async def _read(self, ctl: asyncio.StreamReader, cap: int) -> None:
-        buf, total = b"", 0
-        while chunk := await ctl.read(1 << 16):
-            total += len(chunk)
-            if total > cap:
-                self.ctl_overflow = True
-                break
-            *lines, buf = (buf + chunk).split(b"\n")
-            for line in lines:
-                self._message(line)
-        self._message(buf)
-        if not self.ready.done():
-            self.ready.set_result(None)
-
-    def _message(self, line: bytes) -> None:
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            return  # empty separators, or bytes the job wrote on the pipe
-        if isinstance(msg, dict) and "kind" in msg:
-            self.messages.append(msg)
-            if msg["kind"] in ("ready", "setup_error") and not self.ready.done():
-                self.ready.set_result(msg)
-
-    def last(self, kind: str) -> dict[str, Any] | None:
-        return next((m for m in reversed(self.messages) if m["kind"] == kind), None)
-
-    def init_pid(self) -> int | None:
-        msg = self.last("spawned")
-        return int(msg["init_pid"]) if msg else None
-
-    async def kill(self) -> None:
-        """SIGKILL the namespace's pid 1 (the kernel kills everything inside), then the worker."""
-        # The worker outlives its init only to report init's rusage (the job's CPU time): give it
-        # a moment to do so before killing it too.
-        for pid, grace in ((self.init_pid(), KILL_GRACE_S / 4), (self.proc.pid, KILL_GRACE_S)):
-            if pid is not None and self.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace)
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.reader, KILL_GRACE_S)
-
-
-async def _spawn(uid: int, ctl_cap: int) -> _Worker:
-    """Start a worker for ``uid`` and wait until it waits for its job."""
-    read_fd, write_fd = os.pipe()
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-S",  # site's import hooks cost more than the job; its plain directories are passed instead
-            str(WORKER),
-            str(uid),
-            str(write_fd),
-            *SITE_DIRS,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=WORKER_ENV,
-            pass_fds=(write_fd,),
-            cwd="/",
-        )
-    finally:
-        os.close(write_fd)
-    loop = asyncio.get_running_loop()
-    ctl = asyncio.StreamReader(limit=ctl_cap)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(ctl), os.fdopen(read_fd, "rb", 0))
-    worker = _Worker(proc, ctl, ctl_cap)
-    try:
-        msg = await asyncio.wait_for(asyncio.shield(worker.ready), READY_TIMEOUT_S)
-    except BaseException:
-        await worker.kill()
-        raise
-    if not msg or msg["kind"] != "ready":
-        await worker.kill()
-        err = (await proc.stderr.read()).decode(errors="replace").strip() if proc.stderr else ""
-        why = msg["error"] if msg else f"worker exited before it was ready: {err[-500:] or 'no message'}"
-        raise SandboxUnavailable(f"sandbox setup failed: {why}")
-    return worker
 
 
 def kill_uid(uid: int, deadline_s: float = KILL_GRACE_S) -> int:
@@ -196,70 +117,361 @@ def _pids_of(uid: int) -> list[int]:
     return pids
 
 
-async def _read_capped(
-    stream: asyncio.StreamReader | None, cap: int, over: asyncio.Event
-) -> tuple[bytes, bool]:
-    """Read until EOF, keeping ``cap`` bytes; sets ``over`` once more than ``cap`` arrived.
+def _uid_taken(uid: int) -> bool:
+    """A uid that belongs to a real account is never used (its processes would be killed)."""
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
 
-    Keeps draining past the cap: asyncio only reports the process as exited once all its
-    pipes are closed, which a paused (unread) pipe never is."""
-    if stream is None:
-        return b"", False
-    kept = bytearray()
-    while chunk := await stream.read(1 << 16):
-        if len(kept) <= cap:
-            kept += chunk
-            if len(kept) > cap:
-                over.set()
-    return bytes(kept[:cap]), len(kept) > cap
+
+class _ForkServer:
+    """The pool's fork server process and its control socket (SOCK_SEQPACKET, one JSON per message)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, ctl: socket.socket) -> None:
+        self.proc = proc
+        self.ctl = ctl
+        self.ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.ended: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.broken: str | None = None
+        self.stderr: collections.deque[str] = collections.deque(maxlen=20)
+        self._drain = asyncio.create_task(self._drain_stderr())
+        asyncio.get_running_loop().add_reader(ctl.fileno(), self._on_message)
+
+    @classmethod
+    async def start(cls) -> _ForkServer:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",  # site's import hooks cost more than they give; its plain directories are passed
+                str(FORKSERVER),
+                str(theirs.fileno()),
+                *SITE_DIRS,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=WORKER_ENV,
+                pass_fds=(theirs.fileno(),),
+                cwd="/",
+            )
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        server = cls(proc, ours)
+        try:
+            message = await asyncio.wait_for(asyncio.shield(server.ready), READY_TIMEOUT_S)
+        except BaseException:
+            await server.close()
+            raise
+        if message.get("kind") != "ready":
+            await server.close()
+            why = message.get("error") or " | ".join(server.stderr) or "no message"
+            raise SandboxUnavailable(f"sandbox setup failed: {why}")
+        return server
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            self.stderr.append(line.decode(errors="replace").rstrip())
+
+    def _on_message(self) -> None:
+        while True:
+            try:
+                data = self.ctl.recv(1 << 16)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                data, why = b"", f"control socket: {exc}"
+            else:
+                why = "the sandbox fork server exited"
+            if not data:
+                self._fail(why)
+                return
+            message = json.loads(data)
+            if message.get("kind") == "ended":
+                future = self.ended.pop(str(message.get("id")), None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+            elif not self.ready.done():
+                self.ready.set_result(message)
+            elif message.get("kind") == "setup_error":
+                self._fail(str(message.get("error")))
+                return
+
+    def _fail(self, why: str) -> None:
+        """The server is gone: every open session has ended with it."""
+        if self.broken is None:
+            self.broken = why
+            asyncio.get_running_loop().remove_reader(self.ctl.fileno())
+        if not self.ready.done():
+            self.ready.set_result({"kind": "setup_error", "error": " | ".join(self.stderr) or why})
+        for future in self.ended.values():
+            if not future.done():
+                future.set_result({"kind": "ended", "error": why})
+        self.ended.clear()
+
+    async def _send(self, data: bytes, fds: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                socket.send_fds(self.ctl, [data], fds)
+                return
+            except BlockingIOError:
+                writable = loop.create_future()
+                loop.add_writer(self.ctl.fileno(), writable.set_result, None)
+                try:
+                    await writable
+                finally:
+                    loop.remove_writer(self.ctl.fileno())
+
+    async def open(
+        self, sid: str, settings: dict[str, Any], sock: socket.socket
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Ask for a session on ``sock``; the future is set to the server's ``ended`` report (how the
+        session's process ended, or why it could not start) once its processes are all gone."""
+        if self.broken is not None:
+            raise SandboxUnavailable(f"the sandbox is not running: {self.broken}")
+        ended: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.ended[sid] = ended
+        await self._send(json.dumps({"op": "open", "id": sid, **settings}).encode(), [sock.fileno()])
+        return ended
+
+    async def kill(self, sid: str) -> None:
+        if self.broken is None and sid in self.ended:
+            with contextlib.suppress(OSError):
+                await self._send(json.dumps({"op": "kill", "id": sid}).encode(), [])
+
+    async def close(self) -> None:
+        """Closing the control socket makes the server kill every session and exit."""
+        if self.broken is None:
+            self._fail("the sandbox pool closed")
+        with contextlib.suppress(OSError):
+            self.ctl.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), KILL_GRACE_S)
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        self._drain.cancel()
+        with contextlib.suppress(BaseException):
+            await self._drain
 
 
 class _Slot:
-    """A uid, its lock and the warm worker waiting for its next job."""
+    """A uid and its lock file."""
 
     def __init__(self, uid: int, lock_fd: int) -> None:
         self.uid = uid
         self.lock_fd = lock_fd
-        self.next: asyncio.Task[_Worker] | None = None
+
+
+class Session:
+    """One environment instance in its own sandboxed process; calls on it run one at a time, in order.
+
+    Namespaces (``space``) hold globals between calls: ``run`` executes statements in one (after
+    binding ``bind``'s JSON values as globals), ``call`` runs one of its functions, ``read`` returns
+    one of its globals. With ``commit=False`` a request's effects are thrown away even when it
+    succeeds; a request that fails never has effects. Results never raise for what the code does.
+    """
+
+    def __init__(
+        self,
+        pool: SandboxPool,
+        sid: str,
+        slot: _Slot,
+        streams: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        ended: asyncio.Future[dict[str, Any]],
+        timeout_s: float,
+    ) -> None:
+        self._pool = pool
+        self.sid = sid
+        self._slot = slot
+        self._reader, self._writer = streams
+        self._ended = ended
+        self.timeout_s = timeout_s
+        """The per-call wall-clock limit (a call may ask for less or more)."""
+        self._lock = asyncio.Lock()
+        self._dead: tuple[ErrorType, str] | None = None
+        self._closed = False
+
+    @property
+    def uid(self) -> int:
+        """The unprivileged uid the session's processes run as."""
+        return self._slot.uid
+
+    @property
+    def alive(self) -> bool:
+        """The session can still take calls (not closed, its processes not gone)."""
+        return not self._closed and self._dead is None
+
+    async def run(
+        self,
+        source: str,
+        *,
+        bind: dict[str, Any] | None = None,
+        space: str = "main",
+        commit: bool = True,
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        """Execute ``source`` in ``space``; its trailing expression's value is the return value."""
+        request = {"op": "run", "source": source, "bind": bind or {}, "space": space, "commit": commit}
+        return await self._request(request, timeout_s)
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        space: str = "main",
+        commit: bool = True,
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        """``tool(**arguments)`` with ``tool`` a function of ``space``; arguments travel as JSON, never as code."""
+        request = {"op": "call", "tool": tool, "arguments": arguments, "space": space, "commit": commit}
+        return await self._request(request, timeout_s)
+
+    async def read(self, name: str, *, space: str = "main") -> SandboxResult:
+        """The value of the global ``name`` of ``space`` (e.g. an environment's whole state), as JSON."""
+        request = {"op": "read", "name": name, "space": space, "max_value_bytes": MAX_STATE_BYTES}
+        return await self._request(request, None)
+
+    async def _request(self, request: dict[str, Any], timeout_s: float | None) -> SandboxResult:
+        timeout = float(timeout_s if timeout_s is not None else self.timeout_s)
+        cap = self._pool.settings.max_output_bytes
+        request["max_output_bytes"] = cap
+        limit = 3 * cap + int(request.get("max_value_bytes") or cap) + FRAME_SLACK
+        body = json.dumps(request, ensure_ascii=False).encode()
+        async with self._lock:
+            if self._closed:
+                return SandboxResult(ok=False, error_type="sandbox_error", error="the session is closed")
+            if self._dead is not None:
+                return SandboxResult(ok=False, error_type=self._dead[0], error=self._dead[1])
+            start = time.monotonic()
+            try:
+                self._writer.write(struct.pack(">I", len(body)) + body)
+                await self._writer.drain()
+                answer = await asyncio.wait_for(self._answer(limit), timeout)
+            except TimeoutError:
+                await self._end("timeout", f"wall-clock timeout after {timeout:g} s")
+            except _TooBig:
+                await self._end("output_limit", f"an answer over {limit} bytes; the session was stopped")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                self._dead = _death(await self._how_ended(), timeout)
+            wall = round(time.monotonic() - start, 4)
+            if self._dead is not None:
+                return SandboxResult(ok=False, error_type=self._dead[0], error=self._dead[1], wall_s=wall)
+            return SandboxResult.model_validate({**answer, "wall_s": wall})
+
+    async def _answer(self, limit: int) -> dict[str, Any]:
+        (size,) = struct.unpack(">I", await self._reader.readexactly(4))
+        if size > limit:
+            raise _TooBig
+        answer = json.loads(await self._reader.readexactly(size))
+        if not isinstance(answer, dict) or "ok" not in answer:
+            raise _TooBig
+        return answer
+
+    async def _how_ended(self) -> dict[str, Any]:
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(asyncio.shield(self._ended), KILL_GRACE_S)
+        return {"error": "its socket closed but its process did not end"}
+
+    async def _end(self, kind: ErrorType, error: str) -> None:
+        self._dead = (kind, error)
+        await self._pool._server_kill(self.sid)
+
+    async def close(self) -> None:
+        """End the session: its processes are gone and its uid is free again when this returns."""
+        if not self._closed:
+            self._closed = True
+            await asyncio.shield(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        try:
+            self._writer.close()
+            if not self._ended.done():
+                await self._pool._server_kill(self.sid)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._ended), KILL_GRACE_S)
+            except TimeoutError:
+                await asyncio.to_thread(kill_uid, self.uid)
+        finally:
+            self._pool._release(self._slot)
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def _death(ended: dict[str, Any], timeout: float) -> tuple[ErrorType, str]:
+    """Why a session's process is gone, from the server's report of how it ended."""
+    sig, cpu = ended.get("signal"), float(ended.get("cpu_s") or 0.0)
+    if ended.get("error"):
+        return "sandbox_error", f"the session could not run: {ended['error']}"
+    if sig == signal.SIGKILL and cpu >= max(1.0, timeout):
+        return "cpu_time", "the session's CPU time limit was exceeded"
+    if sig:
+        return ("killed" if sig == signal.SIGKILL else "crash"), f"killed by {_signal_name(int(sig))}"
+    return (
+        "exception",
+        f"the session's process exited with status {ended.get('exit_code')} before it answered",
+    )
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class _TooBig(Exception):
+    """The session sent more than an answer may be (or not an answer at all)."""
 
 
 class SandboxPool:
-    """Warm, isolated workers; ``run`` executes one program in one of them."""
+    """One fork server and ``pool_size`` uids: sessions and one-off runs, isolated from each other."""
 
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
         self._slots: list[_Slot] = []
         self._free: asyncio.Queue[_Slot] = asyncio.Queue()
+        self._server: _ForkServer | None = None
         self._started = False
         self._closing = False
         self._start_lock = asyncio.Lock()
+        self._ids = itertools.count()
 
     @property
     def uids(self) -> list[int]:
-        """The unprivileged uids this pool's slots run jobs as."""
+        """The unprivileged uids this pool's sessions run as."""
         return [slot.uid for slot in self._slots]
 
-    @property
-    def _ctl_cap(self) -> int:
-        return 2 * self.settings.max_output_bytes + CTL_SLACK
-
     async def start(self) -> None:
-        """Claim one uid per slot and pre-spawn ``pool_size`` warm workers."""
+        """Claim one uid per slot and start the fork server."""
         async with self._start_lock:
             if self._started:
                 return
+            if self._closing:
+                raise SandboxUnavailable("the sandbox pool is closed")
             if os.geteuid() != 0:
                 raise SandboxUnavailable(
-                    "the sandbox must run as root to switch jobs to unprivileged uids and build their "
+                    "the sandbox must run as root to switch sessions to unprivileged uids and build their "
                     "namespaces (fix: run the pipeline/tests as root, as CI does)"
                 )
             self._slots = await asyncio.to_thread(self._claim_uids, self.settings.pool_size)
-            for slot in self._slots:
-                slot.next = asyncio.create_task(_spawn(slot.uid, self._ctl_cap))
             try:
-                await asyncio.gather(*(slot.next for slot in self._slots if slot.next))
+                self._server = await _ForkServer.start()
             except BaseException:
-                await self.close()
+                self._release_uids()
                 raise
             for slot in self._slots:
                 self._free.put_nowait(slot)
@@ -291,95 +503,67 @@ class SandboxPool:
             )
         return slots
 
+    async def open_session(self, *, timeout_s: float | None = None, memory_mb: int | None = None) -> Session:
+        """A new session (waits while ``pool_size`` are open); close it, or use it as ``async with``.
+
+        ``timeout_s``: each call's wall-clock limit (a call may set its own); ``memory_mb``: the
+        session's address-space cap (defaults: the settings')."""
+        await self.start()
+        slot = await self._free.get()
+        try:
+            if self._closing or self._server is None:
+                raise SandboxUnavailable("the sandbox pool is closed")
+            timeout = float(timeout_s if timeout_s is not None else self.settings.timeout_s)
+            memory = int(memory_mb if memory_mb is not None else self.settings.memory_mb)
+            sid = str(next(self._ids))
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                limits = {
+                    "uid": slot.uid,
+                    "max_procs": self.settings.max_procs,
+                    "timeout_s": timeout,
+                    "memory_mb": memory,
+                    "cpu_s": self.settings.session_cpu_s,
+                }
+                ended = await self._server.open(sid, limits, theirs)
+            finally:
+                theirs.close()
+            streams = await asyncio.open_unix_connection(sock=ours)
+        except BaseException:
+            self._release(slot)
+            raise
+        return Session(self, sid, slot, streams, ended, timeout)
+
     async def run(
         self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
     ) -> SandboxResult:
-        """Execute ``code`` in a fresh isolated process; never raises for what the code does."""
-        await self.start()
-        if self._closing:
-            raise SandboxUnavailable("the sandbox pool is closed")
-        timeout = float(timeout_s if timeout_s is not None else self.settings.timeout_s)
-        memory = int(memory_mb if memory_mb is not None else self.settings.memory_mb)
-        slot = await self._free.get()
+        """Execute ``code`` in a session of its own, closed afterwards; never raises for what the code does."""
+        session = await self.open_session(timeout_s=timeout_s, memory_mb=memory_mb)
         try:
-            assert slot.next is not None
-            worker = await slot.next
-            slot.next = None
-            return await self._execute(worker, slot.uid, code, timeout, memory)
+            return await session.run(code, commit=False)
         finally:
-            if not self._closing:
-                slot.next = asyncio.create_task(self._replace(slot))
-            self._free.put_nowait(slot)
+            await session.close()
 
-    async def _replace(self, slot: _Slot) -> _Worker:
-        """Make sure nothing of the last job survives, then spawn the slot's next worker."""
-        await asyncio.to_thread(kill_uid, slot.uid)
-        return await _spawn(slot.uid, self._ctl_cap)
+    async def _server_kill(self, sid: str) -> None:
+        if self._server is not None:
+            await self._server.kill(sid)
 
-    async def _execute(
-        self, worker: _Worker, uid: int, code: str, limit_s: float, memory: int
-    ) -> SandboxResult:
-        cap = self.settings.max_output_bytes
-        job = {
-            "code": code,
-            "timeout_s": limit_s,
-            "memory_mb": memory,
-            "max_procs": self.settings.max_procs,
-            "max_output_bytes": cap,
-        }
-        over = asyncio.Event()
-        out_task = asyncio.create_task(_read_capped(worker.proc.stdout, cap, over))
-        err_task = asyncio.create_task(_read_capped(worker.proc.stderr, cap, over))
-        start = time.monotonic()
-        assert worker.proc.stdin is not None
-        worker.proc.stdin.write(json.dumps(job).encode() + b"\n")
-        with contextlib.suppress(ConnectionError):
-            await worker.proc.stdin.drain()
-        worker.proc.stdin.close()
-        done: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(worker.proc.wait(), worker.reader))
-        over_wait: asyncio.Future[Any] = asyncio.create_task(over.wait())
-        finished, _ = await asyncio.wait(
-            {done, over_wait}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED
-        )
-        over_wait.cancel()
-        timed_out = not finished
-        if done not in finished:
-            await worker.kill()
-            await asyncio.to_thread(kill_uid, uid)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done, KILL_GRACE_S)
-        wall = time.monotonic() - start
-        streams = []
-        for task in (out_task, err_task):
-            try:
-                streams.append(await asyncio.wait_for(task, KILL_GRACE_S))
-            except TimeoutError:
-                streams.append((b"", True))
-        (out, out_cut), (err, err_cut) = streams
-        return _verdict(
-            worker,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
-            truncated=out_cut or err_cut,
-            timed_out=timed_out and not over.is_set(),
-            timeout=limit_s,
-            cap=cap,
-            wall=wall,
-        )
+    def _release(self, slot: _Slot) -> None:
+        self._free.put_nowait(slot)
 
-    async def close(self) -> None:
-        """Kill the warm workers and release the uids."""
-        self._closing = True
+    def _release_uids(self) -> None:
         for slot in self._slots:
-            if slot.next is not None:
-                slot.next.cancel()
-                with contextlib.suppress(BaseException):
-                    worker = await slot.next
-                    await worker.kill()
-                slot.next = None
-            await asyncio.to_thread(kill_uid, slot.uid)
+            kill_uid(slot.uid)
             os.close(slot.lock_fd)
         self._slots = []
+
+    async def close(self) -> None:
+        """Stop the fork server (every session ends with it) and release the uids."""
+        self._closing = True
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await asyncio.to_thread(self._release_uids)
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -389,73 +573,6 @@ class SandboxPool:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-def _uid_taken(uid: int) -> bool:
-    """A uid that belongs to a real account is never used (its processes would be killed)."""
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    return True
-
-
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def _verdict(
-    worker: _Worker,
-    *,
-    stdout: str,
-    stderr: str,
-    truncated: bool,
-    timed_out: bool,
-    timeout: float,
-    cap: int,
-    wall: float,
-) -> SandboxResult:
-    """Turn the worker's messages and what the parent saw into one result."""
-    exit_msg = worker.last("exit")
-    cpu = float(exit_msg["cpu_s"]) if exit_msg else 0.0
-    base = {
-        "stdout": stdout,
-        "stderr": stderr,
-        "truncated": truncated,
-        "wall_s": round(wall, 4),
-        "cpu_s": cpu,
-    }
-
-    def fail(kind: ErrorType, error: str) -> SandboxResult:
-        return SandboxResult(ok=False, error_type=kind, error=error, **base)
-
-    if timed_out:
-        return fail("timeout", f"wall-clock timeout after {timeout:g} s")
-    if truncated or worker.ctl_overflow:
-        return fail("output_limit", f"output over the {cap}-byte limit; the job was stopped")
-    status, result = worker.last("status"), worker.last("result")
-    setup = worker.last("setup_error")
-    if setup:
-        return fail("sandbox_error", setup["error"])
-    if status is None:
-        return fail("sandbox_error", "the sandbox ended without reporting the job's status")
-    sig = status.get("signal")
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= max(1.0, timeout)):
-        return fail("cpu_time", f"CPU time limit of {max(1, int(-(-timeout // 1)))} s exceeded")
-    if sig == signal.SIGKILL:
-        return fail("killed", "killed by SIGKILL")
-    if sig:
-        return fail("crash", f"killed by {_signal_name(sig)}")
-    if result is None:
-        return fail(
-            "exception", f"the process exited with status {status.get('exit_code')} before it finished"
-        )
-    if not result.get("ok"):
-        return fail(result.get("error_type") or "exception", str(result.get("error") or "failed"))
-    return SandboxResult(ok=True, return_value=result.get("return_value"), **base)
 
 
 async def run_once(

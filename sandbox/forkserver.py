@@ -1,0 +1,676 @@
+"""The sandbox's fork server: started once per pool by ``sandbox.pool`` as root; every session
+and every one-off run is a fork of it, so nothing pays for an interpreter start.
+
+Standalone script (stdlib only, run as ``python -I -S forkserver.py CTL_FD [SITE_DIR...]``) so
+nothing of the parent process (settings, secrets, open files) leaks into it. Processes:
+
+``outer``    (root, host namespaces) imports the runtime, unshares net/mount/pid/ipc/uts
+             namespaces, makes every mount read-only with private tmpfs over /tmp, /var/tmp and
+             /dev/shm, forks ``server`` and exits when it does.
+``server``   (root, pid 1 of the sandbox's pid namespace) takes ``open``/``kill`` requests on
+             CTL_FD (a SOCK_SEQPACKET socket; ``open`` carries the session's socket as SCM_RIGHTS)
+             and reports ``ended`` when a session's processes are all gone.
+``session``  (root, pid 1 of the session's own pid namespace, own mount and ipc namespaces:
+             fresh /proc, private tmpfs /tmp with the 0700 job dir) forks the first ``holder``
+             and reaps; when it exits the kernel kills whatever the session left behind.
+``holder``   (the session's unprivileged uid: no groups, no-new-privs, seccomp filter -- no exec,
+             no ptrace, no new namespaces, no mount -- and rlimits) keeps the session's Python
+             namespaces and reads requests from the session socket. Each request runs in a
+             ``call`` child forked from it: the child runs the code under the per-call CPU and
+             memory limits, answers, and either exits (the request failed, or asked not to
+             commit: the holder's memory is untouched, so a call that raises changes nothing)
+             or takes over as the holder (a committed success). A call child that dies, runs
+             over its wall-clock limit or over the output cap is answered for by the holder,
+             whose state is as it was before the call.
+
+Frames on a session socket are a 4-byte big-endian length and a JSON object. Requests:
+``{"op": "run", "source", "bind", "space", "commit", "timeout_s", "memory_mb"}`` runs statements
+(the trailing expression's value is the return value) in the namespace ``space`` after binding
+``bind``'s values as globals; ``{"op": "call", "tool", "arguments", ...}`` calls ``tool(**arguments)``
+found in ``space``; ``{"op": "read", "name", "space"}`` returns a global's value. Every answer is
+``{"ok", "return_value", "error_type", "error", "stdout", "stderr", "truncated", "cpu_s"}``.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import ctypes
+import json
+import math
+import os
+import pickle
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+PRELOAD = "collections datetime functools heapq itertools operator random re string".split()
+"""What generated environment code commonly imports: loaded once by the server, not per session."""
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWCGROUP = 0x02000000
+NAMESPACE_FLAGS = (
+    CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWCGROUP
+)
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+_KEEP_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
+
+PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
+TMPFS_BYTES = 64 << 20
+"""Size of the private /tmp (the job dir lives there): writes beyond it fail with ENOSPC."""
+MAX_FILE_BYTES = 16 << 20
+"""RLIMIT_FSIZE: largest file the job may write."""
+MAX_OPEN_FILES = 256
+
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+
+# Syscalls refused with EPERM (clone3 gets ENOSYS so libc falls back to clone, whose flags we can see).
+_DENIED = (
+    "execve execveat ptrace process_vm_readv process_vm_writev mount umount2 pivot_root chroot unshare "
+    "setns bpf perf_event_open keyctl add_key request_key userfaultfd kexec_load init_module "
+    "finit_module delete_module io_uring_setup io_uring_enter io_uring_register"
+).split()
+_SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
+    "x86_64": (
+        0xC000003E,
+        {
+            "execve": 59, "execveat": 322, "ptrace": 101, "process_vm_readv": 310,
+            "process_vm_writev": 311, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+            "unshare": 272, "setns": 308, "bpf": 321, "perf_event_open": 298, "keyctl": 250,
+            "add_key": 248, "request_key": 249, "userfaultfd": 323, "kexec_load": 246,
+            "init_module": 175, "finit_module": 313, "delete_module": 176, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427, "clone": 56, "clone3": 435,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "execve": 221, "execveat": 281, "ptrace": 117, "process_vm_readv": 270,
+            "process_vm_writev": 271, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+            "unshare": 97, "setns": 268, "bpf": 280, "perf_event_open": 241, "keyctl": 219,
+            "add_key": 217, "request_key": 218, "userfaultfd": 282, "kexec_load": 104,
+            "init_module": 105, "finit_module": 273, "delete_module": 106, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427, "clone": 220, "clone3": 435,
+        },
+    ),
+}  # fmt: skip
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+
+class SetupError(RuntimeError):
+    """The sandbox could not be built (missing privileges or kernel support)."""
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        errno = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(errno)} (errno {errno})")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return s.encode() if s is not None else None
+
+    _check(_libc.mount(enc(source), target.encode(), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """(mount point, flags to keep) of every mount, parents first, from /proc/self/mountinfo."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            target = fields[4].encode().decode("unicode_escape")  # \040 escapes for spaces
+            keep = sum(flag for opt, flag in _KEEP_FLAGS.items() if opt in fields[5].split(","))
+            points.append((target, keep))
+    return points
+
+
+def build_namespaces() -> None:
+    """Fresh namespaces; the whole visible filesystem read-only except the private tmpfs mounts."""
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount propagates back to the host
+    for target, keep in _mount_points():
+        try:
+            _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | keep)
+        except SetupError:
+            if target == "/":
+                raise
+            # Shadowed or special mounts (unreachable paths) may refuse; they stay as they are.
+    for target in PRIVATE_TMPFS:
+        if os.path.isdir(target):
+            opts = f"size={TMPFS_BYTES},nr_inodes=4096,mode=0755"
+            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
+    expose_python()
+
+
+def _blocked_at(path: str) -> tuple[str, str] | None:
+    """(first ancestor others may not traverse, the child of it on the way to ``path``)."""
+    parts = os.path.realpath(path).strip("/").split("/")
+    for i in range(len(parts) - 1):
+        ancestor = "/" + "/".join(parts[:i])
+        if not os.stat(ancestor).st_mode & 0o001:
+            return ancestor, parts[i]
+    return None
+
+
+def expose_python() -> None:
+    """Let the unprivileged job import the standard library even when Python lives under a
+    private directory (e.g. pyenv in /root, mode 0700): a read-only tmpfs replaces that
+    directory, holding only bind mounts of the interpreter's own subdirectories -- so the rest
+    of the private directory stays hidden."""
+    wanted: dict[str, set[str]] = {}
+    for path in {sys.base_prefix, sys.prefix, sys.exec_prefix, *sys.path}:
+        if path and os.path.isdir(path) and (hit := _blocked_at(path)):
+            wanted.setdefault(hit[0], set()).add(hit[1])
+    for ancestor, children in wanted.items():
+        fds = {child: os.open(os.path.join(ancestor, child), os.O_PATH) for child in children}
+        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=64,mode=0755")
+        for child, fd in fds.items():
+            os.mkdir(os.path.join(ancestor, child), 0o755)
+            target = os.path.join(ancestor, child)
+            _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+            _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+            os.close(fd)
+        _mount(None, ancestor, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+Filter = tuple["ctypes.Array[ctypes.c_char]", _SockFprog]
+"""A built seccomp program: its buffer (kept alive) and the sock_fprog pointing at it."""
+
+
+def build_filter() -> Filter:
+    """The BPF program: the denied syscalls fail with EPERM, clone may not create namespaces.
+
+    Built once by the server (ctypes class and buffer set-up costs more than a fork); every
+    session installs the same one."""
+    machine = os.uname().machine
+    if machine not in _SYSCALLS:
+        raise SetupError(f"no seccomp syscall table for {machine}")
+    arch, nr = _SYSCALLS[machine]
+    ld_w_abs, jeq_k, jge_k, jset_k, ret_k = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    allow_at = 12 + 2 * len(_DENIED)  # index of the final ALLOW
+    prog: list[tuple[int, int, int, int]] = [
+        (ld_w_abs, 0, 0, 4),  # 0: A = seccomp_data.arch
+        (jeq_k, 1, 0, arch),  # 1
+        (ret_k, 0, 0, eperm),  # 2: foreign ABI (e.g. int 0x80): refuse everything
+        (ld_w_abs, 0, 0, 0),  # 3: A = seccomp_data.nr
+        (jge_k, 0, 1, 0x40000000),  # 4: x32 ABI numbers
+        (ret_k, 0, 0, eperm),  # 5
+        (jeq_k, 0, 1, nr["clone3"]),  # 6
+        (ret_k, 0, 0, enosys),  # 7: flags hidden behind a pointer; libc falls back to clone
+        (jeq_k, 0, 3, nr["clone"]),  # 8
+        (ld_w_abs, 0, 0, 16),  # 9: A = low word of args[0] = clone flags
+        (jset_k, 0, allow_at - 11, NAMESPACE_FLAGS),  # 10
+        (ret_k, 0, 0, eperm),  # 11
+    ]
+    for name in _DENIED:
+        prog += [(jeq_k, 0, 1, nr[name]), (ret_k, 0, 0, eperm)]
+    prog.append((ret_k, 0, 0, allow))
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    return buf, _SockFprog(len(prog), ctypes.addressof(buf))
+
+
+def seccomp_filter(program: Filter) -> None:
+    """Install ``program`` (from ``build_filter``) for this process and everything it starts."""
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program[1]), 0, 0), "seccomp")
+
+
+def set_limit(which: int, soft: int, hard: int | None = None) -> None:
+    resource.setrlimit(which, (soft, soft if hard is None else hard))
+
+
+def lower_limit(which: int, value: int) -> None:
+    """Lower a limit (soft and hard) to ``value``; never above the current hard limit."""
+    _soft, hard = resource.getrlimit(which)
+    cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(which, (cap, cap))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:500]
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def write_frame(fd: int, body: bytes) -> None:
+    """One frame: a 4-byte big-endian length, then ``body`` (a JSON object)."""
+    data = struct.pack(">I", len(body)) + body
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    parts, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def read_frame(fd: int) -> dict[str, Any] | None:
+    """The next request, or None when the pool closed the session."""
+    head = _read_exact(fd, 4)
+    body = _read_exact(fd, struct.unpack(">I", head)[0]) if head else None
+    return json.loads(body) if body is not None else None
+
+
+def answer_bytes(answer: dict[str, Any], value_json: str | None = None) -> bytes:
+    """An answer's frame body; ``value_json`` is the return value already encoded (spliced, not re-encoded)."""
+    text = json.dumps(answer)
+    if value_json is not None:
+        text = text[:-1] + ', "return_value": ' + value_json + "}"
+    return text.encode()
+
+
+# --------------------------------------------------------------------------- running code
+
+
+def _encode_value(value: Any, cap: int) -> tuple[dict[str, Any], str | None]:
+    """(answer fields, the value as JSON text) -- JSON when it is JSON-able, else its repr."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        text = json.dumps(repr(value))
+    if len(text) > cap:
+        return {"ok": False, "error_type": "output_limit", "error": f"return value over {cap} bytes"}, None
+    return {"ok": True}, text
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, SystemExit):
+        if exc.code in (None, 0):
+            return {"ok": True}
+        return {"ok": False, "error_type": "exception", "error": f"SystemExit: {exc.code}"}
+    if isinstance(exc, MemoryError):
+        return {"ok": False, "error_type": "memory", "error": _one_line(exc) if str(exc) else "MemoryError"}
+    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # hide this runner's frame
+    traceback.print_exception(type(exc), exc, tb)
+    return {"ok": False, "error_type": "exception", "error": _one_line(exc)}
+
+
+def run_source(source: str, namespace: dict[str, Any], cap: int) -> tuple[dict[str, Any], str | None]:
+    """Run statements in ``namespace``; the trailing expression statement's value is the return value."""
+    try:
+        tree = ast.parse(source, "<sandbox>")
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        assert last is None or isinstance(last, ast.Expr)
+        exec(compile(tree, "<sandbox>", "exec"), namespace)
+        if last is None:
+            return {"ok": True}, None
+        value = eval(compile(ast.Expression(last.value), "<sandbox>", "eval"), namespace)
+    except BaseException as exc:
+        return _failure(exc), None
+    return _encode_value(value, cap)
+
+
+def call_tool(
+    name: str, arguments: dict[str, Any], namespace: dict[str, Any], cap: int
+) -> tuple[dict[str, Any], str | None]:
+    """``name(**arguments)``, ``name`` a callable global of ``namespace``."""
+    tool = namespace.get(name) if name.isidentifier() and not name.startswith("__") else None
+    if not callable(tool):
+        return {"ok": False, "error_type": "exception", "error": f"NameError: no tool {name!r}"}, None
+    try:
+        value = tool(**arguments)
+    except BaseException as exc:
+        return _failure(exc), None
+    return _encode_value(value, cap)
+
+
+def _captured(fd: int, cap: int) -> tuple[str, bool]:
+    """What the call wrote on ``fd`` (a memfd), at most ``cap`` bytes, and whether there was more."""
+    data = os.pread(fd, cap + 1, 0)
+    return data[:cap].decode(errors="replace"), len(data) > cap
+
+
+def fresh_namespace() -> dict[str, Any]:
+    return {"__name__": "__main__", "__builtins__": builtins}
+
+
+DATA_TYPES = (dict, list, set, tuple, str, int, float, bool, type(None))
+"""Globals of these types are a space's state: deep-copied before a call, restored if it fails."""
+
+
+class Space:
+    """One namespace of the session: the globals its code and ``bind`` defined."""
+
+    def __init__(self) -> None:
+        self.globals = fresh_namespace()
+
+    def checkpoint(self) -> tuple[dict[str, Any], Any]:
+        """What ``rollback`` needs: the globals (shallow) and the state's values (deep)."""
+        values = {
+            n: v for n, v in self.globals.items() if isinstance(v, DATA_TYPES) and not n.startswith("__")
+        }
+        try:
+            deep: Any = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            try:
+                deep = ("copy", copy.deepcopy(values))
+            except Exception:
+                deep = None  # a state nothing can copy: a failed call's changes to it stay
+        return dict(self.globals), deep
+
+    def rollback(self, point: tuple[dict[str, Any], Any]) -> None:
+        """Back to ``point``: names added since are gone, rebound ones and the state's values restored."""
+        shallow, deep = point
+        self.globals.clear()
+        self.globals.update(shallow)
+        if isinstance(deep, bytes):
+            self.globals.update(pickle.loads(deep))
+        elif isinstance(deep, tuple):
+            self.globals.update(deep[1])
+
+
+def perform(request: dict[str, Any], spaces: dict[str, Space], streams: tuple[Any, Any]) -> bytes:
+    """Run one request in this process; a request that fails (or asked not to commit) is rolled back."""
+    for fd in (1, 2):
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+    cap = int(request["max_output_bytes"])
+    op = request["op"]
+    space = spaces.setdefault(str(request.get("space") or "main"), Space())
+    value_cap = int(request.get("max_value_bytes") or cap)
+    point = space.checkpoint() if op != "read" else None
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    bind: dict[str, Any] = request.get("bind") or {} if op == "run" else {}
+    if op == "run":
+        space.globals.update(bind)
+        answer, value = run_source(str(request["source"]), space.globals, value_cap)
+    elif op == "call":
+        answer, value = call_tool(str(request["tool"]), dict(request["arguments"]), space.globals, value_cap)
+    elif op == "read" and str(request["name"]) in space.globals:
+        answer, value = _encode_value(space.globals[str(request["name"])], value_cap)
+    elif op == "read":
+        answer, value = (
+            {"ok": False, "error_type": "exception", "error": f"NameError: {request['name']!r}"},
+            None,
+        )
+    else:
+        answer, value = {"ok": False, "error_type": "sandbox_error", "error": f"unknown op {op!r}"}, None
+    if point is not None and not (answer["ok"] and request.get("commit", True)):
+        space.rollback(point)  # before the report: a memory bomb's memory is freed here
+    for stream in (sys.stdout, sys.stderr, *streams):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    sys.stdout, sys.stderr = streams  # a call may have replaced them
+    stdout, out_cut = _captured(1, cap)
+    stderr, err_cut = _captured(2, cap)
+    if out_cut or err_cut:
+        if point is not None and answer["ok"] and request.get("commit", True):
+            space.rollback(point)
+        answer, value = (
+            {"ok": False, "error_type": "output_limit", "error": f"output over the {cap}-byte limit"},
+            None,
+        )
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime
+    answer.update(stdout=stdout, stderr=stderr, truncated=out_cut or err_cut, cpu_s=round(cpu, 6))
+    return answer_bytes(answer, value)
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def kill_leftovers() -> None:
+    """SIGKILL every other process in the session (what a call left running), then reap them."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.0005)
+
+
+def _close_all_but(keep: int) -> None:
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+
+
+def enter_session(settings: dict[str, Any], sock: int, program: Filter) -> None:
+    """Pid 1 of the session: fresh /proc, the job dir, output memfds; then the uid, limits and filter."""
+    uid = int(settings["uid"])
+    _close_all_but(sock)
+    os.setsid()
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for target, name in ((1, "stdout"), (2, "stderr")):
+        fd = os.memfd_create(name, 0)
+        os.dup2(fd, target)
+        os.close(fd)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    job_dir = f"/tmp/job-{os.urandom(8).hex()}"
+    os.mkdir(job_dir, 0o700)
+    os.chown(job_dir, uid, uid)
+    set_limit(resource.RLIMIT_NPROC, int(settings["max_procs"]))
+    set_limit(resource.RLIMIT_FSIZE, MAX_FILE_BYTES)
+    set_limit(resource.RLIMIT_CORE, 0)
+    set_limit(resource.RLIMIT_NOFILE, MAX_OPEN_FILES)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    os.chdir(job_dir)
+    os.environ.clear()
+    os.environ.update(
+        PATH="/usr/local/bin:/usr/bin:/bin",
+        HOME=job_dir,
+        TMPDIR=job_dir,
+        LANG="C.UTF-8",
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONIOENCODING="utf-8",
+    )
+    seccomp_filter(program)
+    # Soft: what one call's children may use (pid 1 itself never gets SIGXCPU); hard: the whole session.
+    per_call = max(1, math.ceil(float(settings["timeout_s"])))
+    set_limit(resource.RLIMIT_CPU, per_call, max(per_call + 1, math.ceil(float(settings["cpu_s"]))))
+    set_limit(resource.RLIMIT_AS, int(settings["memory_mb"]) << 20)
+    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+
+
+def session(settings: dict[str, Any], sock: int, program: Filter) -> NoReturn:
+    """The session's one process: serve requests until the pool closes the socket."""
+    try:
+        enter_session(settings, sock, program)
+    except BaseException as exc:
+        with _suppress():
+            body = {"ok": False, "error_type": "sandbox_error", "error": f"session setup: {_one_line(exc)}"}
+            write_frame(sock, answer_bytes(body))
+        os._exit(70)
+    spaces: dict[str, Space] = {}
+    streams = (sys.stdout, sys.stderr)
+    while True:
+        request = read_frame(sock)
+        if request is None:
+            os._exit(0)
+        write_frame(sock, perform(request, spaces, streams))
+        kill_leftovers()
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True
+
+
+def open_session(settings: dict[str, Any], sock: int, others: list[int], program: Filter) -> int:
+    """Fork the session's pid-1 process in fresh pid/mount/ipc namespaces; its pid here."""
+    report_r, report_w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(report_r)
+        try:
+            for fd in others:
+                os.close(fd)
+            _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC), "unshare")
+            for target in PRIVATE_TMPFS:
+                if os.path.isdir(target):
+                    opts = f"size={TMPFS_BYTES},nr_inodes=4096,mode=0755"
+                    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
+            first = os.fork()
+            if first == 0:
+                os.close(report_w)
+                session(settings, sock, program)
+            os.write(report_w, str(first).encode())
+        except BaseException as exc:
+            os.write(report_w, ("!" + _one_line(exc)).encode())
+        os._exit(0)
+    os.close(report_w)
+    report = b""
+    while chunk := os.read(report_r, 4096):
+        report += chunk
+    os.close(report_r)
+    os.waitpid(middle, 0)
+    text = report.decode(errors="replace")
+    if not text or text.startswith("!"):
+        raise SetupError(text[1:] or "the session's process ended before it started")
+    return int(text)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def server(ctl: socket.socket, program: Filter) -> NoReturn:
+    """Pid 1 of the sandbox: open and kill sessions on request, report each one's end."""
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    by_pidfd: dict[int, tuple[str, int]] = {}
+    by_id: dict[str, int] = {}
+    poller = select.poll()
+    poller.register(ctl.fileno(), select.POLLIN)
+    ctl.send(json.dumps({"kind": "ready"}).encode())
+    while True:
+        for fd, _event in poller.poll():
+            if fd != ctl.fileno():
+                sid, pid = by_pidfd.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+                ended: dict[str, Any] = {"kind": "ended", "id": sid}
+                with _suppress():
+                    _pid, status, usage = os.wait4(pid, 0)
+                    ended.update(
+                        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                        exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                        cpu_s=usage.ru_utime + usage.ru_stime,
+                    )
+                by_id.pop(sid, None)
+                ctl.send(json.dumps(ended).encode())
+                continue
+            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+            if not data:
+                for pid in by_id.values():
+                    with _suppress():
+                        os.kill(pid, signal.SIGKILL)
+                os._exit(0)
+            message = json.loads(data)
+            sid = str(message.get("id"))
+            if message.get("op") == "kill":
+                if sid in by_id:
+                    os.kill(by_id[sid], signal.SIGKILL)
+                continue
+            try:
+                if not fds:
+                    raise SetupError("open without a session socket")
+                pid = open_session(message, fds[0], [ctl.fileno(), *by_pidfd], program)
+                pidfd = os.pidfd_open(pid)
+            except (SetupError, OSError) as exc:
+                ctl.send(json.dumps({"kind": "ended", "id": sid, "error": _one_line(exc)}).encode())
+            else:
+                by_pidfd[pidfd] = (sid, pid)
+                by_id[sid] = pid
+                poller.register(pidfd, select.POLLIN)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+
+def main() -> None:
+    ctl_fd = int(sys.argv[1])
+    sys.path.extend(sys.argv[2:])  # site-packages, without running site's .pth hooks (-S)
+    ctl = socket.socket(fileno=ctl_fd)
+    try:
+        if os.geteuid() != 0:
+            raise SetupError("the sandbox fork server must start as root")
+        for name in PRELOAD:
+            import_module(name)
+        program = build_filter()
+        build_namespaces()
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        child = os.fork()
+    except (SetupError, OSError) as exc:
+        ctl.send(json.dumps({"kind": "setup_error", "error": str(exc)}).encode())
+        os._exit(70)
+    if child == 0:
+        try:
+            server(ctl, program)
+        except BaseException as exc:
+            with _suppress():
+                ctl.send(
+                    json.dumps({"kind": "setup_error", "error": f"sandbox server: {_one_line(exc)}"}).encode()
+                )
+            os._exit(70)
+    ctl.close()
+    os.waitpid(child, 0)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
