@@ -8,7 +8,11 @@ program::
     <package.code>
     <invocation>          # final expression statement; its value is the return value
 
-The sandbox returns the trailing expression's value as ``return_value``. A job
+The sandbox returns the trailing expression's value as ``return_value``.
+``verify_package`` runs that program in two parts: the package is loaded once in a session
+(DATA bound as the same JSON value, ``json`` imported, the code run; ``load_package``) and each
+invocation then runs on it without committing, its output after what the loading printed -- so
+a job's outcome is that of its whole program, without the package being rebuilt per job. A job
 passes when the run is ok and the output text (stdout followed by the JSON of
 the return value) contains the answer (the "output contains a_i" rule of ASTRA
 §2.2.3): the normalised answer (casefolded, whitespace collapsed) occurs in the
@@ -19,7 +23,6 @@ tolerance, thousands separators and units aside; most of the answer's words).
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Protocol
@@ -177,21 +180,107 @@ def judge(job: EnvJob, result: SandboxResult) -> JobOutcome:
 
 
 async def run_job(package: EnvPackage, job: EnvJob, pool: Runner) -> JobOutcome:
-    """Run one job; an invocation that is not an expression fails without a sandbox run."""
+    """One job as one throw-away program (``job_program``); an invocation that is not an expression
+    fails without a sandbox run. ``verify_package`` gives the same outcome without reloading."""
     try:
         source = job_program(package, job)
     except ValueError as exc:
-        return JobOutcome(
-            index=job.index,
-            question=job.question,
-            answer=job.answer,
-            invocation=job.invocation,
-            passed=False,
-            error=str(exc),
-        )
+        return not_run(job, str(exc))
     return judge(job, await pool.run(source))
 
 
+def not_run(job: EnvJob, error: str) -> JobOutcome:
+    """The outcome of a job that failed before anything ran."""
+    return JobOutcome(
+        index=job.index,
+        question=job.question,
+        answer=job.answer,
+        invocation=job.invocation,
+        passed=False,
+        error=error,
+    )
+
+
+LOAD_PRELUDE = "import json\n# DATA is bound by the session\n"
+"""What ``program`` has before the package's code, two lines as there, so a SyntaxError's line
+number (part of the error text) is the same in a session as in a job program."""
+
+
+def bound_data(data: Mapping[str, Sequence[Mapping[str, Cell]]]) -> dict[str, Any]:
+    """DATA as ``program`` builds it: ``json.loads`` of sorted-key JSON (key order is visible to code)."""
+    loaded: dict[str, Any] = json.loads(json.dumps(data, ensure_ascii=False, sort_keys=True))
+    return loaded
+
+
+def load_source(code: str) -> str:
+    """The package's code as a session runs it; the final ``pass`` keeps a trailing expression of
+    the code a plain statement (as in ``program``), not a return value to encode."""
+    return f"{LOAD_PRELUDE}{code.rstrip()}\npass\n"
+
+
+async def load_package(session: EnvSession, package: EnvPackage) -> SandboxResult:
+    """Bind ``package``'s DATA and run its code in ``session`` (committed: later requests see it)."""
+    return await session.run(load_source(package.code), bind={"DATA": bound_data(package.data)})
+
+
+def after_load(loaded: SandboxResult, result: SandboxResult) -> SandboxResult:
+    """``result`` of a request on a loaded package as the job program would report it: what the
+    package's code printed while loading comes first in the output."""
+    if not (loaded.stdout or loaded.stderr):
+        return result
+    return result.model_copy(
+        update={"stdout": loaded.stdout + result.stdout, "stderr": loaded.stderr + result.stderr}
+    )
+
+
+class PackageSession:
+    """A package loaded once in a session of ``pool``; each invocation runs on it without committing.
+
+    A session that dies (an invocation ran over its time, or crashed) is replaced by a fresh one with
+    the package loaded again, so one job's end never fails the next, as with one program per job."""
+
+    def __init__(self, package: EnvPackage, pool: Runner) -> None:
+        self.package = package
+        self.pool = pool
+        self._session: EnvSession | None = None
+        self._loaded: SandboxResult | None = None
+
+    async def _ready(self) -> tuple[EnvSession, SandboxResult]:
+        session, loaded = self._session, self._loaded
+        if session is None or loaded is None or (loaded.ok and not session.alive):
+            await self.close()
+            session = self._session = await self.pool.open_session()
+            loaded = self._loaded = await load_package(session, self.package)
+        return session, loaded
+
+    async def run(self, invocation: str) -> SandboxResult:
+        """The result of ``invocation`` (one expression) on the package; a package whose code does not
+        load gives that load's result."""
+        session, loaded = await self._ready()
+        if not loaded.ok:
+            return loaded
+        return after_load(loaded, await session.run(invocation, commit=False))
+
+    async def close(self) -> None:
+        session, self._session, self._loaded = self._session, None, None
+        if session is not None:
+            await session.close()
+
+
 async def verify_package(package: EnvPackage, pool: Runner) -> list[JobOutcome]:
-    """Every job of ``package``, run concurrently (the pool bounds how many at once), in job order."""
-    return list(await asyncio.gather(*(run_job(package, job, pool) for job in package.jobs)))
+    """Every job of ``package``, in job order, one after another in one session where the package is
+    loaded once; each job sees the package as loaded (no job sees another's changes). Outcomes are
+    those of ``run_job``: the same program, split into its load and its invocation."""
+    outcomes: list[JobOutcome] = []
+    loaded = PackageSession(package, pool)
+    try:
+        for job in package.jobs:
+            try:
+                invocation = check_invocation(job.invocation)
+            except ValueError as exc:
+                outcomes.append(not_run(job, str(exc)))
+                continue
+            outcomes.append(judge(job, await loaded.run(invocation)))
+    finally:
+        await loaded.close()
+    return outcomes

@@ -71,6 +71,7 @@ NAMESPACE_FLAGS = (
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 _KEEP_FLAGS = {
     "nosuid": MS_NOSUID,
@@ -411,6 +412,16 @@ class Space:
             self.globals.update(deep[1])
 
 
+def _cpu_for_call(usage: Any, timeout: float) -> None:
+    """Move the soft CPU limit to what this process used so far plus one call's share: SIGXCPU
+    stops a call that spins (its children start from zero with the same share)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    want = math.ceil(usage.ru_utime + usage.ru_stime) + max(1, math.ceil(timeout))
+    resource.setrlimit(
+        resource.RLIMIT_CPU, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard)
+    )
+
+
 def perform(request: dict[str, Any], spaces: dict[str, Space], streams: tuple[Any, Any]) -> bytes:
     """Run one request in this process; a request that fails (or asked not to commit) is rolled back."""
     for fd in (1, 2):
@@ -422,6 +433,7 @@ def perform(request: dict[str, Any], spaces: dict[str, Space], streams: tuple[An
     value_cap = int(request.get("max_value_bytes") or cap)
     point = space.checkpoint() if op != "read" else None
     before = resource.getrusage(resource.RUSAGE_SELF)
+    _cpu_for_call(before, float(request["timeout_s"]))
     bind: dict[str, Any] = request.get("bind") or {} if op == "run" else {}
     if op == "run":
         space.globals.update(bind)
@@ -463,19 +475,26 @@ def perform(request: dict[str, Any], spaces: dict[str, Space], streams: tuple[An
 # --------------------------------------------------------------------------- sessions
 
 
-def kill_leftovers() -> None:
-    """SIGKILL every other process in the session (what a call left running), then reap them."""
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        return
+def _reap_nowait() -> list[tuple[int, int, Any]]:
+    """Reap every child that has ended: (pid, status, rusage) each."""
+    ended: list[tuple[int, int, Any]] = []
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            time.sleep(0.0005)
+            return ended
+        ended.append((pid, status, usage))
+
+
+def kill_others() -> None:
+    """SIGKILL every other process this uid runs in the slot: what a call left running."""
+    try:
+        os.kill(-1, signal.SIGKILL)  # pid 1 (the slot, root) and this process are spared
+    except ProcessLookupError:
+        return
+    _reap_nowait()
 
 
 def _close_all_but(keep: int) -> None:
@@ -483,11 +502,12 @@ def _close_all_but(keep: int) -> None:
     os.closerange(keep + 1, 1 << 16)
 
 
-def enter_session(settings: dict[str, Any], sock: int, program: Filter) -> None:
-    """Pid 1 of the session: fresh /proc, the job dir, output memfds; then the uid, limits and filter."""
+def enter_session(settings: dict[str, Any], sock: int, job_dir: str, program: Filter) -> tuple[Any, Any]:
+    """The holder's set-up: output memfds, then the uid, limits and filter; its stdout/stderr."""
     uid = int(settings["uid"])
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _close_all_but(sock)
-    os.setsid()
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -495,10 +515,6 @@ def enter_session(settings: dict[str, Any], sock: int, program: Filter) -> None:
         fd = os.memfd_create(name, 0)
         os.dup2(fd, target)
         os.close(fd)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    job_dir = f"/tmp/job-{os.urandom(8).hex()}"
-    os.mkdir(job_dir, 0o700)
-    os.chown(job_dir, uid, uid)
     set_limit(resource.RLIMIT_NPROC, int(settings["max_procs"]))
     set_limit(resource.RLIMIT_FSIZE, MAX_FILE_BYTES)
     set_limit(resource.RLIMIT_CORE, 0)
@@ -517,31 +533,32 @@ def enter_session(settings: dict[str, Any], sock: int, program: Filter) -> None:
         PYTHONIOENCODING="utf-8",
     )
     seccomp_filter(program)
-    # Soft: what one call's children may use (pid 1 itself never gets SIGXCPU); hard: the whole session.
+    # Hard: the whole session's CPU time; the soft limit is moved before each call (``perform``).
     per_call = max(1, math.ceil(float(settings["timeout_s"])))
     set_limit(resource.RLIMIT_CPU, per_call, max(per_call + 1, math.ceil(float(settings["cpu_s"]))))
     set_limit(resource.RLIMIT_AS, int(settings["memory_mb"]) << 20)
-    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
-    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+    out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+    err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+    sys.stdout, sys.stderr = out, err
+    return out, err
 
 
-def session(settings: dict[str, Any], sock: int, program: Filter) -> NoReturn:
-    """The session's one process: serve requests until the pool closes the socket."""
+def holder(settings: dict[str, Any], sock: int, job_dir: str, program: Filter) -> NoReturn:
+    """A session's one process: serve requests until the pool closes the socket."""
     try:
-        enter_session(settings, sock, program)
+        streams = enter_session(settings, sock, job_dir, program)
     except BaseException as exc:
         with _suppress():
             body = {"ok": False, "error_type": "sandbox_error", "error": f"session setup: {_one_line(exc)}"}
             write_frame(sock, answer_bytes(body))
         os._exit(70)
     spaces: dict[str, Space] = {}
-    streams = (sys.stdout, sys.stderr)
     while True:
         request = read_frame(sock)
         if request is None:
             os._exit(0)
         write_frame(sock, perform(request, spaces, streams))
-        kill_leftovers()
+        kill_others()
 
 
 class _suppress:
@@ -552,29 +569,114 @@ class _suppress:
         return True
 
 
-def open_session(settings: dict[str, Any], sock: int, others: list[int], program: Filter) -> int:
-    """Fork the session's pid-1 process in fresh pid/mount/ipc namespaces; its pid here."""
+# --------------------------------------------------------------------------- slots
+
+
+def _fresh_tmp(uid: int, first: bool) -> str:
+    """A new private /tmp for the next session (the last one's files gone with it) and its job dir."""
+    if not first:
+        _check(_libc.umount2(b"/tmp", MNT_DETACH), "umount /tmp")
+    opts = f"size={TMPFS_BYTES},nr_inodes=4096,mode=0755"
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
+    job_dir = f"/tmp/job-{os.urandom(8).hex()}"
+    os.mkdir(job_dir, 0o700)
+    os.chown(job_dir, uid, uid)
+    return job_dir
+
+
+def _sweep(deadline_s: float = 2.0) -> None:
+    """Kill and reap everything in the slot but itself (pid 1 is spared by kill(-1))."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            _reap_nowait()
+            return
+        if not _reap_nowait():
+            time.sleep(0.0002)
+
+
+def slot(uid: int, ctl: socket.socket, program: Filter) -> NoReturn:
+    """Pid 1 of one uid's pid namespace: runs that uid's sessions, one at a time.
+
+    A session is a fork of this process (its holder). When the holder ends -- the pool closed the
+    session, asked for a kill, or it died -- everything it left is killed, /tmp is replaced by a
+    fresh tmpfs, and ``ended`` goes back with how the holder ended."""
+    _close_all_but(ctl.fileno())  # e.g. the session socket the server held when it forked us
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the poll below
+    signal.set_wakeup_fd(wake_w)
+    job_dir = _fresh_tmp(uid, first=True)
+    current: tuple[str, int] | None = None
+    poller = select.poll()
+    poller.register(ctl.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        try:
+            events = poller.poll()
+        except InterruptedError:
+            continue
+        for fd, _event in events:
+            if fd == wake_r:
+                with _suppress():
+                    while os.read(wake_r, 512):
+                        pass
+                for pid, status, usage in _reap_nowait():
+                    if current is not None and pid == current[1]:
+                        _sweep()
+                        job_dir = _fresh_tmp(uid, first=False)
+                        ended = {"kind": "ended", "id": current[0], "cpu_s": usage.ru_utime + usage.ru_stime}
+                        ended["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+                        ended["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+                        ctl.send(json.dumps(ended).encode())
+                        current = None
+                continue
+            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+            if not data:
+                os._exit(0)  # the server is gone: the kernel kills everything in the slot with us
+            message = json.loads(data)
+            sid = str(message["id"])
+            if message["op"] == "kill":
+                if current is not None and current[0] == sid:
+                    with _suppress():
+                        os.kill(current[1], signal.SIGKILL)
+            elif current is not None or not fds:
+                ctl.send(json.dumps({"kind": "ended", "id": sid, "error": "the slot is busy"}).encode())
+            else:
+                pid = os.fork()
+                if pid == 0:
+                    holder(message, fds[0], job_dir, program)
+                current = (sid, pid)
+            for fd in fds:
+                os.close(fd)
+
+
+def spawn_slot(uid: int, close: list[int], program: Filter) -> tuple[int, socket.socket]:
+    """Fork a slot (pid 1 of fresh pid/mount/ipc namespaces) for ``uid``: its pid here and its socket."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     report_r, report_w = os.pipe()
     middle = os.fork()
     if middle == 0:
         os.close(report_r)
         try:
-            for fd in others:
+            for fd in [*close, ours.fileno()]:
                 os.close(fd)
             _check(_libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC), "unshare")
-            for target in PRIVATE_TMPFS:
-                if os.path.isdir(target):
-                    opts = f"size={TMPFS_BYTES},nr_inodes=4096,mode=0755"
-                    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
             first = os.fork()
             if first == 0:
                 os.close(report_w)
-                session(settings, sock, program)
+                try:
+                    slot(uid, theirs, program)
+                except BaseException:
+                    os._exit(70)
             os.write(report_w, str(first).encode())
         except BaseException as exc:
             os.write(report_w, ("!" + _one_line(exc)).encode())
         os._exit(0)
     os.close(report_w)
+    theirs.close()
     report = b""
     while chunk := os.read(report_r, 4096):
         report += chunk
@@ -582,64 +684,108 @@ def open_session(settings: dict[str, Any], sock: int, others: list[int], program
     os.waitpid(middle, 0)
     text = report.decode(errors="replace")
     if not text or text.startswith("!"):
-        raise SetupError(text[1:] or "the session's process ended before it started")
-    return int(text)
+        ours.close()
+        raise SetupError(text[1:] or "the slot's process ended before it started")
+    return int(text), ours
 
 
 # --------------------------------------------------------------------------- the server
 
 
+class _Slot:
+    def __init__(self, uid: int, pid: int, sock: socket.socket) -> None:
+        self.uid = uid
+        self.pid = pid
+        self.sock = sock
+        self.pidfd = os.pidfd_open(pid)
+        self.sessions: set[str] = set()
+
+
 def server(ctl: socket.socket, program: Filter) -> NoReturn:
-    """Pid 1 of the sandbox: open and kill sessions on request, report each one's end."""
+    """Pid 1 of the sandbox: a slot per uid, sessions opened and killed in them on request."""
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    by_pidfd: dict[int, tuple[str, int]] = {}
-    by_id: dict[str, int] = {}
+    slots: dict[int, _Slot] = {}
+    by_fd: dict[int, _Slot] = {}
+    session_uid: dict[str, int] = {}
     poller = select.poll()
     poller.register(ctl.fileno(), select.POLLIN)
     ctl.send(json.dumps({"kind": "ready"}).encode())
+
+    def drop(slot_: _Slot, why: str) -> None:
+        for sid in slot_.sessions:
+            session_uid.pop(sid, None)
+            ctl.send(json.dumps({"kind": "ended", "id": sid, "error": why}).encode())
+        for fd in (slot_.sock.fileno(), slot_.pidfd):
+            poller.unregister(fd)
+            by_fd.pop(fd, None)
+        with _suppress():
+            os.kill(slot_.pid, signal.SIGKILL)
+        with _suppress():
+            os.waitpid(slot_.pid, 0)
+        os.close(slot_.pidfd)
+        slot_.sock.close()
+        slots.pop(slot_.uid, None)
+
     while True:
         for fd, _event in poller.poll():
-            if fd != ctl.fileno():
-                sid, pid = by_pidfd.pop(fd)
-                poller.unregister(fd)
-                os.close(fd)
-                ended: dict[str, Any] = {"kind": "ended", "id": sid}
-                with _suppress():
-                    _pid, status, usage = os.wait4(pid, 0)
-                    ended.update(
-                        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                        exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                        cpu_s=usage.ru_utime + usage.ru_stime,
-                    )
-                by_id.pop(sid, None)
-                ctl.send(json.dumps(ended).encode())
+            if fd == ctl.fileno():
+                _from_pool(ctl, slots, by_fd, session_uid, poller, program)
                 continue
-            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+            owner = by_fd.get(fd)
+            if owner is None:
+                continue
+            if fd == owner.pidfd:
+                drop(owner, "the sandbox slot ended unexpectedly")
+                continue
+            data = owner.sock.recv(1 << 16)
             if not data:
-                for pid in by_id.values():
-                    with _suppress():
-                        os.kill(pid, signal.SIGKILL)
-                os._exit(0)
-            message = json.loads(data)
-            sid = str(message.get("id"))
-            if message.get("op") == "kill":
-                if sid in by_id:
-                    os.kill(by_id[sid], signal.SIGKILL)
+                drop(owner, "the sandbox slot closed")
                 continue
-            try:
-                if not fds:
-                    raise SetupError("open without a session socket")
-                pid = open_session(message, fds[0], [ctl.fileno(), *by_pidfd], program)
-                pidfd = os.pidfd_open(pid)
-            except (SetupError, OSError) as exc:
-                ctl.send(json.dumps({"kind": "ended", "id": sid, "error": _one_line(exc)}).encode())
-            else:
-                by_pidfd[pidfd] = (sid, pid)
-                by_id[sid] = pid
-                poller.register(pidfd, select.POLLIN)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+            sid = str(json.loads(data).get("id"))
+            owner.sessions.discard(sid)
+            session_uid.pop(sid, None)
+            ctl.send(data)
+
+
+def _from_pool(
+    ctl: socket.socket,
+    slots: dict[int, _Slot],
+    by_fd: dict[int, _Slot],
+    session_uid: dict[str, int],
+    poller: select.poll,
+    program: Filter,
+) -> None:
+    """One request of the pool: open a session in its uid's slot (made on first use), or kill one."""
+    data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+    if not data:
+        for owner in slots.values():
+            with _suppress():
+                os.kill(owner.pid, signal.SIGKILL)
+        os._exit(0)
+    message = json.loads(data)
+    sid = str(message.get("id"))
+    try:
+        if message.get("op") == "kill":
+            uid = session_uid.get(sid)
+            if uid is not None and uid in slots:
+                slots[uid].sock.send(data)
+            return
+        uid = int(message["uid"])
+        if uid not in slots:
+            others = [ctl.fileno(), *by_fd]
+            pid, sock = spawn_slot(uid, others, program)
+            slots[uid] = owner = _Slot(uid, pid, sock)
+            for fd in (sock.fileno(), owner.pidfd):
+                by_fd[fd] = owner
+                poller.register(fd, select.POLLIN)
+        slots[uid].sessions.add(sid)
+        session_uid[sid] = uid
+        socket.send_fds(slots[uid].sock, [data], fds)
+    except (SetupError, OSError, KeyError, ValueError) as exc:
+        ctl.send(json.dumps({"kind": "ended", "id": sid, "error": _one_line(exc)}).encode())
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def main() -> None:

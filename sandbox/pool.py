@@ -156,6 +156,7 @@ class _ForkServer:
                 env=WORKER_ENV,
                 pass_fds=(theirs.fileno(),),
                 cwd="/",
+                start_new_session=True,  # no terminal signal of ours reaches the sandbox, nor theirs us
             )
         finally:
             theirs.close()
@@ -342,7 +343,7 @@ class Session:
     async def _request(self, request: dict[str, Any], timeout_s: float | None) -> SandboxResult:
         timeout = float(timeout_s if timeout_s is not None else self.timeout_s)
         cap = self._pool.settings.max_output_bytes
-        request["max_output_bytes"] = cap
+        request.update(max_output_bytes=cap, timeout_s=timeout)
         limit = 3 * cap + int(request.get("max_value_bytes") or cap) + FRAME_SLACK
         body = json.dumps(request, ensure_ascii=False).encode()
         async with self._lock:
@@ -416,7 +417,7 @@ def _death(ended: dict[str, Any], timeout: float) -> tuple[ErrorType, str]:
     sig, cpu = ended.get("signal"), float(ended.get("cpu_s") or 0.0)
     if ended.get("error"):
         return "sandbox_error", f"the session could not run: {ended['error']}"
-    if sig == signal.SIGKILL and cpu >= max(1.0, timeout):
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= max(1.0, timeout)):
         return "cpu_time", "the session's CPU time limit was exceeded"
     if sig:
         return ("killed" if sig == signal.SIGKILL else "crash"), f"killed by {_signal_name(int(sig))}"
