@@ -356,3 +356,153 @@ def test_cli_run(tmp_path: Path) -> None:
     assert missing.exit_code == 2
     assert "nope.py" in missing.stderr and "Traceback" not in missing.output
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+# -- sessions ----------------------------------------------------------------------------------
+
+TOOLS = (
+    "def add(item):\n"
+    "    STATE['items'].append(item)\n"
+    "    return len(STATE['items'])\n"
+    "def add_then_fail(item):\n"
+    "    STATE['items'].append(item)\n"
+    "    STATE['flag'] = True\n"
+    "    raise ValueError('refused after changing the state')\n"
+    "def add_then_bomb(item):\n"
+    "    STATE['items'].append(item)\n"
+    "    hog = []\n"
+    "    while True:\n"
+    "        hog.append(bytearray(16 << 20))\n"
+    "def add_then_shout(item):\n"
+    "    STATE['items'].append(item)\n"
+    "    print('x' * (1 << 20))\n"
+    "def crash():\n"
+    "    import ctypes\n"
+    "    ctypes.string_at(0)\n"
+)
+
+
+async def loaded(pool: SandboxPool, **limits: Any) -> Any:
+    session = await pool.open_session(**limits)
+    result = await session.run(TOOLS, bind={"STATE": {"items": [], "flag": False}})
+    assert result.ok, result
+    return session
+
+
+def test_a_failed_call_leaves_the_state_as_it_was() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        async with await loaded(pool) as session:
+            assert (await session.call("add", {"item": "a"})).return_value == 1
+            failed = await session.call("add_then_fail", {"item": "b"})
+            assert failed.error_type == "exception" and "refused" in (failed.error or ""), failed
+            bomb = await session.call("add_then_bomb", {"item": "c"})
+            assert bomb.error_type == "memory", bomb
+            shout = await session.call("add_then_shout", {"item": "d"})
+            assert shout.error_type == "output_limit" and shout.truncated, shout
+            dry = await session.call("add", {"item": "e"}, commit=False)
+            assert dry.ok and dry.return_value == 2, dry
+            state = await session.read("STATE")
+            assert state.return_value == {"items": ["a"], "flag": False}, state
+            assert (await session.call("add", {"item": "f"})).return_value == 2  # still serving
+
+    sandboxed(scenario)
+
+
+def test_sessions_cannot_see_signal_or_change_each_other() -> None:
+    secret = "session-a-private-state"
+    victim_setup = (
+        "import os\n"
+        f"SECRET = {secret!r}\n"
+        "open(os.path.join(os.environ['HOME'], 'secret.txt'), 'w').write(SECRET)\n"
+        "def read_secret():\n"
+        "    return [SECRET, open(os.path.join(os.environ['HOME'], 'secret.txt')).read()]\n"
+        "(os.getpid(), os.environ['HOME'])\n"
+    )
+    attack = (
+        "import glob, os, signal\n"
+        "found, signalled = [], []\n"
+        "for path in glob.glob('/tmp/**', recursive=True) + glob.glob('/proc/*/root/tmp/**', recursive=True):\n"
+        "    try:\n"
+        "        found.append(open(path).read())\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "for name in ('environ', 'cmdline', 'mem'):\n"
+        "    for path in glob.glob(f'/proc/*/{name}'):\n"
+        "        try:\n"
+        "            found.append(open(path, 'rb').read(4096).decode(errors='replace'))\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "for pid in [VICTIM_PID] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    if pid != os.getpid():\n"
+        "        try:\n"
+        "            os.kill(pid, signal.SIGKILL)\n"
+        "            signalled.append(pid)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "try:\n"
+        "    open(VICTIM_HOME + '/secret.txt', 'w').write('overwritten')\n"
+        "except OSError as exc:\n"
+        "    found.append(type(exc).__name__)\n"
+        "[found, signalled]\n"
+    )
+
+    async def scenario(pool: SandboxPool) -> None:
+        async with await pool.open_session() as victim, await pool.open_session() as attacker:
+            assert victim.uid != attacker.uid
+            opened = await victim.run(victim_setup)
+            assert opened.ok, opened
+            pid, home = opened.return_value
+            result = await attacker.run(f"VICTIM_PID = {pid}\nVICTIM_HOME = {home!r}\n" + attack)
+            assert result.ok, result
+            found, signalled = result.return_value
+            assert secret not in json.dumps(found), found
+            assert "FileNotFoundError" in found or "PermissionError" in found, found
+            assert pid not in signalled, signalled
+            after = await victim.call("read_secret", {})
+            assert after.ok and after.return_value == [secret, secret], after
+
+    sandboxed(scenario)
+
+
+def test_a_call_that_dies_ends_only_its_own_session() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        async with await loaded(pool) as doomed, await loaded(pool) as other:
+            assert (await other.call("add", {"item": "kept"})).ok
+            died, elapsed = await timed_call(doomed.call("crash", {}))
+            assert_contained(died, elapsed, "crash")
+            assert died.error == "killed by SIGSEGV" and not doomed.alive, died
+            later = await doomed.call("add", {"item": "x"})
+            assert not later.ok and later.error_type == "crash", later
+            assert (await other.call("add", {"item": "still"})).return_value == 2
+            assert (await other.read("STATE")).return_value["items"] == ["kept", "still"]
+
+    sandboxed(scenario)
+
+
+def test_a_call_over_its_time_ends_its_session_in_time() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        async with await loaded(pool) as session:
+            spin, elapsed = await timed_call(session.run("while True:\n    pass", timeout_s=0.5))
+            assert_contained(spin, elapsed, "timeout", timeout=0.5)
+            assert not session.alive
+
+    sandboxed(scenario)
+
+
+def test_sessions_wait_for_a_free_slot() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        first = await pool.open_session()
+        second = asyncio.create_task(pool.open_session())
+        await asyncio.sleep(0.3)
+        assert not second.done(), "a second session opened while the only slot was taken"
+        await first.close()
+        async with await asyncio.wait_for(second, 5) as session:
+            assert (await session.run("1 + 1")).return_value == 2
+
+    sandboxed(scenario, SETTINGS.model_copy(update={"pool_size": 1}))
+
+
+async def timed_call(call: Awaitable[SandboxResult]) -> tuple[SandboxResult, float]:
+    start = time.monotonic()
+    result = await call
+    return result, time.monotonic() - start
