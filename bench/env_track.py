@@ -22,7 +22,8 @@ from sft_stages import outputs, run_stage  # a sibling script (bench/ is on sys.
 
 from app.demo import demo_seeds
 from arena.config import ArenaSettings
-from sandbox import SandboxResult, run_once
+from sandbox import SandboxPool, SandboxResult, run_once
+from sandbox.pool import Session
 from streams import resources
 from streams.envs import envs_code, envs_verified, qa_traces, qa_validated, samples_verified
 from streams.runtime import Emit
@@ -37,7 +38,7 @@ PLAN = (
 
 
 class ColdPool:
-    """The baseline: the pool's interface, but a fresh sandbox process per execution."""
+    """The baseline: the pool's interface, but a fresh sandbox process per execution or session."""
 
     def __init__(self, settings: ArenaSettings) -> None:
         self.settings = settings.sandbox
@@ -50,8 +51,63 @@ class ColdPool:
     ) -> SandboxResult:
         return await run_once(code, self.settings, timeout_s=timeout_s, memory_mb=memory_mb)
 
+    async def open_session(
+        self, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> ColdSession:
+        """A session in a one-slot pool of its own: a fresh fork server (interpreter) per session."""
+        pool = SandboxPool(self.settings.model_copy(update={"pool_size": 1}))
+        try:
+            session = await pool.open_session(timeout_s=timeout_s, memory_mb=memory_mb)
+        except BaseException:
+            await pool.close()
+            raise
+        return ColdSession(pool, session)
+
     async def close(self) -> None:
         return None
+
+
+class ColdSession:
+    """A session that closes its own pool with it (``ColdPool.open_session``)."""
+
+    def __init__(self, pool: SandboxPool, session: Session) -> None:
+        self._pool = pool
+        self._session = session
+
+    @property
+    def alive(self) -> bool:
+        return self._session.alive
+
+    async def run(
+        self,
+        source: str,
+        *,
+        bind: dict[str, Any] | None = None,
+        space: str = "main",
+        commit: bool = True,
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        return await self._session.run(source, bind=bind, space=space, commit=commit, timeout_s=timeout_s)
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        space: str = "main",
+        commit: bool = True,
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        return await self._session.call(tool, arguments, space=space, commit=commit, timeout_s=timeout_s)
+
+    async def read(self, name: str, *, space: str = "main") -> SandboxResult:
+        return await self._session.read(name, space=space)
+
+    async def close(self) -> None:
+        try:
+            await self._session.close()
+        finally:
+            await self._pool.close()
 
 
 def gate_shares(records_in: int, emits: list[Emit]) -> dict[str, float]:

@@ -215,6 +215,8 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
             except ReferenceCallFailed:
                 skipped += 1
                 continue
+            finally:
+                await env.close()  # its sandbox session goes back to the pool
             parts = f1_reward(sample.reward_spec["jobs"], outputs, len(outputs))
             if parts.f1 < 1.0 - 1e-6:
                 skipped += 1

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from sandbox.pool import SandboxPool, Session
 
 console = Console(stderr=True)
+HERE = str(Path(__file__).resolve().parent)
 
 
 class Call:
@@ -95,7 +96,7 @@ def draw_calls(packages: list[EnvPackage], n: int, seed: int) -> list[Call]:
 
 async def demo_packages(instances: int) -> list[EnvPackage]:
     """The demo's verified environments: the environment track in-process on the demo's seeds."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, HERE)
     from sft_stages import outputs, run_stage  # a sibling script
 
     from app.demo import demo_seeds

@@ -172,6 +172,8 @@ async def reference_conversations(
             messages, _outputs = await reference_conversation(sample, package, env)
         except ReferenceCallFailed as exc:
             raise BenchError(str(exc)) from exc
+        finally:
+            await env.close()  # its sandbox session goes back to the pool
         conversations.append(messages)
     return conversations
 
@@ -305,6 +307,9 @@ class TimedEnv:
         finally:
             self.clock.reward_s += time.perf_counter() - started
             self.clock.rewards += 1
+
+    async def close(self) -> None:
+        await self.env.close()
 
 
 def arena_settings(args: argparse.Namespace, home: Path) -> Any:

@@ -5,6 +5,11 @@ happens into an ``Observation`` (a failure is an observation with ``ok=False``, 
 exception), answers agent messages through a simulated user (interactive samples), and scores a
 finished trajectory. One instance per rollout: nothing is shared between instances.
 
+Each instance lives in at most one sandbox session (``sandbox.env_runtime.EnvSession``), opened on
+its first call, so an instance that never calls holds no pool slot; ``close()`` ends it and must be
+called when the episode is over (the rollout engine does). A session that died (timeout, crash) is
+replaced by a fresh one, loaded again (an interactive one replays its state-changing calls).
+
 - ``QaEnvironment`` (``kind="qa"``): the sample's ``EnvPackage`` -- lookup functions over a
   data table -- plus mixed-in tools from other packages, each run against its own package.
   Reward: F1 over the trajectory's tool outputs (ASTRA eq. 30-31), or recall/precision only.
@@ -13,30 +18,44 @@ finished trajectory. One instance per rollout: nothing is shared between instanc
   ``trainer.user_sim.UserSimulator`` (the gateway's role, or the SFT-tuned policy), and a
   verification function. Reward: 1 when ``verify(initial, final, calls)`` passes, else 0.
 
-Interactive execution contract. Each call runs the program::
+QA execution contract. Each package used (the sample's own, each mixed-in one) is loaded once
+into its own namespace (``space`` = its env_id) of the session::
 
     import json
-    STATE = json.loads(<current state JSON>)
-    <spec.code>
-    _arena_value = <tool>(**json.loads(<arguments JSON>))
-    {"value": <_arena_value as JSON>, "state": <STATE as JSON>}
+    <package.code>        # DATA bound beforehand: the package's data (keys sorted)
 
-so the state travels in and out as JSON and the environment keeps it between calls. A call that
-raises leaves the state as it was (calls are atomic). Verification runs::
+and each tool call is ``tool(**arguments)`` there, not committed: every call sees the package as
+loaded, as if it ran alone (``sandbox.env_runtime.call_program`` is the one-program form).
+
+Interactive execution contract. The session's main space holds ``STATE`` (bound from the spec's
+initial state), then runs::
+
+    import json
+    <spec.code>
+    <a helper calling tool(**arguments) and reporting its value and whether STATE changed>
+
+Each call goes through the helper: the value comes back, the state stays in the session. A call
+that raises leaves the state as it was (calls are atomic: the session rolls failed requests back);
+the state is read back into ``self.state`` when needed (``read_state``: before verification, on
+close). Verification runs, in another space of the same session and not committed::
 
     import json
     <spec.verify>
-    verify(json.loads(<initial>), json.loads(<final>), json.loads(<calls>))
+    verify(<initial>, <final>, <calls>)      # the three bound as JSON values
 
 which must return ``{"pass": bool, "reward": float, "components": {name: number}}``; ``calls`` is
 the list of executed calls as ``CallRecord`` dicts (name, arguments, actor, ok, changed_state).
+``state_program`` and ``verify_program`` are the same contract as one program each (for callers
+without a session).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,7 +68,7 @@ from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
 from environments.rewards import RewardMode, f1_reward, reward_value
 from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
-from sandbox.env_runtime import Runner, call_program, output_text
+from sandbox.env_runtime import EnvSession, Runner, output_text
 from sandbox.pool import SandboxResult, SandboxUnavailable
 
 
@@ -97,6 +116,10 @@ class Environment(Protocol):
         """Scalar reward of a finished trajectory of this instance, and its parts."""
         ...
 
+    async def close(self) -> None:
+        """End the instance's sandbox session if one is open (idempotent); call it when the episode is over."""
+        ...
+
 
 def argument_error(spec: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
     """Why ``arguments`` cannot be a call of ``spec`` (missing required or unknown names), else None.
@@ -123,12 +146,64 @@ def _failure(result: SandboxResult) -> str:
     return f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
 
 
-async def _run(runner: Runner, program: str, timeout_s: float | None) -> SandboxResult | str:
-    """Run a program; a sandbox that cannot run it is an error text, not an exception."""
-    try:
-        return await runner.run(program, timeout_s=timeout_s)
-    except SandboxUnavailable as exc:
-        return f"sandbox_error: {exc}"
+def load_source(code: str, line_2: str = "") -> str:
+    """``code`` as a session loads it: json imported and the code from line 3, as in the one-program
+    contract (so tracebacks and syntax errors keep their line numbers); ``line_2``: one statement
+    run before the code."""
+    return f"import json\n{line_2}\n{code.rstrip()}\n"
+
+
+Loader = Callable[[EnvSession], Awaitable[SandboxResult]]
+"""Loads one space of a fresh session (its code and data)."""
+
+
+class SessionHolder:
+    """The one sandbox session of an environment instance, opened on first use.
+
+    Never more than one per instance: an instance waiting for a second slot while holding one can
+    deadlock a small pool. Each space is loaded once per session; a failed load is not retried in
+    that session (the same code would fail the same way)."""
+
+    def __init__(self, runner: Runner, timeout_s: float | None) -> None:
+        self.runner = runner
+        self.timeout_s = timeout_s
+        self.session: EnvSession | None = None
+        self._loaded: dict[str, str | None] = {}
+        """Space -> None when loaded, else why its load failed."""
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> EnvSession | str:
+        """The live session (a new one when there is none, or it died), or why there is none."""
+        async with self._lock:
+            return await self._open()
+
+    async def space(self, name: str, load: Loader) -> EnvSession | str:
+        """The live session with space ``name`` loaded by ``load``, or why it cannot run calls there."""
+        async with self._lock:
+            session = await self._open()
+            if isinstance(session, str):
+                return session
+            if name not in self._loaded:
+                result = await load(session)
+                self._loaded[name] = None if result.ok else _failure(result)
+            problem = self._loaded[name]
+            return session if problem is None else problem
+
+    async def _open(self) -> EnvSession | str:
+        if self.session is not None and self.session.alive:
+            return self.session
+        await self.close()  # a dead one (timeout, crash) still holds its slot until closed
+        try:
+            self.session = await self.runner.open_session(timeout_s=self.timeout_s)
+        except SandboxUnavailable as exc:
+            return f"sandbox_error: {exc}"
+        return self.session
+
+    async def close(self) -> None:
+        """Close the session (its pool slot is free again); a later ``get`` opens a new one."""
+        session, self.session, self._loaded = self.session, None, {}
+        if session is not None:
+            await session.close()
 
 
 def read_verdict(result: SandboxResult) -> Verdict | str:
@@ -185,6 +260,7 @@ class QaEnvironment:
             tools = offered
         self.tools: list[dict[str, Any]] = list(tools)
         self._offered = {tool_name(t) for t in self.tools}
+        self._held = SessionHolder(runner, timeout_s)
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Observation:
         route = self._routes.get(name) if name in self._offered else None
@@ -196,9 +272,11 @@ class QaEnvironment:
         problem = argument_error(spec, arguments)
         if problem is not None:
             return Observation(text=f"error: {name}: {problem}", ok=False, tool=name)
-        result = await _run(self.runner, call_program(package, name, arguments), self.timeout_s)
-        if isinstance(result, str):
-            return Observation(text=f"error: {result}", ok=False, tool=name)
+        session = await self._held.space(package.env_id, lambda s: _load_package(s, package))
+        if isinstance(session, str):
+            return Observation(text=f"error: {session}", ok=False, tool=name)
+        # Not committed: every call sees the package as loaded, as when each call was its own program.
+        result = await session.call(name, dict(arguments), space=package.env_id, commit=False)
         if not result.ok:
             return Observation(text=f"error: {_failure(result)}", ok=False, tool=name)
         return Observation(text=_cut(output_text(result), self.max_output_chars), ok=True, tool=name)
@@ -206,10 +284,19 @@ class QaEnvironment:
     async def user_turn(self, assistant_text: str) -> str | None:
         return None  # a QA sample has no user after the question: a final answer ends the rollout
 
+    async def close(self) -> None:
+        await self._held.close()
+
     async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
         """F1 (or recall / precision) over the successful tool outputs; c = every emitted call."""
         parts = f1_reward(self.jobs, trajectory.tool_outputs, trajectory.tool_calls)
         return reward_value(parts, self.mode), {k: float(v) for k, v in parts.model_dump().items()}
+
+
+async def _load_package(session: EnvSession, package: EnvPackage) -> SandboxResult:
+    """Load ``package`` into its own space (its env_id); DATA's keys sorted, as ``program`` gives them."""
+    data = json.loads(json.dumps(package.data, ensure_ascii=False, sort_keys=True))
+    return await session.run(load_source(package.code), bind={"DATA": data}, space=package.env_id)
 
 
 # --------------------------------------------------------------------------- interactive
@@ -282,6 +369,51 @@ def state_program(state: Mapping[str, Any], code: str, tool: str, arguments: Map
     )
 
 
+STATE_ERROR = "the tool left STATE not a JSON object"
+MAIN_SPACE = "main"
+VERIFY_SPACE = "verify"
+CALL_HELPER = "_arena_call"
+CALL_HELPER_SOURCE = f"""
+
+class _ArenaStateError(Exception):
+    pass
+
+
+def _arena_state_json():
+    try:
+        return json.dumps(STATE, sort_keys=True, allow_nan=False)
+    except TypeError:  # keys of mixed types do not sort; a value that is not JSON raises below
+        return json.dumps(STATE, allow_nan=False)
+
+
+def {CALL_HELPER}(tool, arguments):
+    global _arena_last
+    function = globals().get(tool)
+    if not callable(function):
+        raise NameError(f"name {{tool!r}} is not defined")
+    try:
+        value = function(**arguments)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
+        raise _ArenaStateError({STATE_ERROR!r}) from None
+    if not isinstance(STATE, dict):
+        raise _ArenaStateError({STATE_ERROR!r})
+    value = json.loads(json.dumps(value, default=repr, allow_nan=False))
+    now = _arena_state_json()
+    changed, _arena_last = now != _arena_last, now
+    return {{"value": value, "changed": changed}}
+"""
+"""Loaded after ``spec.code``: runs one tool and says whether STATE changed, so the state stays in the
+session. ``_arena_last`` is STATE's JSON after the last call (one encoding per call; a failed call
+restores it with the state). Raising on a STATE that is not a JSON object (as the one-program
+contract failed such a call) makes the session roll the call back."""
+
+
+class StateLost(RuntimeError):
+    """The environment's state cannot be read (no sandbox, or its session could not be rebuilt)."""
+
+
 def verify_program(
     verify: str, initial: Mapping[str, Any], final: Mapping[str, Any], calls: Sequence[Mapping[str, Any]]
 ) -> str:
@@ -319,6 +451,12 @@ class InteractiveEnvironment:
         self._user_tools = {tool_name(t): t for t in self.spec.user_tools}
         self.initial_state: dict[str, Any] = copy.deepcopy(self.spec.initial_state)
         self.state: dict[str, Any] = copy.deepcopy(self.spec.initial_state)
+        """The state as last read from the session (``read_state``; final after ``reward``/``close``)."""
+        self._stale = False
+        """Calls (or loading the code) changed the session's STATE since ``state`` was read."""
+        self._read_at = 0
+        """``len(calls)`` when ``state`` was read: the later state-changing calls rebuild a session."""
+        self._held = SessionHolder(runner, timeout_s)
         self.calls: list[CallRecord] = []
         self.view: list[ViewTurn] = [
             ViewTurn(role="user", text=str(m.get("content") or ""), actions=[])
@@ -345,23 +483,69 @@ class InteractiveEnvironment:
         problem = argument_error(spec, arguments)
         if problem is not None:
             return self._record(name, arguments, actor, f"error: {name}: {problem}")
-        result = await _run(
-            self.runner, state_program(self.state, self.spec.code, name, arguments), self.timeout_s
-        )
-        if isinstance(result, str):
-            return self._record(name, arguments, actor, f"error: {result}")
+        session = await self._held.space(MAIN_SPACE, self._load)
+        if isinstance(session, str):
+            return self._record(name, arguments, actor, f"error: {session}")
+        result = await session.call(CALL_HELPER, {"tool": name, "arguments": dict(arguments)})
         if not result.ok:
-            return self._record(name, arguments, actor, f"error: {_failure(result)}")
-        out = result.return_value
-        if not isinstance(out, dict) or not isinstance(out.get("state"), dict):
-            return self._record(name, arguments, actor, "error: the tool left STATE not a JSON object")
-        changed = out["state"] != self.state
-        self.state = out["state"]
+            error = STATE_ERROR if result.error == f"_ArenaStateError: {STATE_ERROR}" else _failure(result)
+            return self._record(name, arguments, actor, f"error: {error}")
+        out = result.return_value if isinstance(result.return_value, dict) else {}
+        changed = out.get("changed") is not False  # not known: count it changed, so it is read back
+        self._stale |= changed
         text = result.stdout + json.dumps(out.get("value"), ensure_ascii=False)
         self.calls.append(
             CallRecord(name=name, arguments=arguments, actor=actor, ok=True, changed_state=changed)
         )
         return Observation(text=_cut(text, self.max_output_chars), ok=True, tool=name)
+
+    async def _load(self, session: EnvSession) -> SandboxResult:
+        """STATE bound from ``state``, then the spec's code and the call helper, then the calls that
+        changed the state since it was read, replayed: a session that died (a timeout, a crash) is
+        rebuilt with nothing of the episode lost (as long as the tools are deterministic).
+
+        The code may change STATE as it loads (as it did before every call): the run's value says
+        whether it did."""
+        source = (
+            load_source(self.spec.code, "_arena_last = json.dumps(STATE, sort_keys=True, allow_nan=False)")
+            + CALL_HELPER_SOURCE
+            + "_arena_bound, _arena_last = _arena_last, _arena_state_json()\n"
+            + "_arena_loaded = _arena_last != _arena_bound\ndel _arena_bound\n_arena_loaded\n"
+        )
+        result = await session.run(source, bind={"STATE": self.state}, space=MAIN_SPACE)
+        if not result.ok:
+            return result
+        self._stale = self._stale or result.return_value is not False
+        for done in self.calls[self._read_at :]:
+            if done.changed_state:
+                replay = await session.call(CALL_HELPER, {"tool": done.name, "arguments": done.arguments})
+                if not replay.ok:
+                    why = f"the environment's state could not be rebuilt: {done.name}: {_failure(replay)}"
+                    return replay.model_copy(update={"error_type": "sandbox_error", "error": why})
+        return result
+
+    async def read_state(self) -> dict[str, Any]:
+        """The current state, read from the session when calls changed it since the last read
+        (``state`` is updated); ``StateLost`` when it cannot be."""
+        if not self._stale:
+            return self.state
+        session = await self._held.space(MAIN_SPACE, self._load)
+        if isinstance(session, str):
+            raise StateLost(session)
+        result = await session.read("STATE", space=MAIN_SPACE)
+        if not result.ok or not isinstance(result.return_value, dict):
+            why = _failure(result) if not result.ok else "STATE is not a JSON object"
+            raise StateLost(f"the environment's state could not be read: {why}")
+        self.state, self._stale, self._read_at = result.return_value, False, len(self.calls)
+        return self.state
+
+    async def close(self) -> None:
+        """Read the state back (``state`` is the final one) and end the session; idempotent."""
+        try:
+            with contextlib.suppress(StateLost):
+                await self.read_state()
+        finally:
+            await self._held.close()
 
     def _record(
         self, name: str, arguments: dict[str, Any], actor: Literal["agent", "user"], error: str
@@ -419,14 +603,24 @@ class InteractiveEnvironment:
         return turn.message
 
     async def verdict(self) -> Verdict | str:
-        """Run ``verify`` on (initial state, current state, calls); an error text when it cannot."""
+        """Run ``verify`` on (initial state, current state, calls); an error text when it cannot.
+
+        It runs in the instance's own session (no second pool slot), in a space of its own and not
+        committed, so the environment is as it was afterwards."""
+        try:
+            final = await self.read_state()
+        except StateLost as exc:
+            return str(exc)
+        session = await self._held.get()
+        if isinstance(session, str):
+            return session
         calls = [c.model_dump() for c in self.calls]
-        result = await _run(
-            self.runner,
-            verify_program(self.spec.verify, self.initial_state, self.state, calls),
-            self.timeout_s,
+        bind = {"_arena_initial": self.initial_state, "_arena_final": final, "_arena_calls": calls}
+        # verify's code from line 2, as in ``verify_program`` (error texts keep their line numbers).
+        source = (
+            f"import json\n{self.spec.verify.rstrip()}\nverify(_arena_initial, _arena_final, _arena_calls)\n"
         )
-        return result if isinstance(result, str) else read_verdict(result)
+        return read_verdict(await session.run(source, bind=bind, space=VERIFY_SPACE, commit=False))
 
     async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
         """1.0 when the verification function passes on this instance's final state, else 0.0.

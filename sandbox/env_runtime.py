@@ -259,7 +259,9 @@ class PackageSession:
         session, loaded = await self._ready()
         if not loaded.ok:
             return loaded
-        return after_load(loaded, await session.run(invocation, commit=False))
+        result = await session.run(invocation, commit=False)
+        # A request that ended the session brings no output (as a job program that died has none).
+        return after_load(loaded, result) if session.alive else result
 
     async def close(self) -> None:
         session, self._session, self._loaded = self._session, None, None

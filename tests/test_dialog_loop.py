@@ -4,11 +4,13 @@ Real sandbox, real gateway on the rules backend, the built-in customer_service p
 dialogue walks AGENT -> TOOLS -> AGENT -> USER -> ... -> DONE and ends on the user's stop; a user
 simulator that fails (its rule raising, an output that does not validate, an empty reply) ends it
 with ``user_error`` -- not ``stop`` -- which validation rejects; the turn and agent-step limits end
-it with their own reasons.
+it with their own reasons. The dialogue's database lives in one sandbox session, closed when the
+dialogue ends; a failed call leaves it as it was.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -22,14 +24,21 @@ from arena.llm.core import Undecidable
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import PoolParams, UserIntent
 from arena.llm.roles.user_sim import USER_SIMULATOR, UserSimInput, UserTurn
-from arena.records.eigen import Dialog
+from arena.records.eigen import Dialog, DialogCall
+from sandbox import SandboxPool
 from simulator import RULES
 from simulator.backend import RulesBackend
-from streams.eigen.dialog_loop import MAX_AGENT_STEPS, MAX_TURNS, DialogLoop, DialogState
+from streams.eigen.dialog_loop import (
+    MAX_AGENT_STEPS,
+    MAX_TURNS,
+    DialogLoop,
+    DialogState,
+    synthesize_dialog,
+)
 from streams.eigen.dialogs import validate_dialog
 from streams.eigen.packs import DomainPack
 from streams.eigen.workers import random_pool, user_intent, validate_with_repair
-from tests.fixtures.domain import sandboxed_with_gateway
+from tests.fixtures.domain import POOL, CountingRunner, sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,14 +170,15 @@ def test_a_failing_user_simulator_is_a_user_error_not_a_stop(
     assert any(r.startswith("realism") and "user-simulator failure" in r for r in verdict.reasons)
 
 
+def wiring_bug(inputs: BaseModel, rng: random.Random) -> BaseModel:
+    raise RuntimeError("wiring bug")
+
+
 def test_a_non_retryable_user_simulator_error_propagates(
     pack: DomainPack, state: dict[str, Any], intent: UserIntent
 ) -> None:
-    def broken(inputs: BaseModel, rng: random.Random) -> BaseModel:
-        raise RuntimeError("wiring bug")
-
     with pytest.raises(RuntimeError, match="wiring bug"):  # as from the agent role: the stage fails
-        run_loop(pack, intent, state, with_user_rule(broken))
+        run_loop(pack, intent, state, with_user_rule(wiring_bug))
 
 
 @pytest.mark.parametrize("max_turns", [0, 1])
@@ -190,3 +200,148 @@ def test_an_agent_without_a_message_is_stuck(
     assert path == [AGENT, TOOLS, AGENT, DONE]  # one step, a tool call, no step left for a message
     assert dialog.end_signal == "agent_stuck" and dialog.turns == 0 and dialog.error is None
     assert [c.actor for c in dialog.calls] == ["agent"] * len(dialog.calls) and dialog.calls
+
+
+# --------------------------------------------------------------------------- the dialogue's session
+
+RISKY_TOOLS = '''
+
+def void_order(order_id):
+    """Writes, then refuses: the write must not stay."""
+    STATE["orders"][order_id]["status"] = "void"
+    raise RuntimeError("refused after a write")
+
+
+def tag_order(order_id):
+    """Leaves STATE not JSON (a set in it): refused too."""
+    STATE["orders"][order_id]["tags"] = {"x"}
+    return "tagged"
+
+
+def spin(order_id):
+    """Runs past the wall-clock limit: the session ends with it."""
+    STATE["orders"][order_id]["status"] = "spun"
+    while True:
+        pass
+'''
+
+
+def risky_pack(pack: DomainPack) -> DomainPack:
+    """``pack`` with agent tools that fail after changing the state."""
+    specs = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": f"Test tool {name}.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"order_id": {"type": "string"}},
+                    "required": ["order_id"],
+                },
+            },
+        }
+        for name in ("void_order", "tag_order", "spin")
+    ]
+    return pack.model_copy(
+        update={"tools_source": pack.tools_source + RISKY_TOOLS, "agent_tools": [*pack.agent_tools, *specs]}
+    )
+
+
+def test_a_dialogue_runs_in_one_session_closed_at_its_end(
+    pack: DomainPack, state: dict[str, Any], intent: UserIntent
+) -> None:
+    """Every call of a dialogue goes to one session (tools and state loaded once, the final state
+    read once); it is closed at the end, also when the dialogue raised: a pool of one session runs
+    dialogues one after another."""
+
+    async def main() -> tuple[list[Dialog], CountingRunner]:
+        async with SandboxPool(POOL.model_copy(update={"pool_size": 1})) as pool:
+            runner = CountingRunner(pool)
+            first = await asyncio.wait_for(
+                synthesize_dialog(pack, intent, state, Gateway(RulesBackend(seed=0)), runner), 30
+            )
+            counts = (runner.sessions, runner.closed, runner.loads, runner.reads, list(runner.calls))
+            assert counts == (1, 1, 1, 1, [c.name for c in first.calls]), counts
+            assert not runner.programs
+            broken = with_user_rule(wiring_bug)
+            with pytest.raises(RuntimeError, match="wiring bug"):
+                await asyncio.wait_for(synthesize_dialog(pack, intent, state, broken, runner), 30)
+            second = await asyncio.wait_for(
+                synthesize_dialog(pack, intent, state, Gateway(RulesBackend(seed=0)), runner), 30
+            )
+            return [first, second], runner
+
+    (first, second), runner = asyncio.run(main())
+    assert runner.sessions == runner.closed == 3  # the raising dialogue had made its first calls
+    assert first.end_signal == second.end_signal == "stop"
+    assert [c.name for c in first.calls] == [c.name for c in second.calls]
+    assert first.initial_state == state and first.final_state != state
+
+
+def test_a_failed_call_leaves_the_database_as_it_was(
+    pack: DomainPack, state: dict[str, Any], intent: UserIntent
+) -> None:
+    order_id = sorted(state["orders"])[0]
+    user_id = state["orders"][order_id]["user_id"]
+
+    async def scenario(
+        pool: SandboxPool, gateway: Gateway
+    ) -> tuple[list[DialogCall], dict[str, Any], CountingRunner]:
+        runner = CountingRunner(pool)
+        session = DialogLoop(risky_pack(pack), intent, state, gateway, runner).session
+        try:
+            calls = [await session.execute("send_verification_code", {"user_id": user_id}, "agent", 1)]
+            for name in ("void_order", "tag_order"):
+                calls.append(await session.execute(name, {"order_id": order_id}, "agent", 2))
+            refund = {"order_id": order_id, "amount": 1e6, "reason": "too much"}
+            calls.append(await session.execute("issue_refund", refund, "agent", 3))
+            final = await session.final_state()
+        finally:
+            await session.close()
+        return calls, final, runner
+
+    (sent, *failed), final, runner = sandboxed_with_gateway(scenario)
+    assert sent.ok and sent.changed_state
+    assert [(c.ok, c.changed_state) for c in failed] == [(False, False)] * 3
+    assert "refused after a write" in failed[0].output
+    assert "not JSON serializable" in failed[1].output and "left to refund" in failed[2].output
+    assert final["session"]["code_sent_to"] == user_id
+    assert {k: v for k, v in final.items() if k != "session"} == {
+        k: v for k, v in state.items() if k != "session"
+    }
+    assert runner.sessions == runner.closed == 1 and runner.loads == 1
+    assert runner.calls == ["send_verification_code", "void_order", "tag_order", "issue_refund"]
+
+
+def test_a_call_that_ends_the_session_fails_alone(
+    pack: DomainPack, state: dict[str, Any], intent: UserIntent
+) -> None:
+    """A timeout ends the session; the next call gets a new one with the database as the calls
+    that ran left it (replayed), so the timed-out call changed nothing, as before sessions."""
+    order_id = sorted(state["orders"])[0]
+    user_id = state["orders"][order_id]["user_id"]
+
+    async def scenario(
+        pool: SandboxPool, gateway: Gateway
+    ) -> tuple[list[DialogCall], dict[str, Any], CountingRunner]:
+        runner = CountingRunner(pool)
+        session = DialogLoop(risky_pack(pack), intent, state, gateway, runner, timeout_s=2.0).session
+        try:
+            calls = [
+                await session.execute("send_verification_code", {"user_id": user_id}, "agent", 1),
+                await session.execute("spin", {"order_id": order_id}, "agent", 2),
+                await session.execute("get_order_details", {"order_id": order_id}, "agent", 3),
+            ]
+            final = await session.final_state()
+        finally:
+            await session.close()
+        return calls, final, runner
+
+    (sent, spun, read), final, runner = sandboxed_with_gateway(scenario)
+    assert sent.ok and not spun.ok and "timeout" in spun.output and not spun.changed_state
+    assert read.ok and read.output["status"] == state["orders"][order_id]["status"]
+    assert final["session"]["code_sent_to"] == user_id
+    assert final["orders"] == state["orders"]
+    assert runner.sessions == runner.closed == 2 and runner.loads == 2
+    assert runner.calls == ["send_verification_code", "spin", "send_verification_code", "get_order_details"]

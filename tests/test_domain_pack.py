@@ -1,7 +1,7 @@
 """Domain packs (issue 6): the format, the loader's errors, the built-in customer-service pack.
 
-The pack's tools run in the real sandbox through ``environments.environment.state_program`` (the
-interactive environments' execution contract); its policy rules fire on violating calls.
+The pack's tools run in a real sandbox session as EigenData runs them (``load_tools`` and
+``call_tool`` of ``streams.eigen.dialog_loop``); its policy rules fire on violating calls.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Literal
 import pytest
 
 from arena.config import SandboxSettings
-from environments.environment import state_program
 from sandbox import SandboxPool
+from streams.eigen.dialog_loop import call_tool, load_tools
 from streams.eigen.packs import (
     DomainPack,
     DomainPackError,
@@ -262,15 +262,19 @@ def test_generator_is_seeded(pack: DomainPack) -> None:
 async def _run_calls(
     pool: SandboxPool, code: str, state: dict[str, Any], calls: list[dict[str, Any]]
 ) -> tuple[list[bool], list[Any], dict[str, Any]]:
+    """Run ``calls`` in one session from ``state``: whether each ran, its value or error, the final state."""
     oks: list[bool] = []
     values: list[Any] = []
-    for call in calls:
-        result = await pool.run(state_program(state, code, call["name"], call["arguments"]))
-        oks.append(result.ok)
-        values.append(result.return_value["value"] if result.ok else result.error)
-        if result.ok:
-            state = result.return_value["state"]
-    return oks, values, state
+    async with await pool.open_session() as session:
+        loaded = await load_tools(session, code, state)
+        assert loaded.ok, loaded.error
+        for call in calls:
+            run = await call_tool(session, call["name"], call["arguments"])
+            oks.append(run.ok)
+            values.append(run.value if run.ok else run.result.error)
+        final = await session.read("STATE")
+    assert final.ok and isinstance(final.return_value, dict)
+    return oks, values, final.return_value
 
 
 def _without_skipped(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """EigenData execution-layer workers (issue 6, §4.2): RandomPool, UserIntent, TaskValidation, Modify.
 
-Real sandbox (every probe call runs through ``state_program`` in a ``SandboxPool``), real gateway
+Real sandbox (every probe call runs in a session of a ``SandboxPool``), real gateway
 on the rules backend, the built-in customer_service pack. Seeded infeasible tasks are caught by
 the probe with reasons naming the problem; a repairable one is FEASIBLE after Modify; an
 unrepairable one is rejected after exactly ``MAX_ROUNDS`` repair rounds.
@@ -25,7 +25,6 @@ from arena.llm.roles.eigen import (
     UserIntent,
 )
 from sandbox import SandboxPool
-from sandbox.pool import SandboxResult
 from simulator import RULES
 from simulator.backend import RulesBackend
 from streams.eigen.packs import DomainPack
@@ -37,7 +36,7 @@ from streams.eigen.workers import (
     validate_task,
     validate_with_repair,
 )
-from tests.fixtures.domain import sandboxed_with_gateway
+from tests.fixtures.domain import CountingRunner, sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,20 +47,6 @@ FEASIBLE_ONLY = PoolParams(error_prone_parameters=0.0, policy_pressure=0.0)
 @pytest.fixture(scope="module")
 def state(pack: DomainPack) -> dict[str, Any]:
     return pack.generate(SEED)
-
-
-class CountingRunner:
-    """A SandboxPool wrapper that counts the programs it runs (the probe must really use it)."""
-
-    def __init__(self, pool: SandboxPool) -> None:
-        self.pool = pool
-        self.programs: list[str] = []
-
-    async def run(
-        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
-    ) -> SandboxResult:
-        self.programs.append(code)
-        return await self.pool.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
 
 
 def _user_with(
@@ -177,7 +162,12 @@ def test_seeded_error_prone_parameter_is_caught_by_the_probe(pack: DomainPack, s
         )
         runner = CountingRunner(pool)
         report = await probe_task(pack, state, intent, runner)
-        assert len(runner.programs) >= len(report.executed) > 3  # every probe call ran in the sandbox
+        # Every probe call ran in the sandbox, in one session closed at the end; a state was sent
+        # in only to start and when the probe stepped back to a state the session did not hold.
+        assert len(runner.calls) >= len(report.executed) > 3
+        assert {c.name for c in report.executed} <= set(runner.calls)
+        assert runner.sessions == runner.closed == 1 and not runner.programs
+        assert 1 <= runner.loads < len(runner.calls)
         lookup = next(
             c for c in report.executed if c.name == "get_order_details" and c.arguments["order_id"] == bad
         )

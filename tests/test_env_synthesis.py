@@ -32,9 +32,17 @@ from arena.llm.roles.envs import (
     ToolSpec,
     ToolSpecInput,
 )
-from arena.records.envs import EnvPackage, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
+from arena.records.envs import EnvJob, EnvPackage, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
 from sandbox import SandboxPool
-from sandbox.env_runtime import call_program, contains_answer, job_program, verify_package
+from sandbox.env_runtime import (
+    EnvSession,
+    JobOutcome,
+    call_program,
+    contains_answer,
+    job_program,
+    run_job,
+    verify_package,
+)
 from sandbox.pool import SandboxResult
 from simulator import RULES
 from simulator.backend import RulesBackend
@@ -442,3 +450,211 @@ def test_a_trace_without_tool_steps_gives_no_package() -> None:
     )
     res = run(synthesize(leaf_only))
     assert res.package is None and "no tool-needing" in res.reason
+
+
+# --- verification through sessions -----------------------------------------------------------
+
+
+class CountingSession:
+    """A real session that records its requests (kind, commit) and whether it was closed."""
+
+    def __init__(self, session: EnvSession) -> None:
+        self.session = session
+        self.requests: list[tuple[str, bool]] = []
+        self.closed = False
+
+    @property
+    def alive(self) -> bool:
+        return self.session.alive
+
+    async def run(self, source: str, **kwargs: Any) -> SandboxResult:
+        self.requests.append(("load" if "bind" in kwargs else "run", kwargs.get("commit", True)))
+        return await self.session.run(source, **kwargs)
+
+    async def call(self, tool: str, arguments: dict[str, Any], **kwargs: Any) -> SandboxResult:
+        self.requests.append(("call", kwargs.get("commit", True)))
+        return await self.session.call(tool, arguments, **kwargs)
+
+    async def read(self, name: str, *, space: str = "main") -> SandboxResult:
+        return await self.session.read(name, space=space)
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.session.close()
+
+
+class CountingPool:
+    """A real ``SandboxPool`` that counts one-off runs and keeps every session it opened."""
+
+    def __init__(self, pool: SandboxPool) -> None:
+        self.pool = pool
+        self.runs = 0
+        self.sessions: list[CountingSession] = []
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> SandboxResult:
+        self.runs += 1
+        return await self.pool.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    async def open_session(
+        self, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> CountingSession:
+        session = CountingSession(await self.pool.open_session(timeout_s=timeout_s, memory_mb=memory_mb))
+        self.sessions.append(session)
+        return session
+
+
+STOCK_CODE = """\
+LOG = []
+print("stock loaded")
+
+
+def take(item_id):
+    rows = DATA["stock"]
+    for n, row in enumerate(rows):
+        if row["id"] == item_id:
+            LOG.append(item_id)
+            return rows.pop(n)
+    return {"error": "no such item"}
+
+
+def left():
+    return {"rows": len(DATA["stock"]), "taken": len(LOG), "columns": list(DATA["stock"][0])}
+
+
+def fail():
+    return 1 / 0
+
+
+def spin():
+    while True:
+        pass
+"""
+
+
+def stock_package(code: str, invocations: list[tuple[str, str]]) -> EnvPackage:
+    """A hand-made package over a three-row table (keys out of order, as JSON may bring them)."""
+    rows: list[dict[str, str | int | float]] = [
+        {"name": "apple", "id": "a", "qty": 3},
+        {"name": "pear", "id": "p", "qty": 0},
+        {"name": "plum", "id": "u", "qty": 7.5},
+    ]
+    return EnvPackage(
+        env_id="env-stock",
+        qa_id="qa-stock",
+        seed_id="seed-stock",
+        domain="e_commerce",
+        structure="single_hop",
+        question="What is in stock?",
+        answer="apple",
+        sub_qas=[],
+        tools=[{"type": "function", "function": {"name": n, "parameters": {}}} for n in ("take", "left")],
+        code=code,
+        data={"stock": rows},
+        jobs=[
+            EnvJob(index=n, question=f"q{n}", answer=answer, tool="take", invocation=invocation)
+            for n, (invocation, answer) in enumerate(invocations, start=1)
+        ],
+    )
+
+
+STOCK_JOBS = [
+    ("take('a')", "apple"),
+    ("take('a')", "apple"),  # passes only if the first take left DATA as it was
+    ("left()", '"rows": 3, "taken": 0'),
+    ("fail()", "anything"),
+    ("take('x')", "no such item"),
+    ("LOG.append(1) or left()", '"taken": 1'),
+    ("left()", '"columns": ["id", "name", "qty"]'),  # DATA's keys sorted, as in the job program
+    ("x = take('a')", "apple"),  # not an expression: fails without running
+    ("left()", "stock loaded"),  # what the code printed while loading is part of the output
+]
+
+
+def comparable(outcomes: list[JobOutcome]) -> list[dict[str, Any]]:
+    return [o.model_dump(exclude={"wall_s"}) for o in outcomes]
+
+
+def test_verify_package_loads_once_per_package_in_one_session() -> None:
+    async def go(pool: SandboxPool) -> None:
+        counting = CountingPool(pool)
+        package = stock_package(STOCK_CODE, STOCK_JOBS)
+        outcomes = await verify_package(package, counting)
+        assert counting.runs == 0 and len(counting.sessions) == 1
+        (session,) = counting.sessions
+        # The load is committed; every job with a valid invocation runs after it, uncommitted.
+        assert session.requests == [("load", True)] + [("run", False)] * (len(STOCK_JOBS) - 1)
+        assert session.closed and not session.session.alive
+        assert [o.passed for o in outcomes] == [True, True, True, False, True, True, True, False, True]
+        assert "ZeroDivisionError" in (outcomes[3].error or "")
+        assert "not one Python expression" in (outcomes[7].error or "")
+
+        second = await verify_package(package.model_copy(update={"env_id": "env-stock-2"}), counting)
+        assert len(counting.sessions) == 2 and comparable(second) == comparable(outcomes)
+
+    run(go)
+
+
+def test_session_outcomes_equal_those_of_one_program_per_job() -> None:
+    async def go(pool: SandboxPool) -> None:
+        packages = [
+            stock_package(STOCK_CODE, STOCK_JOBS),
+            stock_package("import nope\n" + STOCK_CODE, STOCK_JOBS),  # the code does not load
+            stock_package("print('half')\ndef take(:\n", STOCK_JOBS[:3]),  # SyntaxError, line 4 in both
+        ]
+        for package in packages:
+            old = [await run_job(package, job, pool) for job in package.jobs]
+            assert comparable(await verify_package(package, pool)) == comparable(old)
+        assert "line 4" in (old[0].error or "")
+
+        # A real synthesised package, as built and with a changed answer cell.
+        res = await synthesize(MULTI_HOP)(pool)
+        assert res.package is not None, res.reason
+        data = json.loads(json.dumps(res.package.data))
+        for row in data["get_agency_city"]:
+            row["city"] = "Geneva"
+        for package in (res.package, res.package.model_copy(update={"data": data})):
+            old = [await run_job(package, job, pool) for job in package.jobs]
+            assert comparable(await verify_package(package, pool)) == comparable(old)
+
+    run(go)
+
+
+def test_a_job_that_ends_its_session_does_not_fail_the_next() -> None:
+    async def go() -> None:
+        settings = SandboxSettings.model_validate({"pool_size": 1, "timeout_s": 1.0})
+        async with SandboxPool(settings) as pool:
+            counting = CountingPool(pool)
+            package = stock_package(STOCK_CODE, [("spin()", "x"), ("take('a')", "apple"), ("spin()", "x")])
+            outcomes = await verify_package(package, counting)
+            assert [o.passed for o in outcomes] == [False, True, False]
+            assert (outcomes[0].error or "").startswith("timeout: wall-clock timeout")
+            # The timeout ended the first session; the package was loaded again in a fresh one.
+            assert len(counting.sessions) == 2 and all(s.closed for s in counting.sessions)
+            old = [await run_job(package, job, pool) for job in package.jobs]
+            assert comparable(outcomes) == comparable(old)
+
+            # Code that never finishes loading fails every job with its timeout, in one session.
+            endless = stock_package(STOCK_CODE + "spin()\n", [("left()", "3"), ("take('a')", "apple")])
+            outcomes = await verify_package(endless, counting)
+            assert len(counting.sessions) == 3 and not any(o.passed for o in outcomes)
+            old = [await run_job(endless, job, pool) for job in endless.jobs]
+            assert comparable(outcomes) == comparable(old)
+
+    asyncio.run(go())
+
+
+def test_synthesis_checks_a_candidate_and_its_tampered_data_in_one_session() -> None:
+    async def go(pool: SandboxPool) -> SynthesisResult:
+        counting = CountingPool(pool)
+        res = await synthesize_package(
+            PARALLEL, Gateway(RulesBackend(seed=0), max_attempts=2), counting, SETTINGS
+        )
+        assert counting.runs == 0 and all(s.closed for s in counting.sessions)
+        *checks, verified = [s.requests for s in counting.sessions]
+        assert checks and all(r == [("run", False), ("run", False)] for r in checks)  # job, then tampered
+        assert verified == [("load", True)] + [("run", False)] * 3  # the assembled package, loaded once
+        return res
+
+    assert run(go).package is not None

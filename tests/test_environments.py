@@ -28,7 +28,8 @@ from environments.environment import InteractiveEnvironment, InteractiveSpec, Qa
 from environments.render import ToolCall
 from environments.user_view import ParsedUserTurn, UserContext
 from sandbox import SandboxPool
-from sandbox.env_runtime import verify_package
+from sandbox.env_runtime import EnvSession, Runner, verify_package
+from sandbox.pool import SandboxResult
 from simulator.backend import RulesBackend
 from simulator.user_sim import CONFIRMATION, NO_INFO, NUDGE, THANKS, user_turn
 from streams.envs.samples_verified import sample_of
@@ -46,6 +47,31 @@ def sandboxed(scenario: Callable[[SandboxPool], Awaitable[T]]) -> T:
             return await scenario(pool)
 
     return asyncio.run(main())
+
+
+class CountingPool:
+    """A real pool (the ``Runner``) that keeps the sessions opened through it."""
+
+    def __init__(self, pool: SandboxPool) -> None:
+        self.pool = pool
+        self.sessions: list[EnvSession] = []
+
+    async def run(
+        self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> SandboxResult:
+        return await self.pool.run(code, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    async def open_session(
+        self, *, timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> EnvSession:
+        session = await self.pool.open_session(timeout_s=timeout_s, memory_mb=memory_mb)
+        self.sessions.append(session)
+        return session
+
+    @property
+    def open(self) -> int:
+        """Sessions opened here and not closed (nor dead)."""
+        return sum(s.alive for s in self.sessions)
 
 
 # --------------------------------------------------------------------------- a QA package
@@ -216,10 +242,12 @@ def test_qa_calls_run_in_the_sandbox_and_failures_are_observations() -> None:
         assert not slow.ok and "timeout" in slow.text
         hostile = await env.call("get_book_author", {"book_id": "x') or __import__('os').getpid() #"})
         assert hostile.ok and "no such book" in hostile.text  # arguments are data, never code
+        await env.close()
 
         # A tool offered by no package of this instance is unknown, even if another package has it.
         plain = QaEnvironment(sample, package, pool)
         assert not (await plain.call("get_city_temperature", {"city": "Oslo"})).ok
+        await plain.close()
 
     sandboxed(scenario)
 
@@ -227,8 +255,10 @@ def test_qa_calls_run_in_the_sandbox_and_failures_are_observations() -> None:
         pool = SandboxPool(POOL)
         await pool.start()
         await pool.close()
-        down = await QaEnvironment(sample, package, pool).call("get_book_author", {"book_id": "B-7"})
+        env = QaEnvironment(sample, package, pool)
+        down = await env.call("get_book_author", {"book_id": "B-7"})
         assert not down.ok and down.text.startswith("error: sandbox_error")
+        await env.close()
 
     asyncio.run(closed_pool())
 
@@ -240,7 +270,9 @@ def test_f1_reward_of_a_hand_trajectory() -> None:
     async def scenario(pool: SandboxPool) -> list[tuple[float, dict[str, float]]]:
         outputs = []
         for name, args in REFERENCE_CALLS:
-            obs = await QaEnvironment(sample, package, pool).call(name, args)
+            env = QaEnvironment(sample, package, pool)
+            obs = await env.call(name, args)
+            await env.close()
             assert obs.ok, obs
             outputs.append(obs.text)
         # Three emitted calls (one of them invalid, so no output) solving both sub-tasks:
@@ -296,6 +328,7 @@ def test_reward_against_a_broken_environment_is_zero(broken: str) -> None:
             assert all(o.ok for o in observations)
             outputs = [o.text for o in observations]
             rewards.append((await env.reward(trajectory(sample, outputs, len(outputs))))[0])
+            await env.close()
         return rewards[0], rewards[1]
 
     good_reward, bad_reward = sandboxed(scenario)
@@ -391,7 +424,7 @@ ORDER_SAMPLE = VerifiedSample(
 )
 
 
-def orders_env(pool: SandboxPool) -> InteractiveEnvironment:
+def orders_env(pool: Runner) -> InteractiveEnvironment:
     return InteractiveEnvironment(ORDER_SAMPLE, pool, Gateway(RulesBackend(seed=0)))
 
 
@@ -402,7 +435,7 @@ def test_interactive_reference_calls_pass_and_a_wrong_key_argument_fails() -> No
         assert looked.ok and json.loads(looked.text)["status"] == "pending"
         refused = await env.call("cancel_order", {"order_id": "O-1002", "reason": "no longer needed"})
         assert not refused.ok and "only pending orders" in refused.text
-        assert env.state == ORDERS_STATE  # a refused call leaves the state as it was
+        assert await env.read_state() == ORDERS_STATE  # a refused call leaves the state as it was
         assert not (await env.call("refund_all", {})).ok
         assert not (await env.call("cancel_order", {"order_id": "O-1001"})).ok  # reason missing
         done = await env.call("cancel_order", {"order_id": "O-1001", "reason": "no longer needed"})
@@ -411,12 +444,13 @@ def test_interactive_reference_calls_pass_and_a_wrong_key_argument_fails() -> No
             "status": "cancelled",
             "refund": 40.0,
         }
-        assert env.state["orders"]["O-1001"]["status"] == "cancelled"
+        assert (await env.read_state())["orders"]["O-1001"]["status"] == "cancelled"
         assert ORDERS_STATE["orders"]["O-1001"]["status"] == "pending"  # the spec's state is never mutated
         assert env.completed_actions == ["cancel_order"]
         reward, parts = await env.reward(trajectory(ORDER_SAMPLE, [], 0))
         assert reward == 1.0
         assert parts == {"pass": 1.0, "verify_reward": 1.0, "state": 1.0, "key_call": 1.0, "policy": 1.0}
+        await env.close()
 
         wrong = orders_env(pool)  # a fresh instance: nothing of the first one is shared
         assert wrong.state == ORDERS_STATE
@@ -424,17 +458,143 @@ def test_interactive_reference_calls_pass_and_a_wrong_key_argument_fails() -> No
         assert other.ok  # the wrong order is pending too, so the call itself succeeds
         reward, parts = await wrong.reward(trajectory(ORDER_SAMPLE, [], 0))
         assert reward == 0.0 and parts["key_call"] == 0.0 and parts["policy"] == 0.0
+        await wrong.close()
 
         nothing = orders_env(pool)
         assert (await nothing.reward(trajectory(ORDER_SAMPLE, [], 0)))[0] == 0.0
+        await nothing.close()
 
         # A verification function that crashes scores 0 instead of raising.
         spec = ORDERS_SPEC.model_copy(update={"verify": "def verify(a, b, c):\n    return 1 / 0\n"})
         crashing = ORDER_SAMPLE.model_copy(update={"reward_spec": spec.model_dump()})
         broken = InteractiveEnvironment(crashing, pool, Gateway(RulesBackend(seed=0)))
         assert await broken.reward(trajectory(crashing, [], 0)) == (0.0, {"pass": 0.0, "verify_error": 1.0})
+        await broken.close()
 
     sandboxed(scenario)
+
+
+FLAKY_CODE = (
+    ORDERS_CODE
+    + """
+
+def add_note_then_fail(order_id, note):
+    STATE["orders"][order_id]["note"] = note  # changed, then refused: nothing of it may stay
+    STATE["refunds"].append({"order_id": order_id, "amount": 0.0})
+    raise RuntimeError("notes are closed today")
+
+
+def wipe_state():
+    global STATE
+    STATE = ["not", "an", "object"]
+
+
+def spin(order_id):
+    while True:
+        pass
+"""
+)
+FLAKY_SAMPLE = ORDER_SAMPLE.model_copy(
+    update={
+        "tools": [
+            *ORDER_SAMPLE.tools,
+            _tool("add_note_then_fail", "Note.", {"order_id": {}, "note": {}}, ["order_id", "note"]),
+            _tool("wipe_state", "Wipe.", {}, []),
+            _tool("spin", "Spin.", {"order_id": {}}, ["order_id"]),
+        ],
+        "reward_spec": ORDERS_SPEC.model_copy(update={"code": FLAKY_CODE}).model_dump(),
+    }
+)
+CANCEL = ("cancel_order", {"order_id": "O-1001", "reason": "no longer needed"})
+
+
+def test_failed_interactive_calls_leave_the_state_and_later_calls_work() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        counting = CountingPool(pool)
+        env = InteractiveEnvironment(FLAKY_SAMPLE, counting, Gateway(RulesBackend(seed=0)), timeout_s=1.0)
+        failed = await env.call("add_note_then_fail", {"order_id": "O-1001", "note": "urgent"})
+        assert not failed.ok and failed.text == "error: exception: RuntimeError: notes are closed today"
+        wiped = await env.call("wipe_state", {})
+        assert not wiped.ok and wiped.text == "error: the tool left STATE not a JSON object"
+        looked = await env.call("get_order", {"order_id": "O-1001"})
+        assert looked.ok and json.loads(looked.text) == {
+            "order_id": "O-1001",
+            **ORDERS_STATE["orders"]["O-1001"],
+        }
+        assert await env.read_state() == ORDERS_STATE
+        # A timeout ends the session; nothing had changed, so a fresh one goes on from the same state.
+        slow = await env.call("spin", {"order_id": "O-1001"})
+        assert not slow.ok and "timeout" in slow.text
+        assert (await env.call(*CANCEL)).ok
+        assert [(c.name, c.ok, c.changed_state) for c in env.calls] == [
+            ("add_note_then_fail", False, False),
+            ("wipe_state", False, False),
+            ("get_order", True, False),
+            ("spin", False, False),
+            ("cancel_order", True, True),
+        ]
+        assert (await env.reward(trajectory(FLAKY_SAMPLE, [], 0)))[0] == 1.0
+        assert len(counting.sessions) == 2  # the one the timeout ended, and its replacement
+        await env.close()
+        assert counting.open == 0 and env.state["orders"]["O-1001"]["status"] == "cancelled"
+
+        # A session that ends after calls changed the state (not read back yet) is rebuilt: the state
+        # as last read, and the state-changing calls since replayed.
+        rebuilt = InteractiveEnvironment(FLAKY_SAMPLE, counting, Gateway(RulesBackend(seed=0)), timeout_s=1.0)
+        assert (await rebuilt.call(*CANCEL)).ok
+        assert not (await rebuilt.call("spin", {"order_id": "O-1002"})).ok
+        after = await rebuilt.call("get_order", {"order_id": "O-1001"})
+        assert after.ok and json.loads(after.text)["status"] == "cancelled"
+        again = await rebuilt.call(*CANCEL)  # the replayed cancellation counts: it is not pending now
+        assert not again.ok and "only pending orders" in again.text
+        assert (await rebuilt.reward(trajectory(FLAKY_SAMPLE, [], 0)))[0] == 1.0
+        await rebuilt.close()
+        assert len(counting.sessions) == 4 and counting.open == 0
+        assert rebuilt.state == (await env.read_state())  # the same final state as the first instance
+
+    sandboxed(scenario)
+
+
+def test_state_changed_by_loading_the_code_is_read_back() -> None:
+    """Code that changes STATE as it loads (it used to run before every call) is no call's change."""
+    spec = ORDERS_SPEC.model_copy(update={"code": ORDERS_CODE + "\nSTATE.setdefault('audit', [])\n"})
+    sample = ORDER_SAMPLE.model_copy(update={"reward_spec": spec.model_dump()})
+
+    async def scenario(pool: SandboxPool) -> InteractiveEnvironment:
+        env = InteractiveEnvironment(sample, pool, Gateway(RulesBackend(seed=0)))
+        assert (await env.call("get_order", {"order_id": "O-1001"})).ok
+        await env.close()
+        return env
+
+    env = sandboxed(scenario)
+    assert env.state == {**ORDERS_STATE, "audit": []} and not env.calls[0].changed_state
+
+
+def test_close_frees_the_pool_slot() -> None:
+    """One slot: environments one after another each get it back; an idle instance holds none."""
+    package = library_package()
+    sample = sample_of(package)
+
+    async def main() -> list[EnvSession]:
+        async with SandboxPool(POOL.model_copy(update={"pool_size": 1})) as pool:
+            counting = CountingPool(pool)
+            idle = QaEnvironment(sample, package, counting)
+            for _ in range(2):
+                qa = QaEnvironment(sample, package, counting, {"get_city_temperature": WEATHER})
+                assert (await qa.call("get_book_author", {"book_id": "B-7"})).ok
+                assert (await qa.call("get_city_temperature", {"city": "Oslo"})).ok
+                await qa.close()
+                await qa.close()  # idempotent
+                orders = orders_env(counting)
+                assert (await orders.call(*CANCEL)).ok
+                # Verification runs in the instance's own session: it needs no second slot.
+                assert (await orders.reward(trajectory(ORDER_SAMPLE, [], 0)))[0] == 1.0
+                await orders.close()
+            await idle.close()
+            assert counting.open == 0
+            return counting.sessions
+
+    assert len(asyncio.run(asyncio.wait_for(main(), 60))) == 4  # one per instance that called
 
 
 def test_rules_user_simulator_reveals_requirements_then_stops() -> None:
@@ -456,6 +616,7 @@ def test_rules_user_simulator_reveals_requirements_then_stops() -> None:
             "user",
             "assistant",
         ]
+        await env.close()
 
         transfer = orders_env(pool)
         assert await transfer.user_turn("I will transfer you to a human agent now.") is None
@@ -530,7 +691,8 @@ def test_user_tool_calls_run_against_the_same_state() -> None:
         env = InteractiveEnvironment(sample, pool, gateway)
         assert not (await env.call("confirm_in_app", {"order_id": "O-1001"})).ok  # not the agent's tool
         assert await env.user_turn("Please confirm the cancellation in your app.") == "Confirmed in the app."
-        assert env.state["confirmed"] == ["O-1001"]
+        await env.close()
+        assert env.state["confirmed"] == ["O-1001"]  # read back on close
         assert [(c.name, c.actor, c.ok, c.changed_state) for c in env.calls] == [
             ("confirm_in_app", "user", True, True)
         ]
@@ -569,7 +731,8 @@ def test_a_pluggable_user_runs_its_tools_even_on_the_stopping_turn() -> None:
         assert isinstance(env, InteractiveEnvironment) and env.user is user
         assert await env.user_turn("Why do you want to cancel it?") == "The reason is: no longer needed."
         assert await env.user_turn("Please confirm in your app.") is None
-        assert env.signal == "stop" and env.state["confirmed"] == ["O-1001"]
+        assert env.signal == "stop" and (await env.read_state())["confirmed"] == ["O-1001"]
+        await env.close()
         assert [(c.name, c.actor, c.ok) for c in env.calls] == [("confirm_in_app", "user", True)]
         # The second context saw the whole visible dialogue, the user's own first reply included.
         texts = [(t.role, t.text) for t in user.contexts[1].turns]

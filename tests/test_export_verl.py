@@ -402,7 +402,10 @@ def test_arena_tool_runs_in_a_verl_environment(tmp_path: Path) -> None:
             for obs in result["observations"]:
                 pkg = pkgs[obs["env_id"]]
                 env = QaEnvironment(sample_of(pkg), pkg, pool)
-                texts.append((await env.call(obs["tool"], obs["arguments"])).text)
+                try:
+                    texts.append((await env.call(obs["tool"], obs["arguments"])).text)
+                finally:
+                    await env.close()
             return texts
 
     observed = [obs["text"] for obs in result["observations"]]

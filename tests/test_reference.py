@@ -32,7 +32,11 @@ def test_reference_conversation_solves_the_package_with_sandbox_outputs() -> Non
 
     async def scenario(pool: SandboxPool) -> None:
         sample = sample_of(merged)
-        messages, outputs = await reference_conversation(sample, merged, QaEnvironment(sample, merged, pool))
+        env = QaEnvironment(sample, merged, pool)
+        try:
+            messages, outputs = await reference_conversation(sample, merged, env)
+        finally:
+            await env.close()
         calls = [m for m in messages if m.get("tool_calls")]
         assert len(calls) == 2  # the repeated invocation is called once
         assert [m["role"] for m in messages[-5:]] == ["assistant", "tool", "assistant", "tool", "assistant"]
@@ -42,9 +46,9 @@ def test_reference_conversation_solves_the_package_with_sandbox_outputs() -> Non
         assert "<tool_call>" in render_text(messages, sample.tools, "agent")
 
         broken = library_package(code="def get_book_author(book_id):\n    raise KeyError(book_id)\n")
+        broken_env = QaEnvironment(sample_of(broken), broken, pool)
         with pytest.raises(ReferenceCallFailed, match="get_book_author"):
-            await reference_conversation(
-                sample_of(broken), broken, QaEnvironment(sample_of(broken), broken, pool)
-            )
+            await reference_conversation(sample_of(broken), broken, broken_env)
+        await broken_env.close()
 
     sandboxed(scenario)

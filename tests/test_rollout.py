@@ -26,7 +26,7 @@ from environments.render import IM_END, Tokenizer, assistant_text, encode_segmen
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
 from streams.envs.samples_verified import sample_of
-from tests.test_environments import ORDER_SAMPLE, POOL, library_package
+from tests.test_environments import ORDER_SAMPLE, POOL, WEATHER, CountingPool, library_package
 from trainer.policy import Generation, HfBackend, load_policy, stop_ids_of
 from trainer.rollout import Trajectory, derive_seed, rollout, rollout_group
 from trainer.tiny import build_tiny
@@ -181,6 +181,57 @@ def test_tool_calls_then_an_answer_stop_with_no_tool_call_and_f1_one(tok: Tokeni
     assert traj.messages[-1] == {"role": "assistant", "content": "The author of B-7 is from Portugal."}
     assert [seed for _, _, seed, _ in backend.calls] == [derive_seed(7, "turn", t) for t in range(3)]
     assert all(budget == 256 for _, budget, _, _ in backend.calls)
+
+
+class FailingBackend(ScriptedBackend):
+    """Scripted turns until ``fail_at`` generations, then the backend breaks."""
+
+    def __init__(self, tokenizer: Tokenizer, turns: list[str], fail_at: int) -> None:
+        super().__init__(tokenizer, turns)
+        self.fail_at = fail_at
+
+    def generate(
+        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int
+    ) -> list[Generation]:
+        if len(self.calls) >= self.fail_at:
+            raise RuntimeError("backend gone")
+        return super().generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+
+
+def test_qa_rollouts_run_their_calls_in_one_session_each_closed_at_the_end(tok: Tokenizer) -> None:
+    both = turn("", ("get_book_author", {"book_id": "B-7"}), ("get_city_temperature", {"city": "Oslo"}))
+
+    async def scenario(pool: SandboxPool) -> tuple[Trajectory, list[Trajectory], CountingPool]:
+        counting = CountingPool(pool)
+        # Own tools and a mixed-in package's, three calls over two turns: one session.
+        env = QaEnvironment(SAMPLE, PACKAGE, counting, {"get_city_temperature": WEATHER})
+        one = await rollout(ScriptedBackend(tok, [both, LOOKUP_AUTHOR, ANSWER]), tok, env, SAMPLE, seed=7)
+        assert len(counting.sessions) == 1 and counting.open == 0
+        group = await rollout_group(
+            ScriptedBackend(tok, [LOOKUP_BOOK]),
+            tok,
+            lambda: QaEnvironment(SAMPLE, PACKAGE, counting),
+            SAMPLE,
+            g=3,
+            seed=1,
+            max_turns=2,
+        )
+        assert len(counting.sessions) == 4 and counting.open == 0
+        # A rollout that raises after its first call still frees its session.
+        broken = QaEnvironment(SAMPLE, PACKAGE, counting)
+        with pytest.raises(RuntimeError, match="backend gone"):
+            await rollout(FailingBackend(tok, [LOOKUP_BOOK], fail_at=1), tok, broken, SAMPLE)
+        assert len(counting.sessions) == 5 and counting.open == 0
+        return one, group, counting
+
+    one, group, _ = sandboxed(scenario)
+    assert one.tool_calls == 3 and one.failed_calls == 0 and one.reward == pytest.approx(0.8)
+    assert [json.loads(o) for o in one.tool_outputs] == [
+        {"author_id": "AU-3"},
+        {"celsius": -3},
+        {"country": "Portugal"},
+    ]
+    assert [(t.tool_calls, len(t.tool_outputs), t.stop) for t in group] == [(2, 2, "max_turns")] * 3
 
 
 def test_max_turns_stops_after_the_last_turns_calls_ran(tok: Tokenizer) -> None:

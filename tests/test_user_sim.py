@@ -280,10 +280,13 @@ def test_an_untrained_policy_user_never_breaks_the_dialogue(tiny_path: Path, pac
 
     async def scenario(pool: SandboxPool) -> list[str | None]:
         env = InteractiveEnvironment(sample, pool, user)
-        replies = [await env.user_turn(ask) for ask in ASKS]
-        offered = {t["function"]["name"] for t in built["user_tools"]}
-        assert all(c.actor == "user" and c.name in offered for c in env.calls)  # only user tools ever run
-        assert await cramped.reply(env.user_context()) == STOP
+        try:
+            replies = [await env.user_turn(ask) for ask in ASKS]
+            offered = {t["function"]["name"] for t in built["user_tools"]}
+            assert all(c.actor == "user" and c.name in offered for c in env.calls)  # only user tools ever run
+            assert await cramped.reply(env.user_context()) == STOP
+        finally:
+            await env.close()
         return replies
 
     replies = sandboxed(scenario)
@@ -295,7 +298,10 @@ def test_an_untrained_policy_user_never_breaks_the_dialogue(tiny_path: Path, pac
 
 async def _replay(pool: SandboxPool, sample: VerifiedSample, user: PolicyUserSimulator) -> list[str | None]:
     env = InteractiveEnvironment(sample, pool, user)
-    return [await env.user_turn(ask) for ask in ASKS]
+    try:
+        return [await env.user_turn(ask) for ask in ASKS]
+    finally:
+        await env.close()
 
 
 # --------------------------------------------------------------------------- the trainer's choice

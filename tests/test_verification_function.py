@@ -3,9 +3,9 @@
 A verifier from ``streams.eigen.verification`` passes the reference trajectory; still passes when
 the dialogue is paraphrased (it reads calls and states, never text: reworded free-text
 arguments and state fields) and timestamps/uuids differ; fails when a key argument of a
-state-changing call changes; fails when a policy rule is broken. Every verify run goes through
-``environments.environment.verify_program`` and a real ``SandboxPool``; the end-to-end test drives
-``InteractiveEnvironment`` itself.
+state-changing call changes; fails when a policy rule is broken. Trajectories run in a sandbox
+session as a dialogue's do; every verify run goes through ``environments.environment.verify_program``
+and a real ``SandboxPool``; the end-to-end test drives ``InteractiveEnvironment`` itself.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from environments.environment import (
     InteractiveEnvironment,
     InteractiveSpec,
     Verdict,
-    state_program,
     verify_program,
 )
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
+from streams.eigen.dialog_loop import call_tool, load_tools
 from streams.eigen.packs import DomainPack
 from streams.eigen.verification import (
     build_instance,
@@ -49,16 +49,17 @@ def instance(pack: DomainPack) -> dict[str, Any]:
 async def rollout(
     pool: SandboxPool, spec: dict[str, Any], calls: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Run ``calls`` in the sandbox as the environment does: CallRecords and the final state."""
-    state = copy.deepcopy(spec["initial_state"])
+    """Run ``calls`` in one sandbox session as a dialogue does: CallRecords and the final state."""
     records = []
-    for call in calls:
-        result = await pool.run(state_program(state, spec["code"], call["name"], call["arguments"]))
-        ok = result.ok
-        after = result.return_value["state"] if ok else state
-        records.append({**call, "ok": ok, "changed_state": after != state})
-        state = after
-    return records, state
+    async with await pool.open_session() as session:
+        loaded = await load_tools(session, spec["code"], spec["initial_state"])
+        assert loaded.ok, loaded.error
+        for call in calls:
+            run = await call_tool(session, call["name"], call["arguments"])
+            records.append({**call, "ok": run.ok, "changed_state": run.changed})
+        final = await session.read("STATE")
+    assert final.ok and isinstance(final.return_value, dict)
+    return records, final.return_value
 
 
 async def verdict(

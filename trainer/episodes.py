@@ -6,7 +6,9 @@ own package, so every offered tool is executable); for an ``interactive``
 sample it is the instance's state machine with the user simulator in the
 loop: the gateway's ``user_simulator`` role, or the frozen SFT-tuned policy once
 the service has set one (``use_user_simulator``). Each trajectory runs in its
-own environment instance in the sandbox.
+own environment instance, which holds one sandbox session from its first
+tool call until its rollout ends (``rollout`` closes it): ``sandbox.pool_size``
+below the rollouts in flight makes the others wait for a slot.
 Seeds derive from (global seed, step, round, sample, trajectory index), so a
 step redone after a crash rolls out the same trajectories.
 """

@@ -280,10 +280,10 @@ async def run_trials(
 ) -> EvalReport:
     """Run every case ``trials`` (default k) times with ``run_trial`` and report pass^1..pass^k, pass@k.
 
-    At most ``concurrency`` trials are in flight. Trial t of a case gets a fresh environment and the
-    seed ``trial_seed(seed, sample_id, t)``. A trial that raises is logged, recorded in
-    ``CaseResult.errors`` and counts as a failure, so one broken environment (or one turn the
-    policy could not answer) cannot stop the evaluation.
+    At most ``concurrency`` trials are in flight. Trial t of a case gets a fresh environment (closed
+    when the trial is over) and the seed ``trial_seed(seed, sample_id, t)``. A trial that raises is
+    logged, recorded in ``CaseResult.errors`` and counts as a failure, so one broken environment (or
+    one turn the policy could not answer) cannot stop the evaluation.
     """
     from trainer.endpoint_policy import TurnFailed
 
@@ -296,8 +296,9 @@ async def run_trials(
 
     async def trial(case: EvalCase, t: int) -> Trajectory | str:
         async with gate:
+            env: Environment | None = None
             try:
-                env: Environment = case.make_env()
+                env = case.make_env()
                 return await run_trial(case, env, trial_seed(seed, case.sample.sample_id, t))
             except TurnFailed as exc:  # the policy gave no usable reply: data, not a crash
                 log.warning("eval trial %d of %s failed: %s", t, case.sample.sample_id, exc)
@@ -306,6 +307,8 @@ async def run_trials(
                 log.exception("eval trial %d of %s failed", t, case.sample.sample_id)
                 return f"{type(exc).__name__}: {exc}"
             finally:
+                if env is not None:
+                    await env.close()  # frees its sandbox session whatever the trial did
                 if on_trial is not None:
                     on_trial()
 

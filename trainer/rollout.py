@@ -328,39 +328,46 @@ async def rollout(
     temperature: float = 1.0,
     seed: int = 0,
 ) -> Trajectory:
-    """Roll ``sample`` out in ``env`` (a fresh instance) and score it with ``env.reward``."""
-    if max_turns < 1 or max_new_tokens < 1:
-        raise ValueError("max_turns and max_new_tokens must be at least 1")
-    run = await _Rollout(
-        backend,
-        tokenizer,
-        env,
-        sample,
-        max_turns=max_turns,
-        max_seq_len=max_seq_len,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        seed=seed,
-    ).run()
-    assert run.stop is not None
-    trajectory = Trajectory(
-        sample_id=sample.sample_id,
-        seed=seed,
-        messages=run.messages,
-        tools=list(env.tools),
-        prompt_ids=run.prompt_ids,
-        response_ids=run.response_ids,
-        response_mask=run.mask,
-        logprobs=run.logprobs,
-        turns=run.turns,
-        tool_calls=run.tool_calls,
-        invalid_calls=run.invalid_calls,
-        failed_calls=run.failed_calls,
-        user_turns=run.user_turns,
-        tool_outputs=run.tool_outputs,
-        stop=run.stop,
-    )
-    reward, parts = await env.reward(trajectory)
+    """Roll ``sample`` out in ``env`` (a fresh instance) and score it with ``env.reward``.
+
+    The episode is over afterwards: ``env`` is closed (its sandbox session and pool slot freed),
+    whether the rollout finished or raised.
+    """
+    try:
+        if max_turns < 1 or max_new_tokens < 1:
+            raise ValueError("max_turns and max_new_tokens must be at least 1")
+        run = await _Rollout(
+            backend,
+            tokenizer,
+            env,
+            sample,
+            max_turns=max_turns,
+            max_seq_len=max_seq_len,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+        ).run()
+        assert run.stop is not None
+        trajectory = Trajectory(
+            sample_id=sample.sample_id,
+            seed=seed,
+            messages=run.messages,
+            tools=list(env.tools),
+            prompt_ids=run.prompt_ids,
+            response_ids=run.response_ids,
+            response_mask=run.mask,
+            logprobs=run.logprobs,
+            turns=run.turns,
+            tool_calls=run.tool_calls,
+            invalid_calls=run.invalid_calls,
+            failed_calls=run.failed_calls,
+            user_turns=run.user_turns,
+            tool_outputs=run.tool_outputs,
+            stop=run.stop,
+        )
+        reward, parts = await env.reward(trajectory)
+    finally:
+        await env.close()
     return trajectory.model_copy(update={"reward": reward, "reward_parts": parts})
 
 
@@ -380,7 +387,9 @@ async def rollout_group(
     """G rollouts of one sample, each in its own environment from ``make_env``, run concurrently.
 
     Trajectory i uses seed ``derive_seed(seed, "group", i)``; generation is serialised per backend,
-    so the result does not depend on how the rollouts interleave.
+    so the result does not depend on how the rollouts interleave. Each rollout closes its
+    environment (one that never called holds no sandbox session, so none is left open if
+    ``make_env`` raises part-way).
     """
     return list(
         await asyncio.gather(

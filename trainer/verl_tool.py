@@ -18,7 +18,11 @@ Where it runs (``config`` of the tool entry in ``tool_config.yaml``):
   limits; needs root). Needs the Arena repository on ``PYTHONPATH`` and ``pydantic-settings`` in
   the verl environment. ``warm_pool: true`` keeps a warm ``SandboxPool`` per event loop instead of
   a one-slot pool per call; other keys (``timeout_s``, ``memory_mb``, ``pool_size``, ``uid_base``,
-  ...) override ``arena.config.SandboxSettings``.
+  ...) override ``arena.config.SandboxSettings``. Each call is a throw-away session
+  (``SandboxPool.run``), not one session per trajectory as in Arena's own rollouts: verl's
+  ``ToolAgentLoop._call_tool`` creates and releases an instance around every single call, and
+  nothing tells a tool that a trajectory has ended (a session kept past its call would never be
+  closed).
 - ``sandbox: subprocess``: a plain ``python -I`` child per call with CPU/memory rlimits and a
   timeout, **no isolation**; for clusters where the sandbox cannot run (no root) and the packages
   are trusted. Needs nothing from Arena.

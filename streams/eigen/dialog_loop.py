@@ -9,9 +9,11 @@
 
 ``synthesize_dialog(pack, intent, state, gateway, runner)`` alternates the TrajectoryAgent
 (``eigen_trajectory_agent``) and the UserSimulator (``arena.llm.roles.user_sim``, fed the intent's
-requirements and goal actions). Every agent and user tool call runs in the sandbox through
-``environments.environment.state_program`` against the dialogue's state (a failing call leaves it
-as it was). The agent acts until it sends a message; the user answers, first running its
+requirements and goal actions). The dialogue's database lives in one sandbox session for the
+whole dialogue (``STATE`` bound from the initial state, the pack's tools loaded; see ``load_tools``
+and ``call_tool``), and every agent and user tool call is a call in it (a failing call leaves the
+database as it was); the final state is read from it at the end, and the session is closed however
+the dialogue ended. The agent acts until it sends a message; the user answers, first running its
 user-tool calls. Dual-control fill-in: when the agent asked for in-app actions
 (``user_action_requests``) and the simulator made no tool call (the rules simulator never does),
 the user performs the requested action if it can -- with the arguments the intent plans for it
@@ -55,8 +57,9 @@ from arena.llm.roles.eigen_dialogs import (
 )
 from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInput, UserTurn
 from arena.records.eigen import Dialog, DialogCall, EndSignal
-from environments.environment import MAX_OUTPUT_CHARS, argument_error, state_program
-from sandbox.env_runtime import Runner
+from environments.environment import MAX_OUTPUT_CHARS, argument_error
+from sandbox.env_runtime import EnvSession, Runner
+from sandbox.pool import SandboxResult
 from streams.eigen.packs import DomainPack
 
 log = logging.getLogger(__name__)
@@ -118,53 +121,179 @@ def _fill_in(intent: UserIntent, request: AgentToolCall, specs: Mapping[str, Any
     return arguments
 
 
+# --------------------------------------------------------------------------- a pack's tools in a session
+
+CALL_HELPER = "_eigen_call"
+"""The function loaded with a pack's tools that makes one tool call (a name ``session.call`` accepts)."""
+_HELPER_SOURCE = '''
+def _eigen_call(tool, arguments, with_state=False):
+    """tool(**arguments) on STATE: its value as JSON, whether STATE changed, and STATE when asked and
+    changed. Raising on a STATE that is not a JSON object makes the call fail, so it is rolled back."""
+    import json
+    function = globals().get(tool) if tool.isidentifier() and not tool.startswith("__") else None
+    if not callable(function):
+        raise NameError(f"name {tool!r} is not defined")
+    before = json.loads(json.dumps(STATE))
+    value = json.loads(json.dumps(function(**arguments), default=repr))
+    if not isinstance(STATE, dict):
+        raise TypeError("the tool left STATE not a JSON object")
+    after = json.loads(json.dumps(STATE))
+    changed = after != before
+    return {"value": value, "changed": changed, "state": after if with_state and changed else None}
+'''
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """What one tool call did in a session (``result`` is not ok when it failed: nothing changed)."""
+
+    result: SandboxResult
+    value: Any = None
+    changed: bool = False
+    state: dict[str, Any] | None = None
+    """STATE after the call, when asked for and changed."""
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok
+
+    @property
+    def error(self) -> str:
+        """``error_type: error`` (the sandbox's words)."""
+        result = self.result
+        return f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
+
+
+async def load_tools(
+    session: EnvSession,
+    tools_source: str,
+    state: Mapping[str, Any],
+    *,
+    space: str = "main",
+    timeout_s: float | None = None,
+) -> SandboxResult:
+    """Bind ``STATE`` to ``state`` in ``space`` and run the pack's tools there (the helper included);
+    run again, it starts ``space`` over from ``state``."""
+    source = f"{tools_source.rstrip()}\n{_HELPER_SOURCE}"
+    return await session.run(source, bind={"STATE": dict(state)}, space=space, timeout_s=timeout_s)
+
+
+async def call_tool(
+    session: EnvSession,
+    name: str,
+    arguments: Mapping[str, Any],
+    *,
+    space: str = "main",
+    commit: bool = True,
+    with_state: bool = False,
+    timeout_s: float | None = None,
+) -> ToolRun:
+    """``name(**arguments)`` on the ``STATE`` of ``space`` (loaded by ``load_tools``); arguments travel as JSON."""
+    request = {"tool": name, "arguments": dict(arguments), "with_state": with_state}
+    result = await session.call(CALL_HELPER, request, space=space, commit=commit, timeout_s=timeout_s)
+    out = result.return_value
+    if not result.ok:
+        return ToolRun(result)
+    if not isinstance(out, dict) or not isinstance(out.get("state"), dict | None):
+        missing = result.model_copy(
+            update={"ok": False, "error_type": "exception", "error": "the tool call returned no result"}
+        )
+        return ToolRun(missing)
+    return ToolRun(result, out.get("value"), bool(out.get("changed")), out.get("state"))
+
+
 class _Session:
-    """The dialogue's database state and call log; runs each call in the sandbox."""
+    """The dialogue's database and call log: the pack's tools and ``STATE`` live in one sandbox
+    session for the whole dialogue (opened at the first call; ``close`` ends it)."""
 
     def __init__(self, pack: DomainPack, state: Mapping[str, Any], runner: Runner, timeout_s: float | None):
         self.pack = pack
         self.runner = runner
         self.timeout_s = timeout_s
-        self.state: dict[str, Any] = json.loads(json.dumps(dict(state)))
+        self.initial: dict[str, Any] = json.loads(json.dumps(dict(state)))
         self.calls: list[DialogCall] = []
         self.specs = {
             "agent": {s["function"]["name"]: s for s in pack.agent_tools},
             "user": {s["function"]["name"]: s for s in pack.user_tools},
         }
+        self._sandbox: EnvSession | None = None
+
+    async def _live(self) -> EnvSession | str:
+        """The loaded session, or why the tools do not load (every call then fails with that).
+
+        A timeout or crash ends a session; the next call gets a new one, rebuilt from the initial
+        state by replaying the calls that changed it (so a failed call still changes nothing)."""
+        if self._sandbox is not None and self._sandbox.alive:
+            return self._sandbox
+        await self.close()
+        session = await self.runner.open_session(timeout_s=self.timeout_s)
+        try:
+            problem = await self._load(session)
+        except BaseException:
+            await session.close()
+            raise
+        if problem is not None:
+            await session.close()
+            return problem
+        self._sandbox = session
+        return session
+
+    async def _load(self, session: EnvSession) -> str | None:
+        """Tools and the initial state into ``session``, then the calls so far that changed the state."""
+        loaded = await load_tools(session, self.pack.tools_source, self.initial, timeout_s=self.timeout_s)
+        if not loaded.ok:
+            return ToolRun(loaded).error
+        for done in self.calls:
+            if done.changed_state:
+                replay = await call_tool(session, done.name, done.arguments, timeout_s=self.timeout_s)
+                if not replay.ok:
+                    raise RuntimeError(
+                        f"the dialogue's database could not be rebuilt: {done.name}: {replay.error}"
+                    )
+        return None
+
+    async def _run(self, name: str, arguments: dict[str, Any]) -> ToolRun | str:
+        """The call's run, or why it failed."""
+        session = await self._live()
+        if isinstance(session, str):
+            return session
+        run = await call_tool(session, name, arguments, timeout_s=self.timeout_s)
+        return run if run.ok else run.error
 
     async def execute(
         self, name: str, arguments: dict[str, Any], actor: Literal["agent", "user"], index: int
     ) -> DialogCall:
         spec = self.specs[actor].get(name)
-        error: str | None = None
-        value: Any = None
-        after = self.state
+        problem: str | None
         if spec is None or not name.isidentifier():
-            error = f"unknown tool {name!r}; available: {sorted(self.specs[actor])}"
+            problem = f"unknown tool {name!r}; available: {sorted(self.specs[actor])}"
         else:
-            error = argument_error(spec, arguments)
-        if error is None:
-            program = state_program(self.state, self.pack.tools_source, name, arguments)
-            result = await self.runner.run(program, timeout_s=self.timeout_s)
-            out = result.return_value
-            if not result.ok:
-                error = f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
-            elif not isinstance(out, dict) or not isinstance(out.get("state"), dict):
-                error = "the tool left STATE not a JSON object"
-            else:
-                value, after = out.get("value"), out["state"]
-        call = DialogCall(
-            name=name,
-            arguments=arguments,
-            actor=actor,
-            ok=error is None,
-            changed_state=error is None and after != self.state,
-            output=value if error is None else f"error: {error}",
-            message_index=index,
-        )
-        self.state = after
+            problem = argument_error(spec, arguments)
+        outcome = problem if problem is not None else await self._run(name, arguments)
+        fields: dict[str, Any] = {"ok": False, "changed_state": False, "output": f"error: {outcome}"}
+        if isinstance(outcome, ToolRun):
+            fields = {"ok": True, "changed_state": outcome.changed, "output": outcome.value}
+        call = DialogCall(name=name, arguments=arguments, actor=actor, message_index=index, **fields)
         self.calls.append(call)
         return call
+
+    async def final_state(self) -> dict[str, Any]:
+        """The database now: the initial state unless a call changed it, else read from the session."""
+        if not any(c.changed_state for c in self.calls):
+            return copy.deepcopy(self.initial)
+        session = await self._live()
+        result = await session.read("STATE") if not isinstance(session, str) else None
+        if result is None or not result.ok or not isinstance(result.return_value, dict):
+            why = session if result is None else ToolRun(result).error
+            raise RuntimeError(f"the dialogue's final state could not be read: {why}")
+        state: dict[str, Any] = result.return_value
+        return state
+
+    async def close(self) -> None:
+        """End the session (the next call would open a new one)."""
+        if self._sandbox is not None:
+            session, self._sandbox = self._sandbox, None
+            await session.close()
 
 
 def _content(call: DialogCall) -> str:
@@ -242,7 +371,7 @@ class DialogLoop:
         self.sampling = sampling
         self.today = str(state.get("today") or "")
         self.session = _Session(pack, state, runner, timeout_s)
-        self.initial = copy.deepcopy(self.session.state)
+        self.initial = copy.deepcopy(self.session.initial)
         self.instructions = user_instructions(intent)
         self.goals = goal_actions(intent)
         opening = opening_message(intent)
@@ -256,6 +385,26 @@ class DialogLoop:
         self.path: list[DialogState] = []
 
     async def run(self) -> Dialog:
+        """The dialogue; its sandbox session is closed when it ends, whatever ended it."""
+        try:
+            await self._walk()
+            final = await self.session.final_state()
+        finally:
+            await self.session.close()
+        run = self.run_
+        assert run.end is not None
+        return Dialog(
+            domain=self.pack.name,
+            messages=run.messages,
+            calls=self.session.calls,
+            initial_state=self.initial,
+            final_state=final,
+            end_signal=run.end,
+            turns=run.turns,
+            error=run.error,
+        )
+
+    async def _walk(self) -> None:
         state = DialogState.AGENT
         self.path.append(state)
         while state is not DialogState.DONE:
@@ -266,18 +415,6 @@ class DialogLoop:
             else:
                 state = await self.user()
             self.path.append(state)
-        run = self.run_
-        assert run.end is not None
-        return Dialog(
-            domain=self.pack.name,
-            messages=run.messages,
-            calls=self.session.calls,
-            initial_state=self.initial,
-            final_state=self.session.state,
-            end_signal=run.end,
-            turns=run.turns,
-            error=run.error,
-        )
 
     async def agent(self) -> DialogState:
         """One TrajectoryAgent step: tool calls (TOOLS) or a message to the user (USER)."""

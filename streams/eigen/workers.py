@@ -6,11 +6,13 @@ stages ``eigen.seeds -> eigen.intents -> eigen.tasks`` wrap them.
 - ``random_pool``: a ``PoolDraw`` (persona, entities of the seeded database, difficulty factors)
   from a pack, its seeded state, a seed and the generator parameters ``PoolParams``.
 - ``user_intent``: a ``UserIntent`` on a draw, given the database slice the draw names.
-- ``probe_task``: the feasibility probe. It EXECUTES, in the sandbox (``state_program`` with the
-  pack's tools, one program per call, the state travelling as JSON), against a copy of the
-  state: the identity lookups (``find_user_by_email``, ``get_user_details``, ``list_user_orders``),
-  the identity check (``send_verification_code`` + the user's ``confirm_identity_code`` with the
-  code the user knows), then per goal a read of the order it names and a dry run of its calls,
+- ``probe_task``: the feasibility probe. It EXECUTES, in one sandbox session (the pack's tools
+  loaded with the state, each call a ``call_tool`` of ``streams.eigen.dialog_loop``; only a
+  changed state comes back, and a state is sent in only when the probe steps back to one the
+  session does not hold), against a copy of the state: the identity lookups
+  (``find_user_by_email``, ``get_user_details``, ``list_user_orders``), the identity check
+  (``send_verification_code`` + the user's ``confirm_identity_code`` with the code the user
+  knows), then per goal a read of the order it names and a dry run of its calls,
   with every pack policy rule checked on each call (rules are trusted pack code, checked here on
   the states the sandbox returned). A failing goal is rolled back and the probe looks for a
   working substitute (another of the customer's orders, a smaller amount), dry-run the same way.
@@ -61,8 +63,9 @@ from arena.llm.roles.eigen import (
     UserIntent,
     UserIntentInput,
 )
-from environments.environment import argument_error, state_program
-from sandbox.env_runtime import Runner
+from environments.environment import argument_error
+from sandbox.env_runtime import EnvSession, Runner
+from streams.eigen.dialog_loop import call_tool, load_tools
 from streams.eigen.packs import DomainPack
 
 MAX_ROUNDS = 3
@@ -223,8 +226,17 @@ def _cut(value: Any) -> Any:
     return value if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "... [cut]"
 
 
+PROBE_SPACES = ("probe-a", "probe-b")
+"""Namespaces of a probe's session, each holding one state: the probe's current one and a trial."""
+
+
 class _Probe:
-    """Runs calls in the sandbox against a state copy and checks the pack's rules on each."""
+    """Runs calls against explicit states in one sandbox session and checks the pack's rules on each.
+
+    Each space of the session holds one state, and the probe knows which (by identity): a call
+    from a state a space holds runs there and nothing is shipped in; a call from another state
+    loads it into the least recently used space. What comes back is the call's value and, when
+    the call changed it, the state after it (the rules read it). ``close`` ends the session."""
 
     def __init__(self, pack: DomainPack, runner: Runner, timeout_s: float | None) -> None:
         self.pack = pack
@@ -236,25 +248,69 @@ class _Probe:
             (r.name, namespace[r.function]) for r in pack.rules
         ]
         self.executed: list[ProbeCall] = []
+        self._session: EnvSession | None = None
+        self._held: dict[str, dict[str, Any]] = {}
+        """Space -> the state object its STATE equals."""
+        self._spaces = list(PROBE_SPACES)
+        """Least recently used first."""
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def _space(self, state: dict[str, Any]) -> tuple[EnvSession, str] | str:
+        """A space whose STATE is ``state`` (loaded there if no space holds it), or why the tools
+        do not load. A timeout or crash ends a session: the next call opens a new one."""
+        if self._session is None or not self._session.alive:
+            await self.close()
+            self._held.clear()
+            self._session = await self.runner.open_session(timeout_s=self.timeout_s)
+        session = self._session
+        space = next((s for s, held in self._held.items() if held is state), None)
+        if space is None:
+            space = self._spaces[0]
+            self._held.pop(space, None)
+            loaded = await load_tools(
+                session, self.pack.tools_source, state, space=space, timeout_s=self.timeout_s
+            )
+            if not loaded.ok:
+                return loaded.error or str(loaded.error_type)
+            self._held[space] = state
+        self._spaces.remove(space)
+        self._spaces.append(space)
+        return session, space
 
     async def run(
-        self, state: dict[str, Any], call: GoalCall
+        self, state: dict[str, Any], call: GoalCall, *, keep: bool = True
     ) -> tuple[bool, Any, str | None, dict[str, Any], list[str]]:
-        """(ok, value, error, state after, violations); a failed call leaves the state as it was."""
-        result = await self.runner.run(
-            state_program(state, self.pack.tools_source, call.name, call.arguments), timeout_s=self.timeout_s
+        """(ok, value, error, state after, violations); a failed call leaves the state as it was.
+
+        ``keep=False``: the caller drops the state after, so the space keeps ``state`` (not committed)."""
+        where = await self._space(state)
+        if isinstance(where, str):
+            return False, None, where, state, []
+        session, space = where
+        done = await call_tool(
+            session,
+            call.name,
+            call.arguments,
+            space=space,
+            commit=keep,
+            with_state=True,
+            timeout_s=self.timeout_s,
         )
-        out = result.return_value
-        if not result.ok or not isinstance(out, dict) or not isinstance(out.get("state"), dict):
-            error = result.error or str(result.error_type or "the tool returned no state")
-            return False, None, error, state, []
-        after: dict[str, Any] = out["state"]
+        if not done.ok:
+            return False, None, done.result.error or str(done.result.error_type), state, []
+        after = done.state if done.changed and done.state is not None else state
+        if keep:
+            self._held[space] = after
         record = {
             "name": call.name,
             "arguments": call.arguments,
             "actor": call.actor,
             "ok": True,
-            "changed_state": after != state,
+            "changed_state": done.changed,
         }
         violations: list[str] = []
         for name, rule in self.rules:
@@ -264,7 +320,7 @@ class _Probe:
                 message = f"the rule raised {type(exc).__name__}: {exc}"
             if message:
                 violations.append(f"{name}: {message}")
-        return True, out.get("value"), None, after, violations
+        return True, done.value, None, after, violations
 
     async def step(
         self,
@@ -275,8 +331,9 @@ class _Probe:
         goal_index: int | None = None,
         refused_index: int | None = None,
         record: bool = True,
+        keep: bool = True,
     ) -> tuple[bool, Any, dict[str, Any], list[str]]:
-        ok, value, error, after, violations = await self.run(state, call)
+        ok, value, error, after, violations = await self.run(state, call, keep=keep)
         if record:
             self.executed.append(
                 ProbeCall(
@@ -298,8 +355,10 @@ class _Probe:
 
     async def dry_run(self, state: dict[str, Any], calls: list[GoalCall]) -> bool:
         """All ``calls`` run from ``state`` without an error or a violation (nothing recorded)."""
-        for call in calls:
-            ok, _value, state, violations = await self.step(state, call, "", record=False)
+        for n, call in enumerate(calls):
+            ok, _value, state, violations = await self.step(
+                state, call, "", record=False, keep=n < len(calls) - 1
+            )
             if not ok or violations:
                 return False
         return True
@@ -399,7 +458,11 @@ async def _alternatives(
             :MAX_CANDIDATES
         ]:
             ok, details, _s, _v = await probe.step(
-                state, GoalCall(name="get_order_details", arguments={"order_id": candidate}), "", record=False
+                state,
+                GoalCall(name="get_order_details", arguments={"order_id": candidate}),
+                "",
+                record=False,
+                keep=False,
             )
             if not ok or not isinstance(details, dict):
                 continue
@@ -444,6 +507,15 @@ async def probe_task(
 ) -> ProbeReport:
     """Execute the task's lookups and a dry run of its goals in the sandbox (see the module docstring)."""
     probe = _Probe(pack, runner, timeout_s)
+    try:
+        return await _probe(probe, pack, state, intent)
+    finally:
+        await probe.close()
+
+
+async def _probe(
+    probe: _Probe, pack: DomainPack, state: Mapping[str, Any], intent: UserIntent
+) -> ProbeReport:
     tools = set(pack.agent_tool_names) | set(pack.user_tool_names)
     problems = static_problems(pack, intent)
     current: dict[str, Any] = json.loads(json.dumps(dict(state)))
@@ -494,6 +566,7 @@ async def probe_task(
                 GoalCall(name="get_order_details", arguments={"order_id": order_id}),
                 f"goal {index}: the order exists and its state allows {goal.kind}",
                 goal_index=index,
+                keep=False,
             )
             if ok and isinstance(value, dict):
                 old_order = value
@@ -513,9 +586,13 @@ async def probe_task(
             alternatives += await _alternatives(probe, before, intent, index, user_orders, old_order)
     for index, goal in enumerate(intent.refused):
         trial = current
-        for call in goal.calls:
+        for n, call in enumerate(goal.calls):
             ok, _value, trial, violations = await probe.step(
-                trial, call, f"refused request {index}: the policy must forbid it", refused_index=index
+                trial,
+                call,
+                f"refused request {index}: the policy must forbid it",
+                refused_index=index,
+                keep=n < len(goal.calls) - 1,
             )
             if not ok or violations:
                 break

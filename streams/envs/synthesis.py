@@ -239,17 +239,25 @@ def tampered(rows: Rows, grounding: Grounding | None, answer: str) -> Rows | Non
 async def sandbox_problem(
     qa: SubQA, spec: ToolSpec, code: str, invocation: str, rows: Rows, pool: Runner
 ) -> str | None:
-    """Run the job; then run it on a tampered table, where the answer must disappear."""
+    """Run the job; then run it on a tampered table, where the answer must disappear.
+
+    Both programs run in one session, neither committed, so the second starts from the same fresh
+    process the first did (as two one-off runs would), without opening a second session."""
     job = EnvJob(
         index=qa.index, question=qa.question, answer=qa.answer, tool=spec.name, invocation=invocation
     )
-    outcome = judge(job, await pool.run(program({spec.name: rows}, code, invocation)))
-    if not outcome.passed:
-        return f"{outcome.error}; output: {outcome.output[:200]!r}"
-    changed = tampered(rows, qa.grounding, qa.answer)
-    if changed is not None and contains_answer(
-        await pool.run(program({spec.name: changed}, code, invocation)), qa.answer
-    ):
+    session = await pool.open_session()
+    try:
+        outcome = judge(job, await session.run(program({spec.name: rows}, code, invocation), commit=False))
+        if not outcome.passed:
+            return f"{outcome.error}; output: {outcome.output[:200]!r}"
+        changed = tampered(rows, qa.grounding, qa.answer)
+        if changed is None:
+            return None
+        result = await session.run(program({spec.name: changed}, code, invocation), commit=False)
+    finally:
+        await session.close()
+    if contains_answer(result, qa.answer):
         return (
             f"the output still contains {qa.answer!r} after the grounded {qa.grounding and qa.grounding.column} "
             f"was changed in the data: compute the answer from DATA[{spec.name!r}], never write it"
