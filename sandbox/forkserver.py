@@ -43,6 +43,7 @@ import os
 import pickle
 import resource
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -83,6 +84,9 @@ _KEEP_FLAGS = {
 }
 
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
+JOB_DIR = "/tmp/job"
+"""Every session's home and only writable place: on the slot's private /tmp, emptied between sessions."""
+
 TMPFS_BYTES = 64 << 20
 """Size of the private /tmp (the job dir lives there): writes beyond it fail with ENOSPC."""
 MAX_FILE_BYTES = 16 << 20
@@ -497,17 +501,34 @@ def kill_others() -> None:
     _reap_nowait()
 
 
-def _close_all_but(keep: int) -> None:
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 1 << 16)
+def _close_all_but(*keep: int) -> None:
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
 
 
-def enter_session(settings: dict[str, Any], sock: int, job_dir: str, program: Filter) -> tuple[Any, Any]:
-    """The holder's set-up: output memfds, then the uid, limits and filter; its stdout/stderr."""
-    uid = int(settings["uid"])
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _close_all_but(sock)
+Channel = tuple[int, int]
+"""A session's two pipes: the one it reads requests from, the one it writes answers to (pipes, not a
+socket pair: passing a unix socket along makes every hop wait for the kernel's in-flight fd collector)."""
+
+
+SESSION_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": JOB_DIR,
+    "TMPDIR": JOB_DIR,
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONIOENCODING": "utf-8",
+}
+"""A session's whole environment (set by its slot, so a holder inherits it)."""
+
+
+def prepare_session(keep: tuple[int, ...]) -> tuple[Any, Any]:
+    """A holder's set-up that needs no session settings (``keep``: the inherited fds it needs):
+    output memfds as stdout/stderr. The slot already filtered syscalls and set the environment."""
+    _close_all_but(*keep)
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -515,50 +536,67 @@ def enter_session(settings: dict[str, Any], sock: int, job_dir: str, program: Fi
         fd = os.memfd_create(name, 0)
         os.dup2(fd, target)
         os.close(fd)
-    set_limit(resource.RLIMIT_NPROC, int(settings["max_procs"]))
-    set_limit(resource.RLIMIT_FSIZE, MAX_FILE_BYTES)
-    set_limit(resource.RLIMIT_CORE, 0)
-    set_limit(resource.RLIMIT_NOFILE, MAX_OPEN_FILES)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    os.chdir(job_dir)
-    os.environ.clear()
-    os.environ.update(
-        PATH="/usr/local/bin:/usr/bin:/bin",
-        HOME=job_dir,
-        TMPDIR=job_dir,
-        LANG="C.UTF-8",
-        PYTHONDONTWRITEBYTECODE="1",
-        PYTHONIOENCODING="utf-8",
-    )
-    seccomp_filter(program)
-    # Hard: the whole session's CPU time; the soft limit is moved before each call (``perform``).
-    per_call = max(1, math.ceil(float(settings["timeout_s"])))
-    set_limit(resource.RLIMIT_CPU, per_call, max(per_call + 1, math.ceil(float(settings["cpu_s"]))))
-    set_limit(resource.RLIMIT_AS, int(settings["memory_mb"]) << 20)
     out = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
     err = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
     sys.stdout, sys.stderr = out, err
     return out, err
 
 
-def holder(settings: dict[str, Any], sock: int, job_dir: str, program: Filter) -> NoReturn:
-    """A session's one process: serve requests until the pool closes the socket."""
+def enter_session(settings: dict[str, Any]) -> None:
+    """The session's limits, then its uid (for good: no way back to root) and its job dir."""
+    uid = int(settings["uid"])
+    set_limit(resource.RLIMIT_NPROC, int(settings["max_procs"]))
+    set_limit(resource.RLIMIT_FSIZE, MAX_FILE_BYTES)
+    set_limit(resource.RLIMIT_CORE, 0)
+    set_limit(resource.RLIMIT_NOFILE, MAX_OPEN_FILES)
+    # Hard: the whole session's CPU time; the soft limit is moved before each call (``perform``).
+    per_call = max(1, math.ceil(float(settings["timeout_s"])))
+    set_limit(resource.RLIMIT_CPU, per_call, max(per_call + 1, math.ceil(float(settings["cpu_s"]))))
+    set_limit(resource.RLIMIT_AS, int(settings["memory_mb"]) << 20)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    os.chdir(JOB_DIR)
+
+
+def holder(settings: dict[str, Any], channel: Channel) -> NoReturn:
+    """A session's one process: serve requests until the pool closes the session."""
     try:
-        streams = enter_session(settings, sock, job_dir, program)
+        streams = prepare_session(channel)
+        enter_session(settings)
     except BaseException as exc:
         with _suppress():
             body = {"ok": False, "error_type": "sandbox_error", "error": f"session setup: {_one_line(exc)}"}
-            write_frame(sock, answer_bytes(body))
+            write_frame(channel[1], answer_bytes(body))
         os._exit(70)
+    serve(channel, streams)
+
+
+def serve(channel: Channel, streams: tuple[Any, Any]) -> NoReturn:
+    """Answer the session's requests until the pool closes its socket."""
     spaces: dict[str, Space] = {}
     while True:
-        request = read_frame(sock)
+        request = read_frame(channel[0])
         if request is None:
             os._exit(0)
-        write_frame(sock, perform(request, spaces, streams))
+        write_frame(channel[1], perform(request, spaces, streams))
         kill_others()
+
+
+def spare_holder(chan: socket.socket) -> NoReturn:
+    """A holder made before its session, while the slot is idle: it prepares (still root, so no
+    process of the slot's uid outlives a session), waits on ``chan`` for its session's socket and
+    settings, enters the session and serves it."""
+    try:
+        streams = prepare_session((chan.fileno(),))
+        data, fds, _flags, _addr = socket.recv_fds(chan, 1 << 16, 2)
+        if not data or len(fds) != 2:
+            os._exit(0)  # the slot is gone, or gave up on this spare
+        chan.close()
+        enter_session(json.loads(data))
+    except BaseException:
+        os._exit(70)
+    serve((fds[0], fds[1]), streams)
 
 
 class _suppress:
@@ -572,16 +610,21 @@ class _suppress:
 # --------------------------------------------------------------------------- slots
 
 
-def _fresh_tmp(uid: int, first: bool) -> str:
-    """A new private /tmp for the next session (the last one's files gone with it) and its job dir."""
-    if not first:
-        _check(_libc.umount2(b"/tmp", MNT_DETACH), "umount /tmp")
-    opts = f"size={TMPFS_BYTES},nr_inodes=4096,mode=0755"
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
-    job_dir = f"/tmp/job-{os.urandom(8).hex()}"
-    os.mkdir(job_dir, 0o700)
-    os.chown(job_dir, uid, uid)
-    return job_dir
+REAP_EVERY_S = 0.05
+"""How often a slot reaps what a running session's processes left (zombies count against max_procs)."""
+
+
+def _fresh_job_dir(uid: int) -> None:
+    """An empty job dir for the next session (the last one's files gone with it)."""
+    try:
+        if not os.listdir(JOB_DIR):  # the common case: nothing written, only its mode to reset
+            os.chmod(JOB_DIR, 0o700)
+            return
+    except OSError:
+        pass
+    shutil.rmtree(JOB_DIR, ignore_errors=True)
+    os.mkdir(JOB_DIR, 0o700)
+    os.chown(JOB_DIR, uid, uid)
 
 
 def _sweep(deadline_s: float = 2.0) -> None:
@@ -597,43 +640,68 @@ def _sweep(deadline_s: float = 2.0) -> None:
             time.sleep(0.0002)
 
 
+def _make_spare() -> tuple[int, socket.socket]:
+    """Fork a spare holder (``spare_holder``) for the next session."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        spare_holder(theirs)
+    theirs.close()
+    return pid, ours
+
+
+def enter_slot(uid: int, ctl: socket.socket, program: Filter) -> None:
+    """The slot's own set-up: a private /tmp and /proc, the sessions' environment, then the filter.
+
+    The filter is installed here, once, so every session inherits it (installing one per process
+    costs more than the rest of a session's set-up); the slot itself needs none of what it denies."""
+    _close_all_but(ctl.fileno())  # e.g. the session socket the server held when it forked us
+    opts = f"size={TMPFS_BYTES},nr_inodes=4096,mode=0755"
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.environ.clear()
+    os.environ.update(SESSION_ENV)
+    _fresh_job_dir(uid)
+    seccomp_filter(program)
+
+
 def slot(uid: int, ctl: socket.socket, program: Filter) -> NoReturn:
     """Pid 1 of one uid's pid namespace: runs that uid's sessions, one at a time.
 
-    A session is a fork of this process (its holder). When the holder ends -- the pool closed the
-    session, asked for a kill, or it died -- everything it left is killed, /tmp is replaced by a
-    fresh tmpfs, and ``ended`` goes back with how the holder ended."""
-    _close_all_but(ctl.fileno())  # e.g. the session socket the server held when it forked us
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the poll below
-    signal.set_wakeup_fd(wake_w)
-    job_dir = _fresh_tmp(uid, first=True)
-    current: tuple[str, int] | None = None
+    A session is a fork of this process (its holder; a spare one is made while the slot is idle).
+    When the holder ends -- the pool closed the session, asked for a kill, or it died -- everything
+    it left is killed, the job dir emptied, and ``ended`` goes back with how the holder ended."""
+    enter_slot(uid, ctl, program)
+    current: tuple[str, int, int] | None = None
+    """The running session: (id, its holder's pid, a pidfd of the holder)."""
+    spare: tuple[int, socket.socket] | None = _make_spare()
+    """A holder made ahead of the next session (still root, waiting): its pid and channel."""
     poller = select.poll()
     poller.register(ctl.fileno(), select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
     while True:
-        try:
-            events = poller.poll()
-        except InterruptedError:
-            continue
+        events = poller.poll(REAP_EVERY_S * 1000 if current is not None else None)
+        for pid, _status, _usage in _reap_nowait() if current is None else []:
+            if spare is not None and pid == spare[0]:  # a spare that died (or was killed)
+                spare[1].close()
+                spare = None
         for fd, _event in events:
-            if fd == wake_r:
-                with _suppress():
-                    while os.read(wake_r, 512):
-                        pass
-                for pid, status, usage in _reap_nowait():
-                    if current is not None and pid == current[1]:
-                        _sweep()
-                        job_dir = _fresh_tmp(uid, first=False)
-                        ended = {"kind": "ended", "id": current[0], "cpu_s": usage.ru_utime + usage.ru_stime}
-                        ended["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-                        ended["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-                        ctl.send(json.dumps(ended).encode())
-                        current = None
+            if current is not None and fd == current[2]:
+                poller.unregister(fd)
+                os.close(fd)
+                _pid, status, usage = os.wait4(current[1], 0)
+                _sweep()
+                _fresh_job_dir(uid)
+                ended = {"kind": "ended", "id": current[0], "cpu_s": usage.ru_utime + usage.ru_stime}
+                ended["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+                ended["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+                ctl.send(json.dumps(ended).encode())
+                current, spare = None, _make_spare()
                 continue
-            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+            if fd != ctl.fileno():
+                continue
+            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 2)
             if not data:
                 os._exit(0)  # the server is gone: the kernel kills everything in the slot with us
             message = json.loads(data)
@@ -642,15 +710,36 @@ def slot(uid: int, ctl: socket.socket, program: Filter) -> NoReturn:
                 if current is not None and current[0] == sid:
                     with _suppress():
                         os.kill(current[1], signal.SIGKILL)
-            elif current is not None or not fds:
+            elif current is not None or len(fds) != 2:
                 ctl.send(json.dumps({"kind": "ended", "id": sid, "error": "the slot is busy"}).encode())
             else:
-                pid = os.fork()
-                if pid == 0:
-                    holder(message, fds[0], job_dir, program)
-                current = (sid, pid)
+                if spare is not None:
+                    socket.send_fds(spare[1], [data], fds)
+                    spare[1].close()
+                    pid, spare = spare[0], None
+                else:
+                    pid = os.fork()
+                    if pid == 0:
+                        holder(message, (fds[0], fds[1]))
+                current = (sid, pid, os.pidfd_open(pid))
+                poller.register(current[2], select.POLLIN)
             for fd in fds:
                 os.close(fd)
+        if current is not None:
+            _reap_nowait_except(current[1])
+
+
+def _reap_nowait_except(keep: int) -> None:
+    """Reap the zombies a running session left (reparented to the slot), never its holder."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == keep:
+            return
+        with _suppress():
+            os.waitpid(info.si_pid, 0)
 
 
 def spawn_slot(uid: int, close: list[int], program: Filter) -> tuple[int, socket.socket]:
@@ -756,7 +845,7 @@ def _from_pool(
     program: Filter,
 ) -> None:
     """One request of the pool: open a session in its uid's slot (made on first use), or kill one."""
-    data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 1)
+    data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 2)
     if not data:
         for owner in slots.values():
             with _suppress():

@@ -229,15 +229,16 @@ class _ForkServer:
                     loop.remove_writer(self.ctl.fileno())
 
     async def open(
-        self, sid: str, settings: dict[str, Any], sock: socket.socket
+        self, sid: str, settings: dict[str, Any], channel: tuple[int, int]
     ) -> asyncio.Future[dict[str, Any]]:
-        """Ask for a session on ``sock``; the future is set to the server's ``ended`` report (how the
-        session's process ended, or why it could not start) once its processes are all gone."""
+        """Ask for a session on ``channel`` (the read end of its request pipe, the write end of its
+        answer pipe); the future is set to the server's ``ended`` report (how the session's process
+        ended, or why it could not start) once its processes are all gone."""
         if self.broken is not None:
             raise SandboxUnavailable(f"the sandbox is not running: {self.broken}")
         ended: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.ended[sid] = ended
-        await self._send(json.dumps({"op": "open", "id": sid, **settings}).encode(), [sock.fileno()])
+        await self._send(json.dumps({"op": "open", "id": sid, **settings}).encode(), list(channel))
         return ended
 
     async def kill(self, sid: str) -> None:
@@ -355,7 +356,8 @@ class Session:
             try:
                 self._writer.write(struct.pack(">I", len(body)) + body)
                 await self._writer.drain()
-                answer = await asyncio.wait_for(self._answer(limit), timeout)
+                async with asyncio.timeout(timeout):  # no extra task per request, unlike wait_for
+                    answer = await self._answer(limit)
             except TimeoutError:
                 await self._end("timeout", f"wall-clock timeout after {timeout:g} s")
             except _TooBig:
@@ -392,16 +394,27 @@ class Session:
             await asyncio.shield(self._shutdown())
 
     async def _shutdown(self) -> None:
+        # An idle session's process exits when its socket closes; one busy with a request (or one
+        # that stopped answering) is killed -- as is an idle one that does not exit in time.
         try:
             self._writer.close()
-            if not self._ended.done():
+            if self._lock.locked() or self._dead is not None:
                 await self._pool._server_kill(self.sid)
-            try:
-                await asyncio.wait_for(asyncio.shield(self._ended), KILL_GRACE_S)
-            except TimeoutError:
+            if await self._gone():
+                return
+            await self._pool._server_kill(self.sid)
+            if not await self._gone():
                 await asyncio.to_thread(kill_uid, self.uid)
         finally:
             self._pool._release(self._slot)
+
+    async def _gone(self) -> bool:
+        """Wait (a while) for the server's report that the session's processes are all gone."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(KILL_GRACE_S):
+                await asyncio.shield(self._ended)
+            return True
+        return False
 
     async def __aenter__(self) -> Session:
         return self
@@ -432,6 +445,22 @@ def _signal_name(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+async def _pipe_streams(read_fd: int, write_fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Asyncio streams over a session's answer pipe (ours to read) and request pipe (ours to write)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 16)
+    read_protocol = asyncio.StreamReaderProtocol(reader)
+    try:
+        await loop.connect_read_pipe(lambda: read_protocol, os.fdopen(read_fd, "rb", 0))
+    except BaseException:
+        os.close(write_fd)
+        raise
+    transport, protocol = await loop.connect_write_pipe(
+        lambda: asyncio.streams.FlowControlMixin(loop), os.fdopen(write_fd, "wb", 0)
+    )
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
 class _TooBig(Exception):
@@ -517,7 +546,8 @@ class SandboxPool:
             timeout = float(timeout_s if timeout_s is not None else self.settings.timeout_s)
             memory = int(memory_mb if memory_mb is not None else self.settings.memory_mb)
             sid = str(next(self._ids))
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            requests_r, requests_w = os.pipe()
+            answers_r, answers_w = os.pipe()
             try:
                 limits = {
                     "uid": slot.uid,
@@ -526,10 +556,15 @@ class SandboxPool:
                     "memory_mb": memory,
                     "cpu_s": self.settings.session_cpu_s,
                 }
-                ended = await self._server.open(sid, limits, theirs)
+                ended = await self._server.open(sid, limits, (requests_r, answers_w))
+            except BaseException:
+                os.close(requests_w)
+                os.close(answers_r)
+                raise
             finally:
-                theirs.close()
-            streams = await asyncio.open_unix_connection(sock=ours)
+                os.close(requests_r)
+                os.close(answers_w)
+            streams = await _pipe_streams(answers_r, requests_w)
         except BaseException:
             self._release(slot)
             raise
