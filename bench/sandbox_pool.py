@@ -24,8 +24,10 @@ every path must return the same values.
              session's memory between calls. Opening (and loading) is measured on its own as
              ``sessions_opened_per_s``.
 
-Latency is per call, from submission to result; calls/s = N / wall time of the phase; the ratios
-are calls/s of a path over the fresh baseline's, measured side by side.
+The calls are split in 4 rounds and the three paths take turns on each round (fresh, fork,
+session), so drift in the machine's speed during the run weighs on every path alike. Latency is
+per call, from submission to result; calls/s = N / the path's summed wall time; the ratios are
+calls/s of a path over the fresh baseline's, measured side by side.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
     from sandbox.pool import SandboxPool, Session
 
 console = Console(stderr=True)
+ROUNDS = 4
+"""The calls are run in this many rounds, the three paths taking turns on each (``interleaved``)."""
 HERE = str(Path(__file__).resolve().parent)
 
 
@@ -148,37 +152,62 @@ async def fresh_call(call: Call) -> Any:
     return json.loads(out)
 
 
+class PathRun:
+    """One path's calls across the rounds: wall time, latencies and values (in call order)."""
+
+    def __init__(self, name: str, run: Callable[[Call], Awaitable[Any]], calls: int) -> None:
+        self.name = name
+        self.run = run
+        self.wall = 0.0
+        self.latencies: list[float] = []
+        self.values: list[Any] = [None] * calls
+
+    def figures(self) -> dict[str, Any]:
+        q = statistics.quantiles(self.latencies, n=100, method="inclusive")
+        return {
+            "calls": len(self.values),
+            "wall_s": round(self.wall, 3),
+            "calls_per_s": round(len(self.values) / self.wall, 2),
+            "latency_p50_ms": round(q[49] * 1000, 3),
+            "latency_p99_ms": round(q[98] * 1000, 3),
+        }
+
+
 async def phase(
-    name: str, run: Callable[[Call], Awaitable[Any]], work: list[Call], concurrency: int
-) -> tuple[dict[str, Any], list[Any]]:
-    """Every call through ``run``, ``concurrency`` at a time: figures, and the values in call order."""
+    path: PathRun, work: list[tuple[int, Call]], concurrency: int, advance: Callable[[], None]
+) -> None:
+    """The calls ``work`` (index, call) through ``path``, ``concurrency`` at a time."""
     gate = asyncio.Semaphore(concurrency)
-    latencies: list[float] = []
-    values: list[Any] = [None] * len(work)
+
+    async def one(i: int, call: Call) -> None:
+        async with gate:
+            start = time.perf_counter()
+            path.values[i] = await path.run(call)
+            path.latencies.append(time.perf_counter() - start)
+        advance()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i, call) for i, call in work))
+    path.wall += time.perf_counter() - start
+
+
+async def interleaved(paths: list[PathRun], work: list[Call], concurrency: int, rounds: int) -> None:
+    """Every path runs every call; the calls are split in ``rounds`` and the paths take turns on
+    each, so a machine that gets faster or slower during the run weighs on all paths alike."""
     with Progress(
-        TextColumn(f"{name:>8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        TextColumn("{task.description:>8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
     ) as progress:
-        task = progress.add_task(name, total=len(work))
-
-        async def one(i: int, call: Call) -> None:
-            async with gate:
-                start = time.perf_counter()
-                values[i] = await run(call)
-                latencies.append(time.perf_counter() - start)
-            progress.advance(task)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i, call) for i, call in enumerate(work)))
-        wall = time.perf_counter() - start
-    q = statistics.quantiles(latencies, n=100, method="inclusive")
-    figures = {
-        "calls": len(work),
-        "wall_s": round(wall, 3),
-        "calls_per_s": round(len(work) / wall, 2),
-        "latency_p50_ms": round(q[49] * 1000, 3),
-        "latency_p99_ms": round(q[98] * 1000, 3),
-    }
-    return figures, values
+        tasks = {p.name: progress.add_task(p.name, total=len(work)) for p in paths}
+        indexed = list(enumerate(work))
+        for r in range(rounds):
+            chunk = indexed[r::rounds]
+            for path in paths:
+                task = tasks[path.name]
+                await phase(path, chunk, concurrency, lambda task=task: progress.advance(task))
 
 
 def _value(result: Any, what: str) -> Any:
@@ -210,7 +239,9 @@ async def open_sessions(
     }
 
 
-async def bench(calls: int, concurrency: int, instances: int, seed: int, home: Path | None) -> dict[str, Any]:
+async def bench(
+    calls: int, concurrency: int, instances: int, seed: int, home: Path | None, rounds: int = ROUNDS
+) -> dict[str, Any]:
     from arena.config import SandboxSettings
     from sandbox.pool import SandboxPool
 
@@ -218,14 +249,15 @@ async def bench(calls: int, concurrency: int, instances: int, seed: int, home: P
     work = draw_calls(packages, calls, seed)
     used = list({c.package.env_id: c.package for c in work}.values())
     warmup = draw_calls(packages, 2 * concurrency, seed + 1)
-    settings = SandboxSettings.model_validate({"pool_size": min(64, max(concurrency, len(used)))})
+    settings = SandboxSettings.model_validate({"pool_size": min(64, len(used) + concurrency)})
     async with SandboxPool(settings) as pool:
 
         async def fork_call(call: Call) -> Any:
             return _value(await pool.run(call.program), f"fork call {call.tool}")
 
-        await phase("warm-up", fork_call, warmup, concurrency)
-        forked, fork_values = await phase("fork", fork_call, work, concurrency)
+        warm = [PathRun("warm-up", fork_call, len(warmup)), PathRun("warm-up", fresh_call, len(warmup))]
+        for path in warm:
+            await phase(path, list(enumerate(warmup)), concurrency, lambda: None)
         sessions, opened = await open_sessions(pool, used, concurrency)
         try:
 
@@ -233,21 +265,29 @@ async def bench(calls: int, concurrency: int, instances: int, seed: int, home: P
                 result = await sessions[call.package.env_id].call(call.tool, call.arguments)
                 return _value(result, f"session call {call.tool}")
 
-            in_session, session_values = await phase("session", session_call, work, concurrency)
+            paths = [PathRun("fresh", fresh_call, len(work)), PathRun("fork", fork_call, len(work))]
+            paths.append(PathRun("session", session_call, len(work)))
+            await interleaved(paths, work, concurrency, rounds)
         finally:
             await asyncio.gather(*(s.close() for s in sessions.values()))
-    await phase("warm-up", fresh_call, warmup, concurrency)
-    fresh, fresh_values = await phase("fresh", fresh_call, work, concurrency)
+    fresh_path, fork_path, session_path = paths
     for i, call in enumerate(work):
-        if not fresh_values[i] == fork_values[i] == session_values[i]:
+        if not fresh_path.values[i] == fork_path.values[i] == session_path.values[i]:
             raise RuntimeError(
-                f"{call.tool}({call.arguments}) differs: fresh {fresh_values[i]!r}, fork {fork_values[i]!r}, "
-                f"session {session_values[i]!r}"
+                f"{call.tool}({call.arguments}) differs: fresh {fresh_path.values[i]!r}, "
+                f"fork {fork_path.values[i]!r}, session {session_path.values[i]!r}"
             )
+    fresh, forked, in_session = (p.figures() for p in paths)
     base = fresh["calls_per_s"]
     return {
         "benchmark": "sandbox",
-        "params": {"calls": calls, "concurrency": concurrency, "instances": instances, "seed": seed},
+        "params": {
+            "calls": calls,
+            "concurrency": concurrency,
+            "instances": instances,
+            "seed": seed,
+            "rounds": rounds,
+        },
         "environments": {
             "packages": len(packages),
             "used": len(used),

@@ -564,6 +564,7 @@ def holder(settings: dict[str, Any], channel: Channel) -> NoReturn:
     try:
         streams = prepare_session(channel)
         enter_session(settings)
+        write_frame(channel[1], READY)
     except BaseException as exc:
         with _suppress():
             body = {"ok": False, "error_type": "sandbox_error", "error": f"session setup: {_one_line(exc)}"}
@@ -572,31 +573,36 @@ def holder(settings: dict[str, Any], channel: Channel) -> NoReturn:
     serve(channel, streams)
 
 
+READY = b'{"ready": true}'
+"""A holder's first frame: it has taken the slot's pipes over (the pool writes nothing before it)."""
+
+
 def serve(channel: Channel, streams: tuple[Any, Any]) -> NoReturn:
     """Answer the session's requests until the pool closes its socket."""
     spaces: dict[str, Space] = {}
     while True:
         request = read_frame(channel[0])
-        if request is None:
+        if request is None or request.get("op") == "close":
             os._exit(0)
         write_frame(channel[1], perform(request, spaces, streams))
         kill_others()
 
 
-def spare_holder(chan: socket.socket) -> NoReturn:
+def spare_holder(chan: socket.socket, channel: Channel) -> NoReturn:
     """A holder made before its session, while the slot is idle: it prepares (still root, so no
     process of the slot's uid outlives a session), waits on ``chan`` for its session's socket and
     settings, enters the session and serves it."""
     try:
-        streams = prepare_session((chan.fileno(),))
-        data, fds, _flags, _addr = socket.recv_fds(chan, 1 << 16, 2)
-        if not data or len(fds) != 2:
+        streams = prepare_session((chan.fileno(), *channel))
+        data = chan.recv(1 << 16)
+        if not data:
             os._exit(0)  # the slot is gone, or gave up on this spare
         chan.close()
         enter_session(json.loads(data))
+        write_frame(channel[1], READY)
     except BaseException:
         os._exit(70)
-    serve((fds[0], fds[1]), streams)
+    serve(channel, streams)
 
 
 class _suppress:
@@ -640,24 +646,35 @@ def _sweep(deadline_s: float = 2.0) -> None:
             time.sleep(0.0002)
 
 
-def _make_spare() -> tuple[int, socket.socket]:
+def _make_spare(channel: Channel) -> tuple[int, socket.socket]:
     """Fork a spare holder (``spare_holder``) for the next session."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-
     pid = os.fork()
     if pid == 0:
         ours.close()
-        spare_holder(theirs)
+        spare_holder(theirs, channel)
     theirs.close()
     return pid, ours
 
 
-def enter_slot(uid: int, ctl: socket.socket, program: Filter) -> None:
+def _drain(fd: int) -> None:
+    """Throw away whatever waits in the request pipe (a request the last session never read)."""
+    os.set_blocking(fd, False)
+    try:
+        while os.read(fd, 1 << 16):
+            pass
+    except BlockingIOError:
+        pass
+    finally:
+        os.set_blocking(fd, True)
+
+
+def enter_slot(uid: int, ctl: socket.socket, program: Filter, channel: Channel) -> None:
     """The slot's own set-up: a private /tmp and /proc, the sessions' environment, then the filter.
 
     The filter is installed here, once, so every session inherits it (installing one per process
     costs more than the rest of a session's set-up); the slot itself needs none of what it denies."""
-    _close_all_but(ctl.fileno())  # e.g. the session socket the server held when it forked us
+    _close_all_but(ctl.fileno(), *channel)  # e.g. fds the server held when it forked us
     opts = f"size={TMPFS_BYTES},nr_inodes=4096,mode=0755"
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -667,16 +684,16 @@ def enter_slot(uid: int, ctl: socket.socket, program: Filter) -> None:
     seccomp_filter(program)
 
 
-def slot(uid: int, ctl: socket.socket, program: Filter) -> NoReturn:
+def slot(uid: int, ctl: socket.socket, program: Filter, channel: Channel) -> NoReturn:
     """Pid 1 of one uid's pid namespace: runs that uid's sessions, one at a time.
 
     A session is a fork of this process (its holder; a spare one is made while the slot is idle).
     When the holder ends -- the pool closed the session, asked for a kill, or it died -- everything
     it left is killed, the job dir emptied, and ``ended`` goes back with how the holder ended."""
-    enter_slot(uid, ctl, program)
+    enter_slot(uid, ctl, program, channel)
     current: tuple[str, int, int] | None = None
     """The running session: (id, its holder's pid, a pidfd of the holder)."""
-    spare: tuple[int, socket.socket] | None = _make_spare()
+    spare: tuple[int, socket.socket] | None = _make_spare(channel)
     """A holder made ahead of the next session (still root, waiting): its pid and channel."""
     poller = select.poll()
     poller.register(ctl.fileno(), select.POLLIN)
@@ -697,11 +714,11 @@ def slot(uid: int, ctl: socket.socket, program: Filter) -> NoReturn:
                 ended["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
                 ended["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
                 ctl.send(json.dumps(ended).encode())
-                current, spare = None, _make_spare()
+                current, spare = None, _make_spare(channel)
                 continue
             if fd != ctl.fileno():
                 continue
-            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 2)
+            data = ctl.recv(1 << 16)
             if not data:
                 os._exit(0)  # the server is gone: the kernel kills everything in the slot with us
             message = json.loads(data)
@@ -710,21 +727,20 @@ def slot(uid: int, ctl: socket.socket, program: Filter) -> NoReturn:
                 if current is not None and current[0] == sid:
                     with _suppress():
                         os.kill(current[1], signal.SIGKILL)
-            elif current is not None or len(fds) != 2:
+            elif current is not None:
                 ctl.send(json.dumps({"kind": "ended", "id": sid, "error": "the slot is busy"}).encode())
             else:
+                _drain(channel[0])  # the pool writes nothing more until the holder says it is ready
                 if spare is not None:
-                    socket.send_fds(spare[1], [data], fds)
+                    spare[1].send(data)
                     spare[1].close()
                     pid, spare = spare[0], None
                 else:
                     pid = os.fork()
                     if pid == 0:
-                        holder(message, (fds[0], fds[1]))
+                        holder(message, channel)
                 current = (sid, pid, os.pidfd_open(pid))
                 poller.register(current[2], select.POLLIN)
-            for fd in fds:
-                os.close(fd)
         if current is not None:
             _reap_nowait_except(current[1])
 
@@ -742,7 +758,7 @@ def _reap_nowait_except(keep: int) -> None:
             os.waitpid(info.si_pid, 0)
 
 
-def spawn_slot(uid: int, close: list[int], program: Filter) -> tuple[int, socket.socket]:
+def spawn_slot(uid: int, close: list[int], program: Filter, channel: Channel) -> tuple[int, socket.socket]:
     """Fork a slot (pid 1 of fresh pid/mount/ipc namespaces) for ``uid``: its pid here and its socket."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     report_r, report_w = os.pipe()
@@ -757,7 +773,7 @@ def spawn_slot(uid: int, close: list[int], program: Filter) -> tuple[int, socket
             if first == 0:
                 os.close(report_w)
                 try:
-                    slot(uid, theirs, program)
+                    slot(uid, theirs, program, channel)
                 except BaseException:
                     os._exit(70)
             os.write(report_w, str(first).encode())
@@ -844,7 +860,7 @@ def _from_pool(
     poller: select.poll,
     program: Filter,
 ) -> None:
-    """One request of the pool: open a session in its uid's slot (made on first use), or kill one."""
+    """One request of the pool: make a slot for a uid (with its pipes), open a session in it, or kill one."""
     data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 2)
     if not data:
         for owner in slots.values():
@@ -852,26 +868,34 @@ def _from_pool(
                 os.kill(owner.pid, signal.SIGKILL)
         os._exit(0)
     message = json.loads(data)
-    sid = str(message.get("id"))
+    op, sid = message.get("op"), str(message.get("id"))
     try:
-        if message.get("op") == "kill":
-            uid = session_uid.get(sid)
-            if uid is not None and uid in slots:
-                slots[uid].sock.send(data)
-            return
-        uid = int(message["uid"])
-        if uid not in slots:
-            others = [ctl.fileno(), *by_fd]
-            pid, sock = spawn_slot(uid, others, program)
+        if op == "slot":
+            uid = int(message["uid"])
+            if uid in slots or len(fds) != 2:
+                raise SetupError(f"a slot for uid {uid} exists, or it came without its two pipes")
+            pid, sock = spawn_slot(uid, [ctl.fileno(), *by_fd], program, (fds[0], fds[1]))
             slots[uid] = owner = _Slot(uid, pid, sock)
             for fd in (sock.fileno(), owner.pidfd):
                 by_fd[fd] = owner
                 poller.register(fd, select.POLLIN)
-        slots[uid].sessions.add(sid)
-        session_uid[sid] = uid
-        socket.send_fds(slots[uid].sock, [data], fds)
+            ctl.send(json.dumps({"kind": "slot", "uid": uid}).encode())
+        elif op == "kill":
+            uid = session_uid.get(sid, -1)
+            if uid in slots:
+                slots[uid].sock.send(data)
+        else:
+            uid = int(message["uid"])
+            if uid not in slots:
+                raise SetupError(f"no slot for uid {uid}")
+            slots[uid].sessions.add(sid)
+            session_uid[sid] = uid
+            slots[uid].sock.send(data)
     except (SetupError, OSError, KeyError, ValueError) as exc:
-        ctl.send(json.dumps({"kind": "ended", "id": sid, "error": _one_line(exc)}).encode())
+        kind = "slot_error" if op == "slot" else "ended"
+        ctl.send(
+            json.dumps({"kind": kind, "id": sid, "uid": message.get("uid"), "error": _one_line(exc)}).encode()
+        )
     finally:
         for fd in fds:
             os.close(fd)

@@ -48,6 +48,8 @@ SITE_DIRS = [d for d in site.getsitepackages() if os.path.isdir(d)]
 READY_TIMEOUT_S = 30.0
 KILL_GRACE_S = 2.0
 FRAME_SLACK = 1 << 20
+CLOSE = struct.pack(">I", 15) + b'{"op": "close"}'
+"""The frame that ends an idle session (its process exits)."""
 MAX_STATE_BYTES = 1 << 30
 """Largest value ``Session.read`` returns (an environment's whole state)."""
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -134,6 +136,7 @@ class _ForkServer:
         self.ctl = ctl
         self.ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.ended: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.slots: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.broken: str | None = None
         self.stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._drain = asyncio.create_task(self._drain_stderr())
@@ -192,8 +195,10 @@ class _ForkServer:
                 self._fail(why)
                 return
             message = json.loads(data)
-            if message.get("kind") == "ended":
-                future = self.ended.pop(str(message.get("id")), None)
+            kind = message.get("kind")
+            if kind in ("ended", "slot", "slot_error"):
+                waiting = self.ended if kind == "ended" else self.slots
+                future = waiting.pop(str(message.get("id") if kind == "ended" else message.get("uid")), None)
                 if future is not None and not future.done():
                     future.set_result(message)
             elif not self.ready.done():
@@ -209,10 +214,11 @@ class _ForkServer:
             asyncio.get_running_loop().remove_reader(self.ctl.fileno())
         if not self.ready.done():
             self.ready.set_result({"kind": "setup_error", "error": " | ".join(self.stderr) or why})
-        for future in self.ended.values():
+        for future in [*self.ended.values(), *self.slots.values()]:
             if not future.done():
                 future.set_result({"kind": "ended", "error": why})
         self.ended.clear()
+        self.slots.clear()
 
     async def _send(self, data: bytes, fds: list[int]) -> None:
         loop = asyncio.get_running_loop()
@@ -228,17 +234,34 @@ class _ForkServer:
                 finally:
                     loop.remove_writer(self.ctl.fileno())
 
-    async def open(
-        self, sid: str, settings: dict[str, Any], channel: tuple[int, int]
-    ) -> asyncio.Future[dict[str, Any]]:
-        """Ask for a session on ``channel`` (the read end of its request pipe, the write end of its
-        answer pipe); the future is set to the server's ``ended`` report (how the session's process
-        ended, or why it could not start) once its processes are all gone."""
+    async def add_slot(self, uid: int) -> _Channel:
+        """Have the server make ``uid``'s slot, with the pipes every session of it will use."""
+        requests_r, requests_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        made: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.slots[str(uid)] = made
+        try:
+            await self._send(json.dumps({"op": "slot", "uid": uid}).encode(), [requests_r, answers_w])
+        finally:
+            os.close(requests_r)
+            os.close(answers_w)
+        channel = _Channel(answers_r, requests_w)
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            reply = await made
+        if reply.get("kind") != "slot":
+            channel.close()
+            raise SandboxUnavailable(f"sandbox setup failed: slot for uid {uid}: {reply.get('error')}")
+        return channel
+
+    async def open(self, sid: str, settings: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Ask for a session in the slot of ``settings["uid"]``; the future is set to the server's
+        ``ended`` report (how the session's process ended, or why it could not start) once its
+        processes are all gone."""
         if self.broken is not None:
             raise SandboxUnavailable(f"the sandbox is not running: {self.broken}")
         ended: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.ended[sid] = ended
-        await self._send(json.dumps({"op": "open", "id": sid, **settings}).encode(), list(channel))
+        await self._send(json.dumps({"op": "open", "id": sid, **settings}).encode(), [])
         return ended
 
     async def kill(self, sid: str) -> None:
@@ -264,11 +287,85 @@ class _ForkServer:
 
 
 class _Slot:
-    """A uid and its lock file."""
+    """A uid, its lock file and its slot's pipes (made once the fork server runs)."""
 
     def __init__(self, uid: int, lock_fd: int) -> None:
         self.uid = uid
         self.lock_fd = lock_fd
+        self.channel: _Channel | None = None
+
+
+class _Ended(Exception):
+    """The session's process is gone (the server said so, or the slot's pipes closed)."""
+
+
+class _Channel:
+    """A slot's pipes, ours ends: answers in, requests out -- non-blocking, on the event loop.
+
+    One session at a time uses them; between sessions the slot drains the request pipe and we
+    ``reset`` the answer side, so nothing of one session reaches the next."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self.buffer = bytearray()
+
+    async def write(self, data: bytes, ended: asyncio.Future[Any]) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.write_fd, view) :]
+            except BlockingIOError:
+                await self._wait(self.write_fd, ended, writing=True)
+            except BrokenPipeError:
+                raise _Ended from None
+
+    async def read_exactly(self, n: int, ended: asyncio.Future[Any]) -> bytes:
+        while len(self.buffer) < n:
+            try:
+                chunk = os.read(self.read_fd, max(1 << 16, n - len(self.buffer)))
+            except BlockingIOError:
+                await self._wait(self.read_fd, ended, writing=False)
+                continue
+            if not chunk:
+                raise _Ended
+            self.buffer += chunk
+        data = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return data
+
+    async def _wait(self, fd: int, ended: asyncio.Future[Any], *, writing: bool) -> None:
+        """Until ``fd`` is ready, or the session has ended (then ``_Ended``; what it wrote before
+        ending is still read first)."""
+        if ended.done():
+            raise _Ended
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(*_: Any) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        (loop.add_writer if writing else loop.add_reader)(fd, wake)
+        ended.add_done_callback(wake)
+        try:
+            await waiter
+        finally:
+            (loop.remove_writer if writing else loop.remove_reader)(fd)
+            ended.remove_done_callback(wake)
+
+    def reset(self) -> None:
+        """Throw away what the last session left unread (its process is gone)."""
+        self.buffer.clear()
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.read_fd, 1 << 16):
+                pass
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class Session:
@@ -285,14 +382,16 @@ class Session:
         pool: SandboxPool,
         sid: str,
         slot: _Slot,
-        streams: tuple[asyncio.StreamReader, asyncio.StreamWriter],
         ended: asyncio.Future[dict[str, Any]],
         timeout_s: float,
     ) -> None:
+        assert slot.channel is not None
         self._pool = pool
         self.sid = sid
         self._slot = slot
-        self._reader, self._writer = streams
+        self._channel = slot.channel
+        self._ready = False
+        """The session's process has said it is ready (nothing is written to it before)."""
         self._ended = ended
         self.timeout_s = timeout_s
         """The per-call wall-clock limit (a call may ask for less or more)."""
@@ -354,15 +453,23 @@ class Session:
                 return SandboxResult(ok=False, error_type=self._dead[0], error=self._dead[1])
             start = time.monotonic()
             try:
-                self._writer.write(struct.pack(">I", len(body)) + body)
-                await self._writer.drain()
                 async with asyncio.timeout(timeout):  # no extra task per request, unlike wait_for
-                    answer = await self._answer(limit)
+                    if not self._ready:
+                        answer = await self._answer(FRAME_SLACK)
+                        self._ready = answer.get("ready") is True
+                        if not self._ready:  # it could not set the session up: that is the answer
+                            self._dead = (
+                                answer.get("error_type") or "sandbox_error",
+                                str(answer.get("error")),
+                            )
+                    if self._ready:
+                        await self._channel.write(struct.pack(">I", len(body)) + body, self._ended)
+                        answer = await self._answer(limit)
             except TimeoutError:
                 await self._end("timeout", f"wall-clock timeout after {timeout:g} s")
             except _TooBig:
                 await self._end("output_limit", f"an answer over {limit} bytes; the session was stopped")
-            except (asyncio.IncompleteReadError, ConnectionError):
+            except _Ended:
                 self._dead = _death(await self._how_ended(), timeout)
             wall = round(time.monotonic() - start, 4)
             if self._dead is not None:
@@ -370,11 +477,11 @@ class Session:
             return SandboxResult.model_validate({**answer, "wall_s": wall})
 
     async def _answer(self, limit: int) -> dict[str, Any]:
-        (size,) = struct.unpack(">I", await self._reader.readexactly(4))
+        (size,) = struct.unpack(">I", await self._channel.read_exactly(4, self._ended))
         if size > limit:
             raise _TooBig
-        answer = json.loads(await self._reader.readexactly(size))
-        if not isinstance(answer, dict) or "ok" not in answer:
+        answer = json.loads(await self._channel.read_exactly(size, self._ended))
+        if not isinstance(answer, dict) or not ("ok" in answer or "ready" in answer):
             raise _TooBig
         return answer
 
@@ -397,8 +504,10 @@ class Session:
         # An idle session's process exits when its socket closes; one busy with a request (or one
         # that stopped answering) is killed -- as is an idle one that does not exit in time.
         try:
-            self._writer.close()
-            if self._lock.locked() or self._dead is not None:
+            if self._ready and not self._lock.locked() and self._dead is None:
+                with contextlib.suppress(_Ended):
+                    await self._channel.write(CLOSE, self._ended)
+            else:
                 await self._pool._server_kill(self.sid)
             if await self._gone():
                 return
@@ -406,6 +515,7 @@ class Session:
             if not await self._gone():
                 await asyncio.to_thread(kill_uid, self.uid)
         finally:
+            self._channel.reset()
             self._pool._release(self._slot)
 
     async def _gone(self) -> bool:
@@ -447,22 +557,6 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-async def _pipe_streams(read_fd: int, write_fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Asyncio streams over a session's answer pipe (ours to read) and request pipe (ours to write)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 16)
-    read_protocol = asyncio.StreamReaderProtocol(reader)
-    try:
-        await loop.connect_read_pipe(lambda: read_protocol, os.fdopen(read_fd, "rb", 0))
-    except BaseException:
-        os.close(write_fd)
-        raise
-    transport, protocol = await loop.connect_write_pipe(
-        lambda: asyncio.streams.FlowControlMixin(loop), os.fdopen(write_fd, "wb", 0)
-    )
-    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
-
-
 class _TooBig(Exception):
     """The session sent more than an answer may be (or not an answer at all)."""
 
@@ -500,7 +594,12 @@ class SandboxPool:
             self._slots = await asyncio.to_thread(self._claim_uids, self.settings.pool_size)
             try:
                 self._server = await _ForkServer.start()
+                for slot in self._slots:
+                    slot.channel = await self._server.add_slot(slot.uid)
             except BaseException:
+                if self._server is not None:
+                    await self._server.close()
+                    self._server = None
                 self._release_uids()
                 raise
             for slot in self._slots:
@@ -546,29 +645,18 @@ class SandboxPool:
             timeout = float(timeout_s if timeout_s is not None else self.settings.timeout_s)
             memory = int(memory_mb if memory_mb is not None else self.settings.memory_mb)
             sid = str(next(self._ids))
-            requests_r, requests_w = os.pipe()
-            answers_r, answers_w = os.pipe()
-            try:
-                limits = {
-                    "uid": slot.uid,
-                    "max_procs": self.settings.max_procs,
-                    "timeout_s": timeout,
-                    "memory_mb": memory,
-                    "cpu_s": self.settings.session_cpu_s,
-                }
-                ended = await self._server.open(sid, limits, (requests_r, answers_w))
-            except BaseException:
-                os.close(requests_w)
-                os.close(answers_r)
-                raise
-            finally:
-                os.close(requests_r)
-                os.close(answers_w)
-            streams = await _pipe_streams(answers_r, requests_w)
+            limits = {
+                "uid": slot.uid,
+                "max_procs": self.settings.max_procs,
+                "timeout_s": timeout,
+                "memory_mb": memory,
+                "cpu_s": self.settings.session_cpu_s,
+            }
+            ended = await self._server.open(sid, limits)
         except BaseException:
             self._release(slot)
             raise
-        return Session(self, sid, slot, streams, ended, timeout)
+        return Session(self, sid, slot, ended, timeout)
 
     async def run(
         self, code: str, *, timeout_s: float | None = None, memory_mb: int | None = None
@@ -591,6 +679,8 @@ class SandboxPool:
         for slot in self._slots:
             kill_uid(slot.uid)
             os.close(slot.lock_fd)
+            if slot.channel is not None:
+                slot.channel.close()
         self._slots = []
 
     async def close(self) -> None:

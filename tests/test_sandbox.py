@@ -456,8 +456,8 @@ def test_sessions_cannot_see_signal_or_change_each_other() -> None:
             assert result.ok, result
             found, signalled = result.return_value
             assert secret not in json.dumps(found), found
-            assert "FileNotFoundError" in found or "PermissionError" in found, found
             assert pid not in signalled, signalled
+            # Same home path, another filesystem: whatever the attacker wrote there is its own.
             after = await victim.call("read_secret", {})
             assert after.ok and after.return_value == [secret, secret], after
 
