@@ -1,10 +1,11 @@
 """Isolated execution of generated code and the environment runtime (ASTRA §2.2).
 
-``SandboxPool`` runs untrusted Python as an unprivileged uid in fresh namespaces (no network,
-read-only filesystem except a private job dir) under CPU, memory, process, file-size and
-output limits; ``run_once`` is the one-off form the CLI uses.
+``SandboxPool`` runs untrusted Python as unprivileged uids in their own namespaces (no network,
+read-only filesystem except a private job dir) under CPU, memory, process, file-size and output
+limits: ``open_session`` gives an environment instance one process for its whole episode
+(``Session.run`` / ``call`` / ``read``), ``run`` one program; ``run_once`` is the CLI's one-off form.
 """
 
-from sandbox.pool import SandboxPool, SandboxResult, SandboxUnavailable, run_once
+from sandbox.pool import SandboxPool, SandboxResult, SandboxUnavailable, Session, run_once
 
-__all__ = ["SandboxPool", "SandboxResult", "SandboxUnavailable", "run_once"]
+__all__ = ["SandboxPool", "SandboxResult", "SandboxUnavailable", "Session", "run_once"]

@@ -1,34 +1,40 @@
-"""The sandbox's fork server: started once per pool by ``sandbox.pool`` as root; every session
-and every one-off run is a fork of it, so nothing pays for an interpreter start.
+"""The sandbox's fork server: started once per pool by ``sandbox.pool`` as root; every session is
+a fork of a process that has already imported the runtime, so nothing pays for an interpreter start.
 
 Standalone script (stdlib only, run as ``python -I -S forkserver.py CTL_FD [SITE_DIR...]``) so
 nothing of the parent process (settings, secrets, open files) leaks into it. Processes:
 
-``outer``    (root, host namespaces) imports the runtime, unshares net/mount/pid/ipc/uts
-             namespaces, makes every mount read-only with private tmpfs over /tmp, /var/tmp and
-             /dev/shm, forks ``server`` and exits when it does.
-``server``   (root, pid 1 of the sandbox's pid namespace) takes ``open``/``kill`` requests on
-             CTL_FD (a SOCK_SEQPACKET socket; ``open`` carries the session's socket as SCM_RIGHTS)
-             and reports ``ended`` when a session's processes are all gone.
-``session``  (root, pid 1 of the session's own pid namespace, own mount and ipc namespaces:
-             fresh /proc, private tmpfs /tmp with the 0700 job dir) forks the first ``holder``
-             and reaps; when it exits the kernel kills whatever the session left behind.
-``holder``   (the session's unprivileged uid: no groups, no-new-privs, seccomp filter -- no exec,
-             no ptrace, no new namespaces, no mount -- and rlimits) keeps the session's Python
-             namespaces and reads requests from the session socket. Each request runs in a
-             ``call`` child forked from it: the child runs the code under the per-call CPU and
-             memory limits, answers, and either exits (the request failed, or asked not to
-             commit: the holder's memory is untouched, so a call that raises changes nothing)
-             or takes over as the holder (a committed success). A call child that dies, runs
-             over its wall-clock limit or over the output cap is answered for by the holder,
-             whose state is as it was before the call.
+``outer``   (root, host namespaces) imports the runtime, unshares net/mount/pid/ipc/uts
+            namespaces, makes every mount read-only with private tmpfs over /tmp, /var/tmp and
+            /dev/shm, forks ``server`` and exits when it does.
+``server``  (root, pid 1 of the sandbox's pid namespace) takes requests on CTL_FD (a
+            SOCK_SEQPACKET socket): ``slot`` (with the slot's two pipes as SCM_RIGHTS) makes a
+            slot for a uid; ``open`` and ``kill`` go to the slot of the session; each slot's
+            ``ended`` comes back. Closing CTL_FD ends everything.
+``slot``    (root, pid 1 of its own pid, mount and ipc namespaces: its own /proc, a private /tmp
+            with the 0700 job dir; the seccomp filter -- no exec, no ptrace, no new namespaces,
+            no mount -- installed once here) runs its uid's sessions one at a time. While idle it
+            keeps a spare holder forked. When a session's holder ends, the slot kills whatever
+            the session left (kill(-1) spares only pid 1), empties the job dir and reports
+            ``ended`` with how the holder ended.
+``holder``  (the slot's unprivileged uid: no groups, no-new-privs, the filter, rlimits; the spare
+            drops to the uid only once its session arrives, so no process of the uid outlives a
+            session) keeps the session's Python namespaces and answers requests in-process. A
+            request that fails (an exception, MemoryError, the output cap) or is sent with
+            ``commit=False`` is rolled back: the globals as they were, plain-data values restored
+            from a pickle taken before (see ``Space``). A call that crashes or runs over its time
+            ends the session (the pool kills it); its slot reports how.
 
-Frames on a session socket are a 4-byte big-endian length and a JSON object. Requests:
-``{"op": "run", "source", "bind", "space", "commit", "timeout_s", "memory_mb"}`` runs statements
-(the trailing expression's value is the return value) in the namespace ``space`` after binding
-``bind``'s values as globals; ``{"op": "call", "tool", "arguments", ...}`` calls ``tool(**arguments)``
-found in ``space``; ``{"op": "read", "name", "space"}`` returns a global's value. Every answer is
-``{"ok", "return_value", "error_type", "error", "stdout", "stderr", "truncated", "cpu_s"}``.
+A slot's two pipes serve all its sessions (passing a unix socket per session costs more than
+the rest of opening one): the holder writes a ``ready`` frame first, and the pool writes nothing
+before it; the slot drains the request pipe before each session and the pool the answer pipe
+after one. Frames are a 4-byte big-endian length and a JSON object. Requests:
+``{"op": "run", "source", "bind", "space", "commit", "timeout_s", "max_output_bytes"}`` runs
+statements (the trailing expression's value is the return value) in the namespace ``space`` after
+binding ``bind``'s values as globals; ``{"op": "call", "tool", "arguments", ...}`` calls
+``tool(**arguments)`` found in ``space``; ``{"op": "read", "name", "space"}`` returns a global's
+value; ``{"op": "close"}`` ends the session. Every answer is ``{"ok", "return_value",
+"error_type", "error", "stdout", "stderr", "truncated", "cpu_s"}``.
 """
 
 from __future__ import annotations
@@ -600,7 +606,10 @@ def spare_holder(chan: socket.socket, channel: Channel) -> NoReturn:
         chan.close()
         enter_session(json.loads(data))
         write_frame(channel[1], READY)
-    except BaseException:
+    except BaseException as exc:
+        with _suppress():
+            body = {"ok": False, "error_type": "sandbox_error", "error": f"session setup: {_one_line(exc)}"}
+            write_frame(channel[1], answer_bytes(body))
         os._exit(70)
     serve(channel, streams)
 
@@ -655,6 +664,19 @@ def _make_spare(channel: Channel) -> tuple[int, socket.socket]:
         spare_holder(theirs, channel)
     theirs.close()
     return pid, ours
+
+
+def _hand_over(spare: tuple[int, socket.socket], data: bytes) -> int:
+    """Give the spare its session (``data``: the open request); its pid, or 0 if it is gone."""
+    pid, chan = spare
+    try:
+        chan.send(data)
+    except OSError:
+        with _suppress():
+            os.kill(pid, signal.SIGKILL)
+        pid = 0
+    chan.close()
+    return pid
 
 
 def _drain(fd: int) -> None:
@@ -731,11 +753,9 @@ def slot(uid: int, ctl: socket.socket, program: Filter, channel: Channel) -> NoR
                 ctl.send(json.dumps({"kind": "ended", "id": sid, "error": "the slot is busy"}).encode())
             else:
                 _drain(channel[0])  # the pool writes nothing more until the holder says it is ready
-                if spare is not None:
-                    spare[1].send(data)
-                    spare[1].close()
-                    pid, spare = spare[0], None
-                else:
+                pid = _hand_over(spare, data) if spare is not None else 0
+                spare = None
+                if not pid:  # no spare, or it died before it could take the session
                     pid = os.fork()
                     if pid == 0:
                         holder(message, channel)

@@ -2,17 +2,17 @@
 
 A session is one environment instance -- one rollout of one task, one verification run -- living
 in one sandboxed process for its whole episode: its Python namespaces (an environment's tools and
-its state) stay there between calls, so a tool call is a message, not a program. Each call runs in
-a child forked from the session's process, under the per-call CPU, memory and wall-clock limits; a
-call that raises, dies or runs over a limit leaves the session's state exactly as it was (the
-child's memory is thrown away), while a committed success becomes the session's new state.
+its state) stay there between calls, so a tool call is a message, not a program. A request that
+raises, runs out of memory or over the output cap leaves the session's state as it was; a
+committed success becomes its new state. A call that crashes or runs over its wall-clock limit
+ends that session (the later requests answer with why), never another.
 
-Sessions are forks of a server that has already imported the runtime, so opening one costs forks,
-not an interpreter start. Each open session owns one unprivileged uid of the pool (the first free
-uid at or above ``settings.uid_base``, claimed with a lock file so two pools never share one) and
-its own pid, mount and ipc namespaces with a private /tmp and /proc: one session cannot see, signal
-or change another. ``pool_size`` bounds the sessions open at once; ``open_session`` waits for a free
-one (back-pressure). ``run`` is the one-off form: a session for one program, closed afterwards.
+Each pool slot owns one unprivileged uid (the first free uid at or above ``settings.uid_base``,
+claimed with a lock file so two pools never share one) and runs that uid's sessions one at a time,
+each a fork of the slot, in the slot's own pid, mount and ipc namespaces (its /proc, its /tmp):
+one session cannot see, signal or change another. ``pool_size`` bounds the sessions open at once;
+``open_session`` waits for a free slot (back-pressure). ``run`` is the one-off form: a session for
+one program, closed afterwards.
 """
 
 from __future__ import annotations
@@ -314,6 +314,8 @@ class _Channel:
     async def write(self, data: bytes, ended: asyncio.Future[Any]) -> None:
         view = memoryview(data)
         while view:
+            if ended.done():  # never a byte more once the session is over: the pipe is the slot's
+                raise _Ended
             try:
                 view = view[os.write(self.write_fd, view) :]
             except BlockingIOError:
