@@ -518,6 +518,8 @@ class Session:
                 await asyncio.to_thread(kill_uid, self.uid)
         finally:
             self._channel.reset()
+            if self._ended.done() and self._ended.result().get("error"):
+                await self._pool._revive(self._slot)  # its slot process is gone: make a new one
             self._pool._release(self._slot)
 
     async def _gone(self) -> bool:
@@ -673,6 +675,18 @@ class SandboxPool:
     async def _server_kill(self, sid: str) -> None:
         if self._server is not None:
             await self._server.kill(sid)
+
+    async def _revive(self, slot: _Slot) -> None:
+        """A new slot process (and pipes) for ``slot``'s uid after its old one died."""
+        if self._closing or self._server is None or self._server.broken is not None:
+            return
+        try:
+            channel = await self._server.add_slot(slot.uid)
+        except (SandboxUnavailable, TimeoutError, OSError):
+            return  # the next session on it fails with a clear error, and tries again
+        if slot.channel is not None:
+            slot.channel.close()
+        slot.channel = channel
 
     def _release(self, slot: _Slot) -> None:
         self._free.put_nowait(slot)

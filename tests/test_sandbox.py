@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import select
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -506,3 +507,29 @@ async def timed_call(call: Awaitable[SandboxResult]) -> tuple[SandboxResult, flo
     start = time.monotonic()
     result = await call
     return result, time.monotonic() - start
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(c)
+        for t in os.listdir(f"/proc/{pid}/task")
+        for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()
+    ]
+
+
+def test_a_slot_that_dies_is_made_again() -> None:
+    async def scenario(pool: SandboxPool) -> None:
+        session = await pool.open_session()
+        assert (await session.run("1 + 1")).return_value == 2
+        assert pool._server is not None
+        (server,) = _children(pool._server.proc.pid)
+        (slot,) = _children(server)  # one uid, one slot: pid 1 of its namespaces, root
+        os.kill(slot, signal.SIGKILL)
+        await asyncio.wait_for(asyncio.shield(session._ended), 5)  # the server saw the slot go
+        failed = await session.run("1 + 1")
+        assert not failed.ok and failed.error_type in ("sandbox_error", "crash", "killed"), failed
+        await session.close()
+        async with await pool.open_session() as again:
+            assert (await again.run("2 + 2")).return_value == 4
+
+    sandboxed(scenario, SETTINGS.model_copy(update={"pool_size": 1}))
