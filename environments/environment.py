@@ -19,7 +19,7 @@ replaced by a fresh one, loaded again (an interactive one replays its state-chan
   verification function. Reward: 1 when ``verify(initial, final, calls)`` passes, else 0.
 
 QA execution contract. Each package used (the sample's own, each mixed-in one) is loaded once
-into its own namespace (``space`` = its env_id) of the session::
+into its own namespace (``space`` = its env_id) of the session (``sandbox.env_runtime.load_package``)::
 
     import json
     <package.code>        # DATA bound beforehand: the package's data (keys sorted)
@@ -68,7 +68,7 @@ from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
 from environments.rewards import RewardMode, f1_reward, reward_value
 from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
-from sandbox.env_runtime import EnvSession, Runner, output_text
+from sandbox.env_runtime import EnvSession, Runner, load_package, output_text
 from sandbox.pool import SandboxResult, SandboxUnavailable
 
 
@@ -272,7 +272,9 @@ class QaEnvironment:
         problem = argument_error(spec, arguments)
         if problem is not None:
             return Observation(text=f"error: {name}: {problem}", ok=False, tool=name)
-        session = await self._held.space(package.env_id, lambda s: _load_package(s, package))
+        session = await self._held.space(
+            package.env_id, lambda s: load_package(s, package, space=package.env_id)
+        )
         if isinstance(session, str):
             return Observation(text=f"error: {session}", ok=False, tool=name)
         # Not committed: every call sees the package as loaded, as when each call was its own program.
@@ -291,12 +293,6 @@ class QaEnvironment:
         """F1 (or recall / precision) over the successful tool outputs; c = every emitted call."""
         parts = f1_reward(self.jobs, trajectory.tool_outputs, trajectory.tool_calls)
         return reward_value(parts, self.mode), {k: float(v) for k, v in parts.model_dump().items()}
-
-
-async def _load_package(session: EnvSession, package: EnvPackage) -> SandboxResult:
-    """Load ``package`` into its own space (its env_id); DATA's keys sorted, as ``program`` gives them."""
-    data = json.loads(json.dumps(package.data, ensure_ascii=False, sort_keys=True))
-    return await session.run(load_source(package.code), bind={"DATA": data}, space=package.env_id)
 
 
 # --------------------------------------------------------------------------- interactive

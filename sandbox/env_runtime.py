@@ -218,9 +218,11 @@ def load_source(code: str) -> str:
     return f"{LOAD_PRELUDE}{code.rstrip()}\npass\n"
 
 
-async def load_package(session: EnvSession, package: EnvPackage) -> SandboxResult:
-    """Bind ``package``'s DATA and run its code in ``session`` (committed: later requests see it)."""
-    return await session.run(load_source(package.code), bind={"DATA": bound_data(package.data)})
+async def load_package(session: EnvSession, package: EnvPackage, *, space: str = "main") -> SandboxResult:
+    """Bind ``package``'s DATA and run its code in ``space`` of ``session`` (committed: later
+    requests see it)."""
+    source = load_source(package.code)
+    return await session.run(source, bind={"DATA": bound_data(package.data)}, space=space)
 
 
 def after_load(loaded: SandboxResult, result: SandboxResult) -> SandboxResult:

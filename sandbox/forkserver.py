@@ -78,7 +78,6 @@ NAMESPACE_FLAGS = (
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-MNT_DETACH = 2
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 _KEEP_FLAGS = {
     "nosuid": MS_NOSUID,
@@ -264,13 +263,6 @@ def seccomp_filter(program: Filter) -> None:
 
 def set_limit(which: int, soft: int, hard: int | None = None) -> None:
     resource.setrlimit(which, (soft, soft if hard is None else hard))
-
-
-def lower_limit(which: int, value: int) -> None:
-    """Lower a limit (soft and hard) to ``value``; never above the current hard limit."""
-    _soft, hard = resource.getrlimit(which)
-    cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
-    resource.setrlimit(which, (cap, cap))
 
 
 def _one_line(exc: BaseException) -> str:
