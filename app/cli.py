@@ -22,7 +22,9 @@ from rich.table import Table
 from app.cli_catalog import eigen_app, env_app, export_app, lake_app
 from app.cli_common import UserError, broker, console, err, ready_broker, settings
 from app.cli_llm import llm_app
+from app.cli_ops import dlq_app, trace
 from app.cli_publish import publish_app
+from app.cli_reward import reward_app
 from arena.config import ArenaSettings
 from sandbox.cli import app as sandbox_app
 
@@ -41,6 +43,9 @@ app.add_typer(env_app, name="env")
 app.add_typer(eigen_app, name="eigen")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(llm_app, name="llm")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(reward_app, name="reward")
+app.command("trace")(trace)
 
 # --- stack --------------------------------------------------------------
 
@@ -182,8 +187,18 @@ def worker_cmd(
             min=1, max=64, help="Processes per stage in its consumer group; they share its partitions."
         ),
     ] = 1,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics on this port (0: off; default ARENA_METRICS__PORT).",
+        ),
+    ] = None,
 ) -> None:
     """Run stage workers (Faust, exactly-once) until stopped or drained."""
+    from app.metrics_http import MetricsPortError, with_metrics_port
     from app.registry import WORKERS
     from app.worker import run_workers
 
@@ -191,16 +206,19 @@ def worker_cmd(
     unknown = [n for n in names if n not in WORKERS]
     if unknown:
         raise UserError(f"unknown stage {unknown[0]!r} (fix: use one of {', '.join(WORKERS)})")
-    cfg = settings()
-    code = run_workers(
-        cfg,
-        ready_broker(cfg),
-        names,
-        until_drained=until_drained,
-        timeout_s=timeout,
-        console=err,
-        replicas=replicas,
-    )
+    cfg = with_metrics_port(settings(), metrics_port)
+    try:
+        code = run_workers(
+            cfg,
+            ready_broker(cfg),
+            names,
+            until_drained=until_drained,
+            timeout_s=timeout,
+            console=err,
+            replicas=replicas,
+        )
+    except MetricsPortError as exc:
+        raise UserError(str(exc)) from None
     raise typer.Exit(code)
 
 
@@ -222,22 +240,57 @@ def train_cmd(
         bool, typer.Option("--resume", help="Fail unless the run has a checkpoint (it always resumes one).")
     ] = False,
     run: Annotated[str | None, typer.Option(help="Run name (default: ARENA_TRAIN__RUN).")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics on this port (0: off; default ARENA_METRICS__PORT).",
+        ),
+    ] = None,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            help="Hyper-parameters of a paper ('astra': ASTRA §3); explicit ARENA_TRAIN__* settings win.",
+        ),
+    ] = None,
 ) -> None:
     """Train continuously: SFT on samples.sft, then online GRPO on samples.verified; resumes after a crash."""
+    from app.metrics_http import MetricsPortError, serve_process_metrics, with_metrics_port
     from trainer.service import NoCheckpoint, TrainerService, TrainOptions
 
-    cfg = settings()
+    cfg = with_metrics_port(settings(), metrics_port)
+    if preset is not None:
+        from trainer.presets import UnknownPreset, apply_preset
+
+        try:
+            cfg, chosen = apply_preset(cfg, preset)
+        except UnknownPreset as exc:
+            raise UserError(f"--preset: {exc}") from None
+        err.print(f"preset {preset!r}: " + ", ".join(f"{k}={v}" for k, v in chosen.items()))
     if run is not None:
         try:
-            cfg.train = cfg.train.model_copy(update={"run": type(cfg.train).model_validate({"run": run}).run})
+            checked = type(cfg.train).model_validate({"run": run}).run
+            cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"run": checked})})
         except ValidationError:
             raise UserError(f"--run {run!r}: use letters, digits, '_', '.', '-' (at most 64)") from None
     options = TrainOptions(tiny=tiny, steps=steps, until_drained=until_drained, resume=resume)
     service = TrainerService(cfg, ready_broker(cfg), options, console)
     try:
+        endpoint = serve_process_metrics(cfg.metrics)
+    except MetricsPortError as exc:
+        raise UserError(str(exc)) from None
+    if endpoint is not None:
+        err.print(f"metrics: http://{cfg.metrics.host}:{endpoint.port}/metrics")
+    try:
         code = asyncio.run(service.run())
     except (NoCheckpoint, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
     raise typer.Exit(code)
 
 
@@ -376,18 +429,41 @@ def waiting_groups(cfg: ArenaSettings) -> dict[str, str]:
     }
 
 
+@app.command("ui")
+def ui_cmd(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8600,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+) -> None:
+    """Web dashboard: stage graph with live lag, dead letters and replay, lake browser, training curves."""
+    from app.ui import UiError, serve
+
+    cfg = settings()
+    try:
+        serve(cfg, ready_broker(cfg), host=host, port=port, say=err.print)
+    except UiError as exc:
+        raise UserError(str(exc)) from None
+
+
 # --- demo ---------------------------------------------------------------
 
 
 @app.command()
 def demo(
     timeout: Annotated[float, typer.Option(help="Give up if the stages have not drained by then.")] = 600.0,
+    tracks: Annotated[
+        str,
+        typer.Option(help="Comma-separated tracks to run: sft (tool docs), env (QA environments), eigen."),
+    ] = "sft,env,eigen",
 ) -> None:
     """Publish the bundled sample tool docs, run every stage until drained, summarise."""
-    from app.demo import run_demo
+    from app.demo import TRACKS, run_demo
 
+    chosen = tuple(t.strip() for t in tracks.split(",") if t.strip())
+    unknown = [t for t in chosen if t not in TRACKS]
+    if unknown or not chosen:
+        raise UserError(f"--tracks {tracks!r}: use some of {', '.join(TRACKS)} (comma-separated)")
     cfg = settings()
-    raise typer.Exit(run_demo(cfg, ready_broker(cfg), console=console, timeout_s=timeout))
+    raise typer.Exit(run_demo(cfg, ready_broker(cfg), console=console, timeout_s=timeout, tracks=chosen))
 
 
 @app.command("config")

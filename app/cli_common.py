@@ -20,14 +20,26 @@ class UserError(Exception):
 
 
 def settings() -> ArenaSettings:
+    """The settings from the environment and the settings file; a bad one is a ``UserError``."""
     try:
         return ArenaSettings()
     except ValidationError as exc:
-        problems = "; ".join(
-            f"ARENA_{'_'.join(str(p) for p in e['loc']).upper() or 'CONFIG'}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise UserError(f"invalid configuration (environment or arena.toml): {problems}") from None
+        raise UserError(settings_problems(exc)) from None
+
+
+def settings_problems(exc: ValidationError) -> str:
+    """One line per problem, each naming its variable (``ARENA_SFT__WALKS``) or file key."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        msg = str(error["msg"]).removeprefix("Value error, ")
+        loc = [str(p) for p in error["loc"]]
+        if msg.startswith("ARENA_") or error["type"] in ("unknown_setting", "invalid_setting"):
+            lines.append(f"  {msg}")  # names its key already
+            continue
+        name = f"ARENA_{loc[0].upper()}" + "".join(f"__{p.upper()}" for p in loc[1:2]) if loc else "ARENA_*"
+        rest = f" (at {'.'.join(loc[2:])})" if len(loc) > 2 else ""
+        lines.append(f"  {name}{rest}: {msg}")
+    return "invalid configuration (ARENA_* environment variables or the settings file):\n" + "\n".join(lines)
 
 
 def broker(cfg: ArenaSettings) -> str:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from app.cli_common import UserError, console, err, ready_broker, settings
+from arena.records.tools import ToolDocFormat
+
+if TYPE_CHECKING:
+    from producers.publish_tools import PublishReport
 
 publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's topics.")
 
@@ -17,32 +23,92 @@ publish_app = typer.Typer(no_args_is_help=True, help="Publish inputs to Arena's 
 # --- publish ------------------------------------------------------------
 
 
+_SHOWN = 30
+"""Rows of the server table and error lines printed; the rest are summarised (all errors are in the DLQ)."""
+_PROGRESS_BYTES = 1024 * 1024
+"""Inputs at least this big get a progress bar."""
+
+
 @publish_app.command("tools")
 def publish_tools(
     paths: Annotated[list[Path], typer.Argument(help="Files or folders of tool docs (JSON, JSONL, YAML).")],
+    doc_format: Annotated[
+        ToolDocFormat | None,
+        typer.Option(
+            "--format",
+            help="Treat every document as this format instead of detecting it "
+            "(openapi also covers Swagger 2.0 and specs without an 'openapi' key).",
+        ),
+    ] = None,
+    max_server_tools: Annotated[
+        int,
+        typer.Option(
+            "--max-server-tools", min=3, max=10_000, help="Bound on tools per server; bigger ones are split."
+        ),
+    ] = 64,
 ) -> None:
-    """Publish tool docs (OpenAI, MCP tools/list, BFCL, OpenAPI 3) to `tools.raw`."""
+    """Publish tool docs (OpenAI, MCP tools/list, BFCL, OpenAPI 3 / Swagger 2.0, registry dumps,
+    function-calling datasets) to `tools.raw`."""
     from producers.publish_tools import publish_tool_docs
+    from producers.tool_docs import LoadOptions, planned_bytes
 
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise UserError(f"no such file or folder: {missing[0]} (fix: check the path)")
     cfg = settings()
-    report = asyncio.run(publish_tool_docs(ready_broker(cfg), paths))
+    options = LoadOptions(max_server_tools=max_server_tools, format=doc_format)
+    address = ready_broker(cfg)
+    total = planned_bytes(paths)
+    with Progress(
+        TextColumn("reading tool docs"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+        disable=total < _PROGRESS_BYTES,
+    ) as bar:
+        task = bar.add_task("read", total=total)
+        report = asyncio.run(
+            publish_tool_docs(address, paths, options, progress=lambda n: bar.advance(task, n))
+        )
+    _print_tools_report(report)
+    if report.errors:
+        raise typer.Exit(1)
+
+
+def _print_tools_report(report: PublishReport) -> None:
     if report.servers:
         table = Table("server", "format", "tools", "source", title="published to tools.raw")
-        for s in report.servers:
+        for s in report.servers[:_SHOWN]:
             table.add_row(s.server, s.format.value, str(len(s.entries)), s.source)
+        if len(report.servers) > _SHOWN:
+            table.add_row(f"... {len(report.servers) - _SHOWN} more", "", "", "")
         console.print(table)
-    for e in report.errors:
+    for notice in report.notices[:_SHOWN]:
+        err.print(f"[yellow]note[/yellow] {notice.describe()}")
+    if len(report.notices) > _SHOWN:
+        err.print(f"[yellow]note[/yellow] ... and {len(report.notices) - _SHOWN} more notes")
+    for e in report.errors[:_SHOWN]:
         where = e.file + (f" [{e.entry}]" if e.entry else "")
         err.print(f"[red]error[/red] {where}: {e.problem} (fix: {e.fix})")
+    if len(report.errors) > _SHOWN:
+        err.print(f"[red]error[/red] ... and {len(report.errors) - _SHOWN} more (all in tools.raw.dlq)")
+    stats = report.stats
+    summary = Table("", "count", title="summary", show_header=False)
+    summary.add_row("tools read", str(stats.tools_read))
+    summary.add_row("duplicates merged", str(stats.duplicates_merged))
+    summary.add_row("same-name conflicts (richer kept)", str(stats.conflicts))
+    summary.add_row("servers formed", str(len(report.servers)))
+    summary.add_row("rejected", str(len(report.errors)))
+    reasons = Counter(e.problem.split(":")[0].split(" (")[0][:60] for e in report.errors)
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        summary.add_row(f"  rejected: {reason}", str(n))
+    console.print(summary)
     console.print(
         f"{len(report.servers)} servers published, {len(report.errors)} rejected "
         f"(sent to tools.raw.dlq with reasons)"
     )
-    if report.errors:
-        raise typer.Exit(1)
 
 
 @publish_app.command("mcp")

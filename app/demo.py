@@ -56,6 +56,22 @@ DEMO_DOMAIN = "customer_service"
 
 SIDE_TOPICS = [spec.name for spec in TOPICS.values() if spec.side_of is not None]
 
+TRACKS: tuple[str, ...] = ("sft", "env", "eigen")
+"""The demo's tracks: ASTRA's SFT track, ASTRA's environment track, EigenData."""
+_TRACK_OF_INPUT = {"tools.": "sft", "chains": "sft", "tasks": "sft", "trajectories": "sft", "qa.": "env"}
+_TRACK_OF_INPUT |= {"envs.": "env", "eigen.": "eigen"}
+
+
+def track_workers(tracks: tuple[str, ...]) -> list[str]:
+    """The workers a demo of ``tracks`` runs: their stages (by input topic) and the lake sink."""
+    chosen = []
+    for name, worker in WORKERS.items():
+        source = worker.inputs[0] if len(worker.inputs) == 1 else ""
+        track = next((t for prefix, t in _TRACK_OF_INPUT.items() if source.startswith(prefix)), None)
+        if track is None or track in tracks:  # the lake sink belongs to every track
+            chosen.append(name)
+    return chosen
+
 
 def drop_reasons_sql(tables: list[str]) -> str:
     """Per side topic and gate (or dead-letter kind): how many records, and one example reason."""
@@ -170,41 +186,62 @@ def demo_seeds(settings: ArenaSettings) -> list[QaSeed]:
     ]
 
 
-def run_demo(settings: ArenaSettings, bootstrap: str, *, console: Console, timeout_s: float) -> int:
+def run_demo(
+    settings: ArenaSettings,
+    bootstrap: str,
+    *,
+    console: Console,
+    timeout_s: float,
+    tracks: tuple[str, ...] = TRACKS,
+) -> int:
     """``bootstrap`` must have every topic created (`app.cli.ready_broker`)."""
-    mcp = start_demo_mcp(settings.home / "logs")
+    mcp = start_demo_mcp(settings.home / "logs") if "sft" in tracks else None
     try:
-        docs, unreadable, deployed = asyncio.run(publish_demo_inputs(bootstrap, mcp))
-        console.print(
-            f"published {docs} doc-only candidate servers and {deployed} deployed MCP servers to tools.raw; "
-            f"{unreadable} unreadable files/entries to tools.raw.dlq"
-        )
-        seeds = demo_seeds(settings)
-        asyncio.run(publish_seeds(bootstrap, seeds))
-        console.print(
-            f"published {len(seeds)} QA seeds to qa.seeds ({', '.join(BUILTIN_DOMAINS)}; "
-            f"{settings.envs.demo_instances} instances each)"
-        )
-        publication = asyncio.run(publish_domain(settings, bootstrap, resolve_pack(DEMO_DOMAIN)))
-        piloted = ", ".join(
-            f"{s.set_id} {'converged' if s.converged else 'not converged'} in {s.iterations}"
-            for s in publication.sets
-        )
-        console.print(
-            f"published domain pack {publication.domain!r}: {len(publication.sets)} prompt sets piloted "
-            f"({piloted} iterations; {publication.pilot_records} records to eigen.pilot.metrics), "
-            f"{publication.seeds} seeds to eigen.seeds"
-        )
+        if mcp is not None:
+            docs, unreadable, deployed = asyncio.run(publish_demo_inputs(bootstrap, mcp))
+            console.print(
+                f"published {docs} doc-only candidate servers and {deployed} deployed MCP servers to "
+                f"tools.raw; {unreadable} unreadable files/entries to tools.raw.dlq"
+            )
+        if "env" in tracks:
+            seeds = demo_seeds(settings)
+            asyncio.run(publish_seeds(bootstrap, seeds))
+            console.print(
+                f"published {len(seeds)} QA seeds to qa.seeds ({', '.join(BUILTIN_DOMAINS)}; "
+                f"{settings.envs.demo_instances} instances each)"
+            )
+        if "eigen" in tracks:
+            _publish_domain(settings, bootstrap, console)
         code = run_workers(
-            settings, bootstrap, list(WORKERS), until_drained=True, timeout_s=timeout_s, console=console
+            settings,
+            bootstrap,
+            track_workers(tracks),
+            until_drained=True,
+            timeout_s=timeout_s,
+            console=console,
         )
     finally:
-        mcp.stop()
+        if mcp is not None:
+            mcp.stop()
     if code != 0:
         console.print("[red]the stages did not drain; see the worker logs under $ARENA_HOME/logs[/red]")
         return code
     summarise(settings, console)
     return 0
+
+
+def _publish_domain(settings: ArenaSettings, bootstrap: str, console: Console) -> None:
+    """The built-in domain pack: EigenData phases 1-2 here, phase 3 seeds to ``eigen.seeds``."""
+    publication = asyncio.run(publish_domain(settings, bootstrap, resolve_pack(DEMO_DOMAIN)))
+    piloted = ", ".join(
+        f"{s.set_id} {'converged' if s.converged else 'not converged'} in {s.iterations}"
+        for s in publication.sets
+    )
+    console.print(
+        f"published domain pack {publication.domain!r}: {len(publication.sets)} prompt sets piloted "
+        f"({piloted} iterations; {publication.pilot_records} records to eigen.pilot.metrics), "
+        f"{publication.seeds} seeds to eigen.seeds"
+    )
 
 
 def summarise(settings: ArenaSettings, console: Console) -> None:

@@ -213,7 +213,7 @@ def _locked(settings: ArenaSettings) -> Iterator[None]:
 # -- process helpers -------------------------------------------------------
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True when ``pid`` is a running (not zombie) process."""
     child = _CHILDREN.get(pid)
     if child is not None:
@@ -237,7 +237,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _is_our_broker(state: StackState) -> bool:
     """The recorded pid is alive and is still our broker (not a reused pid)."""
-    if not _pid_alive(state.pid):
+    if not pid_alive(state.pid):
         return False
     try:
         if os.getpgid(state.pid) != state.pgid:
@@ -325,10 +325,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 def _wait_dead(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.05)
-    return not _pid_alive(pid)
+    return not pid_alive(pid)
 
 
 def _stop_process(pid: int, pgid: int, timeout_s: float) -> None:

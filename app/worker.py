@@ -8,12 +8,16 @@ another ``ARENA_WORKER_SLOT`` adds processes on another machine the same way. A
 worker that dies is restarted with backoff, under its static group-member id, so it takes
 its partitions back at once. ``--until-drained`` stops all of
 them and returns 0 once every stage group has nothing pending, measured
-against the read_committed position, on two checks in a row.
+against the read_committed position, on two checks in a row. With a metrics port
+(``--metrics-port``/``ARENA_METRICS__PORT``) the supervisor serves /metrics: what
+every worker process records (``arena.metrics``), the workers it runs, and consumer
+lag per group (``app.metrics_http``).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +30,9 @@ from rich.console import Console
 
 from app.admission_host import start_admission_host
 from app.endpoint_watch import EndpointWatch
+from app.metrics_http import LagCollector, WorkerMetrics
 from app.registry import topics_by_group, worker
+from app.stack import pid_alive
 from arena.config import ArenaSettings
 from consumers.lag import LagRow, compute_lag, drained
 
@@ -64,6 +70,12 @@ class Supervisor:
             for n in names
             for r in range(replicas)
         ]
+        self.metrics: WorkerMetrics | None = None
+        """Set before ``start`` when /metrics is served: the workers then record into its folder."""
+
+    def snapshot(self) -> list[tuple[str, bool, int]]:
+        """(stage, running, restarts) per worker process, for /metrics."""
+        return [(c.name, c.proc is not None and c.proc.poll() is None, c.restarts) for c in self.children]
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -72,6 +84,8 @@ class Supervisor:
         env["ARENA_SUPERVISED"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if self.metrics is not None:
+            env.update(self.metrics.child_env())
         return env
 
     def _spawn(self, child: Child) -> None:
@@ -103,6 +117,8 @@ class Supervisor:
             if child.proc is None or child.proc.poll() is None:
                 continue
             if child.next_start == 0.0:
+                if self.metrics is not None:
+                    self.metrics.process_ended(child.proc.pid)
                 child.restarts += 1
                 if child.restarts > MAX_RESTARTS:
                     raise WorkerFailed(
@@ -143,6 +159,37 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
+def start_metrics(
+    settings: ArenaSettings,
+    bootstrap: str,
+    groups: dict[str, list[str]],
+    supervisor: Supervisor,
+    console: Console,
+) -> WorkerMetrics | None:
+    """The /metrics endpoint of this supervisor, or None when ``settings.metrics.port`` is 0.
+
+    Lag covers every group the cluster knows (as `arena lag` does) plus this supervisor's stage
+    groups before they first join.
+    """
+    cfg = settings.metrics
+    if cfg.port == 0:
+        return None
+    lag = LagCollector.for_broker(bootstrap, topics_by_group=groups, cache_s=cfg.lag_cache_s)
+    folder = settings.home / "metrics" / f"worker-{os.getpid()}"
+    _remove_stale_metrics(folder.parent)
+    metrics = WorkerMetrics(cfg, folder, lag, supervisor)
+    console.print(f"metrics: http://{cfg.host}:{metrics.port}/metrics")
+    return metrics
+
+
+def _remove_stale_metrics(parent: Path) -> None:
+    """Drop the metrics folders of supervisors that died without cleaning up (SIGKILL)."""
+    for old in parent.glob("worker-*"):
+        pid = old.name.removeprefix("worker-")
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def pending_by_group(rows: list[LagRow], groups: dict[str, list[str]]) -> dict[str, int]:
     totals = dict.fromkeys(groups, 0)
     for row in rows:
@@ -164,6 +211,7 @@ def run_workers(
     """Run the workers (``replicas`` processes per stage); returns the process exit code."""
     supervisor = Supervisor(settings, bootstrap, names, console, replicas)
     groups = topics_by_group(names)
+    supervisor.metrics = start_metrics(settings, bootstrap, groups, supervisor, console)
     interrupted = False
 
     def _interrupt(signum: int, _frame: object) -> None:
@@ -214,6 +262,8 @@ def run_workers(
     finally:
         with console.status("stopping workers..."):
             supervisor.stop()
+        if supervisor.metrics is not None:
+            supervisor.metrics.stop()
         admission.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -8,12 +8,26 @@ never show up in ``repr``, logs or ``arena status``.
 
 from __future__ import annotations
 
+import difflib
 import os
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -27,10 +41,36 @@ def _default_home() -> Path:
 
 
 def _toml_path() -> Path:
-    return Path(os.environ.get("ARENA_CONFIG", "arena.toml"))
+    raw = os.environ.get("ARENA_CONFIG")
+    if raw is None:
+        return Path("arena.toml")
+    if not raw.strip():
+        raise settings_error(
+            "ARENA_CONFIG",
+            raw,
+            "ARENA_CONFIG is set but empty (fix: unset it to read ./arena.toml, or name a TOML file)",
+        )
+    path = Path(raw).expanduser()
+    if path.is_dir():
+        raise settings_error(
+            "ARENA_CONFIG",
+            raw,
+            f"ARENA_CONFIG={raw} is a folder, not a settings file (fix: name a TOML file)",
+        )
+    return path
 
 
-class SandboxSettings(BaseModel):
+class Section(BaseModel):
+    """A group of settings (``[sft]`` in the TOML file, ``ARENA_SFT__<FIELD>`` in the environment).
+
+    Frozen like every settings model: change a copy with ``model_copy(update=...)``. An unknown
+    key is an error, not silently ignored.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SandboxSettings(Section):
     """Limits of the sandbox that runs generated code; env vars ``ARENA_SANDBOX__<FIELD>``."""
 
     pool_size: Annotated[
@@ -75,7 +115,7 @@ class SandboxSettings(BaseModel):
     ]
 
 
-class EnvSettings(BaseModel):
+class EnvSettings(Section):
     """Knobs of the environment track (ASTRA §2.2); env vars ``ARENA_ENVS__<FIELD>``."""
 
     qs_threshold: Annotated[
@@ -115,7 +155,7 @@ class EnvSettings(BaseModel):
     ]
 
 
-class EigenSettings(BaseModel):
+class EigenSettings(Section):
     """Knobs of the EigenData track (seed paper 003, §4); env vars ``ARENA_EIGEN__<FIELD>``."""
 
     prompt_sets: Annotated[
@@ -159,7 +199,7 @@ class EigenSettings(BaseModel):
     ]
 
 
-class SftSettings(BaseModel):
+class SftSettings(Section):
     """Knobs of the SFT track (ASTRA §2.1); env vars ``ARENA_SFT__<FIELD>``."""
 
     chain_syntheses: Annotated[
@@ -228,7 +268,7 @@ class SftSettings(BaseModel):
         return self
 
 
-class TrainSettings(BaseModel):
+class TrainSettings(Section):
     """Knobs of the training service (ASTRA §3, EigenData §5); env vars ``ARENA_TRAIN__<FIELD>``."""
 
     run: Annotated[
@@ -283,13 +323,14 @@ class TrainSettings(BaseModel):
             "negative: keep every group, an ablation).",
         ),
     ]
-    max_rounds: Annotated[
-        int,
+    final_short_batch: Annotated[
+        bool,
         Field(
-            default=4,
-            ge=1,
-            le=1000,
-            description="Rollout rounds per step before it trains on what it has (shortfall logged).",
+            default=False,
+            description="With --until-drained or --steps: when the topic runs dry with fewer than n valid "
+            "groups, train them as a final short step (reported as short). Off: they are not trained (no "
+            "step), and are rolled out again when the run resumes on more samples. Every other step holds "
+            "exactly n valid groups (ASTRA §3.1 adaptive batch filling keeps drawing until it does).",
         ),
     ]
     clip_low: Annotated[float, Field(default=0.2, ge=0, le=1, description="PPO clip epsilon below 1.")]
@@ -371,6 +412,36 @@ class TrainSettings(BaseModel):
         int, Field(default=2, ge=1, le=2, description="Full training states kept (the last 1-2).")
     ]
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_not_empty(cls, v: Any) -> Any:
+        return not_empty(v, "train__model")
+
+
+class MetricsSettings(Section):
+    """Prometheus endpoint of `arena worker` and `arena train`; env vars ``ARENA_METRICS__<FIELD>``."""
+
+    port: Annotated[
+        int, Field(default=0, ge=0, le=65535, description="Port serving /metrics; 0: no endpoint.")
+    ]
+    host: Annotated[
+        str,
+        Field(
+            default="127.0.0.1",
+            min_length=1,
+            description="Address it binds; 0.0.0.0 lets other hosts scrape.",
+        ),
+    ]
+    lag_cache_s: Annotated[
+        float,
+        Field(
+            default=2.0,
+            ge=0,
+            le=60,
+            description="Scrapes within this many seconds reuse the last lag figures.",
+        ),
+    ]
+
 
 RoleKind = Literal["generator", "judge", "emulator", "agent", "user"]
 """What a role does, which sets its default sampling: judges and emulators are deterministic."""
@@ -378,14 +449,12 @@ RoleKind = Literal["generator", "judge", "emulator", "agent", "user"]
 ROLE_KINDS: tuple[str, ...] = ("generator", "judge", "emulator", "agent", "user")
 
 
-class RoleSettings(BaseModel):
+class RoleSettings(Section):
     """Generation settings and endpoint of a role, or of every role of a kind (``llm_roles``).
 
     Every field is optional: an unset one falls back to the kind's entry, then to the kind's
     default (``arena.llm.routing.KIND_DEFAULTS``), then to the endpoint settings.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     temperature: Annotated[float | None, Field(default=None, ge=0, le=2, description="Sampling temperature.")]
     top_p: Annotated[float | None, Field(default=None, gt=0, le=1, description="Nucleus sampling mass.")]
@@ -416,11 +485,15 @@ class RoleSettings(BaseModel):
     ]
 
 
+_NOT_EMPTY = ("home", "broker", "lake_url", "s3_endpoint", "s3_region", "lancedb_uri", "catalog_url", "llm")
+"""Settings for which an empty value is a mistake (unset them for the default), never "unset"."""
+
+
 class ArenaSettings(BaseSettings):
     """Everything a worker, the CLI or a test needs to find the stack."""
 
     model_config = SettingsConfigDict(
-        env_prefix="ARENA_", env_nested_delimiter="__", extra="ignore", validate_default=True
+        env_prefix="ARENA_", env_nested_delimiter="__", extra="forbid", validate_default=True, frozen=True
     )
 
     home: Annotated[
@@ -539,6 +612,13 @@ class ArenaSettings(BaseSettings):
         SandboxSettings,
         Field(default_factory=SandboxSettings, description="Sandbox limits for generated code."),
     ]
+    metrics: Annotated[
+        MetricsSettings,
+        Field(
+            default_factory=MetricsSettings,
+            description="Prometheus /metrics endpoint of workers and trainer.",
+        ),
+    ]
     commit_interval_s: Annotated[
         float,
         Field(
@@ -591,11 +671,36 @@ class ArenaSettings(BaseSettings):
             description="Tool descriptions longer than this (UTF-8 bytes) are capped.",
         ),
     ]
+    claim_threshold_bytes: Annotated[
+        int,
+        Field(
+            default=512 * 1024,
+            ge=1024,
+            le=900 * 1024,
+            description="Record values longer than this (bytes) are written once to the lake "
+            "(claims/<sha256>) and travel as a small reference (claim check), so no record reaches "
+            "the broker's message limit (1 MiB by default).",
+        ),
+    ]
+
+    @field_validator(*_NOT_EMPTY, mode="before")
+    @classmethod
+    def _not_empty(cls, v: Any, info: ValidationInfo) -> Any:
+        return not_empty(v, info.field_name or "")
 
     @field_validator("home", mode="after")
     @classmethod
     def _absolute_home(cls, v: Path) -> Path:
-        return v.expanduser().resolve()
+        home = v.expanduser().resolve()
+        if home.exists() and not home.is_dir():
+            raise ValueError(
+                f"ARENA_HOME={v} is not a folder (fix: point ARENA_HOME at a folder; it is created if missing)"
+            )
+        if home.is_dir() and not os.access(home, os.W_OK | os.X_OK):
+            raise ValueError(
+                f"ARENA_HOME={v} is not writable (fix: point ARENA_HOME at a folder you can write)"
+            )
+        return home
 
     @field_validator("lake_url")
     @classmethod
@@ -607,6 +712,8 @@ class ArenaSettings(BaseSettings):
             raise ValueError(f"ARENA_LAKE_URL must start with file:// or s3://, got {v!r}")
         if scheme == "s3" and not urlparse(v).netloc:
             raise ValueError("ARENA_LAKE_URL s3:// needs a bucket: s3://bucket/prefix")
+        if scheme == "file" and not (urlparse(v).netloc + urlparse(v).path).strip("/"):
+            raise ValueError(f"ARENA_LAKE_URL={v!r} names no folder (fix: file:///absolute/path)")
         return v
 
     @field_validator("llm_roles")
@@ -640,8 +747,8 @@ class ArenaSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=_toml_path())
-        return (init_settings, env_settings, toml, file_secret_settings)
+        toml = StrictTomlSource(settings_cls, toml_file=_toml_path())
+        return (init_settings, EnvCheck(settings_cls), env_settings, toml, file_secret_settings)
 
     def concurrency_of(self, stage: str) -> int:
         """Records ``stage`` handles at once: its override, else ``stage_concurrency``."""
@@ -692,6 +799,168 @@ def redact_url(url: str) -> str:
         netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@")
         return parsed._replace(netloc=netloc).geturl()
     return url
+
+
+# Strictness: empty values, unknown keys ----------------------------------------------
+NOT_SETTINGS_ENV: frozenset[str] = frozenset(
+    {
+        "ARENA_CONFIG",  # the settings file itself, read before the settings (_toml_path)
+        "ARENA_LOG_LEVEL",  # app/run.py: log level of a worker process
+        "ARENA_SUPERVISED",  # app/worker.py -> app/run.py: the worker runs under `arena worker`
+        "ARENA_WORKER_INSTANCE",  # app/worker.py -> app/run.py: static group-member id of a worker
+        "ARENA_WORKER_SLOT",  # app/worker.py: which `arena worker` on a host (part of the member id)
+        "ARENA_LLM_SERVE_API_KEY",  # app/cli_llm.py: `arena llm serve --api-key` (a typer envvar)
+        "ARENA_VERL_PYTHON",  # tests/scripts: the interpreter of the separate verl environment
+        "ARENA_VLLM_MODEL",  # docker-compose.yml: the model the vllm service serves
+    }
+)
+"""``ARENA_*`` environment variables that are not settings; any other unknown one is an error."""
+NOT_SETTINGS_ENV_PREFIXES: tuple[str, ...] = ("ARENA_TEST_",)
+"""Prefixes of non-setting variables: ``ARENA_TEST_*`` configure the test fixtures."""
+
+
+def settings_error(loc: str, value: Any, message: str) -> ValidationError:
+    """A ``ValidationError`` of ``ArenaSettings`` at ``loc`` saying ``message`` (names the key and the fix)."""
+    error = PydanticCustomError("invalid_setting", "{problem}", {"problem": message})
+    return ValidationError.from_exception_data(
+        "ArenaSettings", [InitErrorDetails(type=error, loc=(loc,), input=value)]
+    )
+
+
+def not_empty(value: Any, name: str) -> Any:
+    """``value``, or a ``ValueError`` naming ``ARENA_<NAME>`` when it is an empty string."""
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(
+            f"ARENA_{name.upper()} is set but empty (fix: unset it to use the default, or give it a value)"
+        )
+    return value
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _is_dict(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict or annotation is dict
+
+
+def setting_keys() -> list[str]:
+    """Every settings key, dotted for sections (``home``, ``sft.walks``)."""
+    keys: list[str] = []
+    for name, info in ArenaSettings.model_fields.items():
+        section = _section(info.annotation)
+        keys.extend([f"{name}.{sub}" for sub in section.model_fields] if section else [name])
+    return keys
+
+
+def env_name(key: str) -> str:
+    """The environment variable of a dotted settings key: ``sft.walks`` -> ``ARENA_SFT__WALKS``."""
+    return "ARENA_" + key.replace(".", "__").upper()
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit("__", 1)[-1].rsplit(".", 1)[-1].removeprefix("ARENA_").lower()
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    """`` (did you mean X?)``: the closest choice by whole name (else by its last part), and the
+    other choices with the same last part (``max_turns`` is in three sections)."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not close:
+        best = difflib.get_close_matches(_leaf(word), sorted({_leaf(c) for c in choices}), n=1, cutoff=0.75)
+        close = [c for c in choices if best and _leaf(c) == best[0]][:1]
+    if not close:
+        return ""
+    same = [c for c in choices if _leaf(c) == _leaf(close[0]) and c != close[0]]
+    return f" (did you mean {' or '.join([close[0], *same][:3])}?)"
+
+
+def unknown_env_vars(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(variable, message)`` for each ``ARENA_*`` variable that is no setting and not allow-listed."""
+    keys = setting_keys()
+    known = {env_name(k) for k in keys}
+    dict_prefixes = tuple(
+        f"ARENA_{name.upper()}__"
+        for name, info in ArenaSettings.model_fields.items()
+        if _is_dict(info.annotation)
+    )
+    names = sorted(known)
+    problems = []
+    for var in sorted(environ):
+        upper = var.upper()
+        if not upper.startswith("ARENA_") or upper in known or upper in NOT_SETTINGS_ENV:
+            continue
+        if upper.startswith(NOT_SETTINGS_ENV_PREFIXES + dict_prefixes):
+            continue
+        problems.append(
+            (var, f"{var} is not an Arena setting{_suggest(upper, names)} (fix: rename or unset it)")
+        )
+    return problems
+
+
+def unknown_file_keys(data: Mapping[str, Any], file: Path) -> list[tuple[str, str]]:
+    """``(key, message)`` for each key of a settings file that names no setting."""
+    keys = setting_keys()
+    problems = []
+    for name, value in data.items():
+        info = ArenaSettings.model_fields.get(name)
+        if info is None:
+            problems.append(
+                (name, f"{file}: unknown key {name!r}{_suggest(name, keys)} (fix: rename or remove it)")
+            )
+            continue
+        section = _section(info.annotation)
+        if section is None or not isinstance(value, Mapping):
+            continue
+        for sub in value:
+            if sub not in section.model_fields:
+                dotted = f"{name}.{sub}"
+                problems.append(
+                    (
+                        dotted,
+                        f"{file}: unknown key [{name}] {sub!r}{_suggest(dotted, keys)} (fix: rename or remove it)",
+                    )
+                )
+    return problems
+
+
+def _raise_all(problems: list[tuple[str, str]]) -> None:
+    """One ``ValidationError`` listing every ``(key, message)``; the input shown is the key, never
+    its value (a mistyped ``ARENA_LLM_API_KEY`` holds a secret)."""
+    if problems:
+        details = [
+            InitErrorDetails(
+                type=PydanticCustomError("unknown_setting", "{problem}", {"problem": message}),
+                loc=(loc,),
+                input=loc,
+            )
+            for loc, message in problems
+        ]
+        raise ValidationError.from_exception_data("ArenaSettings", details)
+
+
+class EnvCheck(PydanticBaseSettingsSource):
+    """A source that reads nothing: it refuses unknown ``ARENA_*`` environment variables."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        _raise_all(unknown_env_vars(os.environ))
+        return {}
+
+
+class StrictTomlSource(TomlConfigSettingsSource):
+    """The settings file; a key that names no setting is an error, with the closest valid key."""
+
+    def __init__(self, settings_cls: type[BaseSettings], toml_file: Path) -> None:
+        self.file = toml_file
+        super().__init__(settings_cls, toml_file=toml_file)
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        _raise_all(unknown_file_keys(self.toml_data, self.file))
+        return data
 
 
 def load_settings(**overrides: Any) -> ArenaSettings:

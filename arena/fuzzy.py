@@ -17,64 +17,27 @@ removed from the data must no longer match), so it tolerates formatting, not con
 
 from __future__ import annotations
 
-import math
-import re
+from arena.tool_reward import (  # the number and token rules are the reward's, so they agree
+    EXACT_BELOW,
+    REL_TOLERANCE,
+    numbers_match,
+    parse_number,
+    tokens,
+)
 
-from arena.text import fold
+__all__ = [
+    "EXACT_BELOW",
+    "REL_TOLERANCE",
+    "TOKEN_THRESHOLD",
+    "contains_value",
+    "numbers_match",
+    "parse_number",
+    "same_value",
+    "tokens",
+]
 
 TOKEN_THRESHOLD = 0.8
 """Least token-set overlap (equality) or answer-token coverage (containment) for text to match."""
-REL_TOLERANCE = 0.005
-"""Largest relative difference at which two numbers match (0.5 %: rounding of a reported figure)."""
-EXACT_BELOW = 10_000
-"""Integers smaller than this (in magnitude) must be equal: years, counts, ranks."""
-
-_SCALES = {"thousand": 1e3, "k": 1e3, "million": 1e6, "m": 1e6, "billion": 1e9, "bn": 1e9, "trillion": 1e12}
-_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:[,\u202f\u00a0 ]\d{3})+|\d+)(?:\.\d+)?(?![\d])")
-_WHOLE_NUMBER = re.compile(
-    r"^[^\w\d+-]*(?P<num>[-+]?(?:\d{1,3}(?:[, \u202f\u00a0]\d{3})+|\d+)(?:\.\d+)?)\s*(?P<rest>.*)$"
-)
-_TOKEN = re.compile(r"\d+(?:\.\d+)?|[^\W\d_]+")
-
-
-def tokens(text: object) -> list[str]:
-    """Folded word and number tokens of ``text`` (``1,860,000`` -> ``1860000``; punctuation dropped)."""
-    folded = fold(str(text))
-    folded = re.sub(r"(?<=\d)[,\u202f\u00a0](?=\d{3}\b)", "", folded)
-    return _TOKEN.findall(folded)
-
-
-def parse_number(text: object) -> float | None:
-    """``text`` as one number if it is one (units, currency, separators, scale words allowed), else None.
-
-    ``'1,860,000'`` -> 1860000; ``'330 metres'`` -> 330; ``'$4.5 million'`` -> 4500000; ``'L-1003'``,
-    ``'12 Elm St'`` -> None (a number followed by more than one word is an address, not a quantity).
-    """
-    if isinstance(text, bool):
-        return None
-    if isinstance(text, int | float):
-        return float(text) if math.isfinite(text) else None
-    m = _WHOLE_NUMBER.match(fold(str(text)).strip())
-    if m is None:
-        return None
-    value = float(re.sub(r"[, \u202f\u00a0]", "", m["num"]))
-    rest = m["rest"].strip(" .")
-    words = rest.split()
-    if len(words) > 1 or (words and not re.fullmatch(r"[^\W\d_]+|%|[^\W\d_]+/[^\W\d_]+|°[a-z]?", words[0])):
-        return None
-    if words and words[0] in _SCALES:
-        value *= _SCALES[words[0]]
-    return value
-
-
-def numbers_match(a: float, b: float) -> bool:
-    """Equal small integers, or within ``REL_TOLERANCE`` of each other."""
-    if a == b:
-        return True
-    a, b = float(a), float(b)
-    if a.is_integer() and b.is_integer() and max(abs(a), abs(b)) < EXACT_BELOW:
-        return False
-    return abs(a - b) <= REL_TOLERANCE * max(abs(a), abs(b))
 
 
 def same_value(a: object, b: object) -> bool:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import unicodedata
+from arena.tool_reward import fold
+
+__all__ = ["fold", "norm"]
 
 
 def norm(text: object) -> str:
     """Casefolded, whitespace-collapsed text."""
     return " ".join(str(text).split()).casefold()
-
-
-def fold(text: str) -> str:
-    """Lower case without accents (``Hôtel`` -> ``hotel``), for cross-language term matching."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))

@@ -5,7 +5,7 @@ methodology below is part of the figure it prints; the code itself is one script
 
 Usage::
 
-    python bench/backbone.py [--servers N] [--tools-per-server T] [--seed S]
+    python bench/backbone.py [--servers N] [--tools-per-server T] [--seed S] [--quick]
 
 Prints ONE JSON object on stdout; progress and logs go to stderr.
 
@@ -69,6 +69,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
 
 from rich.console import Console
 from rich.progress import (
@@ -996,7 +1000,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="give up on a phase after this many seconds"
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: 8 servers, 3 tools each; not a measurement"
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.servers, args.tools_per_server, args.timeout = 8, 3, min(args.timeout, 180.0)
     if args.servers < 1 or args.tools_per_server < 3:
         parser.error(
             "--servers must be >= 1 and --tools-per-server >= 3 (servers need 3 tools to pass the gates)"
@@ -1007,10 +1016,9 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         console.print(f"[red]benchmark failed[/red]: {exc}")
         return 1
-    print(json.dumps(result, indent=2))
+    print(json.dumps({"quick": args.quick, **result}, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     raise SystemExit(main())

@@ -4,7 +4,7 @@ Usage::
 
     python bench/eigen.py [--seeds N] [--concurrency C] [--error-prone P] [--policy-pressure Q]
                           [--demo-config] [--prompt-sets K] [--pool-size S] [--repeat R] [--seed S]
-                          [--warmup W] [--audit] [--json-only]
+                          [--warmup W] [--audit] [--json-only] [--quick]
 
 Prints ONE JSON object on stdout; progress and a summary table go to stderr.
 
@@ -61,6 +61,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -149,9 +153,13 @@ def settings_for(home: Path, args: argparse.Namespace) -> ArenaSettings:
     from arena.config import ArenaSettings
 
     settings = ArenaSettings(home=home, llm="rules", catalog_url=None, seed=args.seed)
-    settings.sandbox.pool_size = args.pool_size
-    settings.eigen.audit_batch = settings.eigen.audit_batch if args.audit else AUDIT_OFF
-    return settings
+    audit_batch = settings.eigen.audit_batch if args.audit else AUDIT_OFF
+    return settings.model_copy(  # settings are frozen: change a copy
+        update={
+            "sandbox": settings.sandbox.model_copy(update={"pool_size": args.pool_size}),
+            "eigen": settings.eigen.model_copy(update={"audit_batch": audit_batch}),
+        }
+    )
 
 
 async def prepare(settings: ArenaSettings, args: argparse.Namespace, count: int) -> list[EigenSeed]:
@@ -458,6 +466,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "eigen",
         "backend": "rules",
+        "quick": args.quick,
         "params": {
             "pack": args.pack,
             "seeds": args.seeds,
@@ -550,7 +559,14 @@ def main(argv: list[str] | None = None) -> int:
         "--audit", action="store_true", help="phase-3 drift audit as configured (re-pilots depend on order)"
     )
     parser.add_argument("--json-only", action="store_true", help="no progress bars or table on stderr")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 4 seeds, concurrency 2, no warm-up; not a measurement",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.concurrency, args.warmup, args.repeat = 4, 2, 0, 1
     if args.demo_config:
         args.error_prone, args.policy_pressure = 0.1, 0.1
     if args.seeds < 1 or not 1 <= args.concurrency <= 64 or not 1 <= args.pool_size <= 64:
@@ -573,5 +589,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO_ROOT))
     raise SystemExit(main())

@@ -9,19 +9,25 @@ run, is the same pipeline with every sandbox execution in a fresh process
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
+
 from pydantic import BaseModel
-from sft_stages import outputs, run_stage  # a sibling script (bench/ is on sys.path)
 
 from app.demo import demo_seeds
 from arena.config import ArenaSettings
+from bench.sft_stages import outputs, run_stage
 from sandbox import SandboxPool, SandboxResult, run_once
 from sandbox.pool import Session
 from streams import resources
@@ -148,18 +154,18 @@ async def pipeline(settings: ArenaSettings, cold: bool) -> dict[str, Any]:
     }
 
 
-async def figures(instances: int = 8) -> dict[str, Any]:
+async def figures(instances: int = 8, quick: bool = False) -> dict[str, Any]:
     runs = {}
     for mode in ("warm_pool", "fresh_process"):
         with tempfile.TemporaryDirectory() as tmp:
-            settings = ArenaSettings(home=Path(tmp), llm="rules")
-            settings.envs.demo_instances = instances
+            settings = ArenaSettings(home=Path(tmp), llm="rules", envs={"demo_instances": instances})
             started = time.perf_counter()
             runs[mode] = await pipeline(settings, cold=mode == "fresh_process")
             runs[mode]["wall_s"] = round(time.perf_counter() - started, 3)
     warm, cold = runs["warm_pool"]["packages_per_minute"], runs["fresh_process"]["packages_per_minute"]
     return {
         "backend": "rules",
+        "quick": quick,
         "seeds": "one per built-in knowledge base",
         "instances_per_seed": instances,
         **runs,
@@ -167,5 +173,19 @@ async def figures(instances: int = 8) -> dict[str, Any]:
     }
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--instances", type=int, default=8, help="demo QA instances per knowledge base")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run (1 instance per seed): not a measurement"
+    )
+    args = parser.parse_args(argv)
+    if args.instances < 1:
+        parser.error("--instances must be >= 1")
+    instances = 1 if args.quick else args.instances
+    print(json.dumps(asyncio.run(figures(instances, quick=args.quick)), indent=2))
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(figures()), indent=2))
+    raise SystemExit(main())

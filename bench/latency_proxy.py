@@ -33,6 +33,10 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
+
 import httpx
 
 from app.llm_server import ServerStats

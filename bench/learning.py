@@ -3,7 +3,7 @@
 Usage::
 
     python bench/learning.py            # about 30 minutes on 2 cores
-    python bench/learning.py --quick    # about 5-8 minutes (smaller model, fewer steps and trials)
+    python bench/learning.py --quick    # a smoke run of a few minutes (env track only, tiny budgets)
     python bench/learning.py --home DIR # reuse a finished `arena demo` home (skips the demo)
 
 Prints ONE JSON object on stdout; progress and the trainer's log lines go to stderr.
@@ -55,6 +55,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
+
 from rich.console import Console
 from rich.text import Text
 
@@ -70,6 +74,7 @@ class Profile:
     """Every knob of one benchmark run."""
 
     demo_instances: int = 16  # QA instances per built-in knowledge base in the demo
+    demo_tracks: str = "sft,env,eigen"  # `arena demo --tracks`: the smoke run needs the env track only
     heldout_k: int = 4  # env hash mod k == 0 is held out
     hidden: int = 128
     layers: int = 2
@@ -85,7 +90,6 @@ class Profile:
     lr: float = 1e-4
     group_size: int = 4
     batch_groups: int = 4
-    max_rounds: int = 2
     ablation_steps: int = 10
     ablation_budget_s: float = 150.0
     max_turns: int = 5
@@ -102,18 +106,21 @@ class Profile:
 PROFILES = {
     "default": Profile(),
     "quick": Profile(
-        demo_instances=8,
+        demo_instances=4,
+        demo_tracks="env",
         hidden=64,
-        sft_copies=8,
-        sft_max_steps=100,
+        sft_copies=2,
+        sft_max_steps=12,
         sft_lr=5e-3,
-        rl_copies=2,
-        grpo_steps=6,
-        grpo_budget_s=90.0,
-        ablation_steps=3,
-        ablation_budget_s=45.0,
+        rl_copies=1,
+        grpo_steps=2,
+        grpo_budget_s=30.0,
+        ablation_steps=1,
+        ablation_budget_s=15.0,
+        max_turns=3,
+        max_new_tokens=32,
         k=1,
-        trials=2,
+        trials=1,
         ablation_trials=1,
     ),
 }
@@ -191,7 +198,7 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
     from arena.records.envs import EnvPackage
     from arena.records.sft import SftSample
     from environments.environment import QaEnvironment
-    from environments.rewards import f1_reward
+    from environments.rewards import ToolResult, f1_reward
     from lake.env_packages import EnvPackageStore
     from sandbox import SandboxPool
     from streams.envs.samples_verified import sample_of
@@ -217,7 +224,8 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
                 continue
             finally:
                 await env.close()  # its sandbox session goes back to the pool
-            parts = f1_reward(sample.reward_spec["jobs"], outputs, len(outputs))
+            results = [ToolResult(name="tool", content=text) for text in outputs]
+            parts = f1_reward(sample.reward_spec["jobs"], results, len(outputs))
             if parts.f1 < 1.0 - 1e-6:
                 skipped += 1
                 continue
@@ -311,7 +319,7 @@ def train_env(base: dict[str, str], p: Profile, **extra: str) -> dict[str, str]:
         "LR": p.lr,
         "GROUP_SIZE": p.group_size,
         "BATCH_GROUPS": p.batch_groups,
-        "MAX_ROUNDS": p.max_rounds,
+        "FINAL_SHORT_BATCH": "true",  # the budgeted runs stop drained: train their last groups
         "MAX_TURNS": p.max_turns,
         "MAX_NEW_TOKENS": p.max_new_tokens,
         "MAX_SEQ_LEN": p.max_seq_len,
@@ -325,13 +333,17 @@ def train_env(base: dict[str, str], p: Profile, **extra: str) -> dict[str, str]:
     return env | {f"ARENA_TRAIN__{k.upper()}": v for k, v in extra.items()}
 
 
-def final_weights(settings: Any, run: str, dest: Path) -> tuple[int, Path]:
+def final_weights(settings: Any, run: str, dest: Path, start: Path | None = None) -> tuple[int, Path]:
+    """(step, folder) of the run's last weights; a GRPO run that trained no step (no group with reward
+    spread: an empty batch is not a step) leaves its starting weights, ``start``, as step 0."""
     from lake.store import open_store
     from trainer.checkpoint import Checkpoints
 
     checkpoints = Checkpoints(open_store(settings), settings.catalog, run)
     try:
         steps = checkpoints.weights_steps()
+        if not steps and start is not None:
+            return 0, start
         if not steps:
             raise RuntimeError(f"run {run!r} saved no weights")
         return steps[-1], checkpoints.weights_folder(steps[-1], dest)
@@ -437,7 +449,8 @@ def bench(p: Profile, profile: str, home: Path, run_demo: bool, stop_stack: bool
         t = time.perf_counter()
         if run_demo:
             console.rule("arena demo")
-            check(run_cli(["demo", "--timeout", "1200"], base_env, log, label="demo")[0], "arena demo", log)
+            demo = ["demo", "--timeout", "1200", "--tracks", p.demo_tracks]
+            check(run_cli(demo, base_env, log, label="demo")[0], "arena demo", log)
             timings["demo_s"] = round(time.perf_counter() - t, 1)
         return _after_demo(p, profile, home, work, log, base_env, timings, started)
     finally:
@@ -503,12 +516,16 @@ def _after_demo(
     console.print(f"tiny model: {model_info['parameters']:,} parameters")
 
     # Rollout limits of the evaluation follow settings.train: match the trainer's.
-    settings.train = settings.train.model_copy(
+    settings = settings.model_copy(  # settings are frozen: change a copy
         update={
-            "max_turns": p.max_turns,
-            "max_new_tokens": p.max_new_tokens,
-            "max_seq_len": p.max_seq_len,
-            "temperature": p.temperature,
+            "train": settings.train.model_copy(
+                update={
+                    "max_turns": p.max_turns,
+                    "max_new_tokens": p.max_new_tokens,
+                    "max_seq_len": p.max_seq_len,
+                    "temperature": p.temperature,
+                }
+            )
         }
     )
     stages: dict[str, Any] = {}
@@ -548,7 +565,7 @@ def _after_demo(
             # A SIGTERM that lands outside the service's handlers (loading, shutting down) ends the
             # process by default; the weights of the finished steps are in the lake all the same.
             check(code, f"arena train (grpo {reward})", log)
-        step, folder = final_weights(settings, run, work / f"{run}-weights")
+        step, folder = final_weights(settings, run, work / f"{run}-weights", start=sft_dir)
         rows = step_metrics(settings, run)
         runs[reward] = {
             "run": run,
@@ -602,6 +619,7 @@ def _after_demo(
 
     return {
         "bench": "learning",
+        "quick": profile == "quick",
         "profile": profile,
         "device": "cpu",
         "torch_threads": _torch_threads(),
@@ -643,7 +661,6 @@ def _after_demo(
                 "lr": p.lr,
                 "group_size": p.group_size,
                 "batch_groups": p.batch_groups,
-                "max_rounds": p.max_rounds,
                 "mixing": p.mixing,
                 "max_turns": p.max_turns,
                 "max_new_tokens": p.max_new_tokens,
@@ -687,7 +704,11 @@ def _torch_threads() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="base -> SFT -> GRPO learning benchmark (JSON on stdout).")
-    parser.add_argument("--quick", action="store_true", help="A ~5-8 minute run: smaller model and budgets.")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A smoke run (env track only, tiny budgets): proves the bench works, measures nothing.",
+    )
     parser.add_argument(
         "--home", type=Path, help="Reuse this ARENA_HOME (runs the demo there if it has none)."
     )
@@ -724,5 +745,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO_ROOT))
     raise SystemExit(main())

@@ -47,6 +47,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -57,7 +61,6 @@ if TYPE_CHECKING:
 console = Console(stderr=True)
 ROUNDS = 4
 """The calls are run in this many rounds, the three paths taking turns on each (``interleaved``)."""
-HERE = str(Path(__file__).resolve().parent)
 
 
 class Call:
@@ -100,19 +103,16 @@ def draw_calls(packages: list[EnvPackage], n: int, seed: int) -> list[Call]:
 
 async def demo_packages(instances: int) -> list[EnvPackage]:
     """The demo's verified environments: the environment track in-process on the demo's seeds."""
-    sys.path.insert(0, HERE)
-    from sft_stages import outputs, run_stage  # a sibling script
-
     from app.demo import demo_seeds
     from arena.config import ArenaSettings
+    from bench.sft_stages import outputs, run_stage
     from streams import resources
     from streams.envs import envs_code, envs_verified, qa_traces, qa_validated
 
     plan = ((qa_traces.STAGE, "qa.traces"), (qa_validated.STAGE, "qa.validated"))
     plan += ((envs_code.STAGE, "envs.code"), (envs_verified.STAGE, "envs.verified"))
     with tempfile.TemporaryDirectory() as tmp:
-        settings = ArenaSettings(home=Path(tmp), llm="rules")
-        settings.envs.demo_instances = instances
+        settings = ArenaSettings(home=Path(tmp), llm="rules", envs={"demo_instances": instances})
         current: list[Any] = [(s.seed_id, s) for s in demo_seeds(settings)]
         with console.status("environment track (demo seeds, rules backend) ..."):
             for stage, produces in plan:
@@ -336,10 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.home and not args.home.is_dir():
         parser.error(f"--home {args.home}: no such directory (fix: pass the ARENA_HOME of a finished demo)")
     result = asyncio.run(bench(args.calls, args.concurrency, args.instances, args.seed, args.home))
-    print(json.dumps(result, indent=2))
+    print(json.dumps({"quick": args.quick, **result}, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     raise SystemExit(main())

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
 
 from pydantic import BaseModel
 
@@ -55,11 +60,13 @@ def figures(records_in: int, emits: list[Emit], produces: str, wall: float) -> d
     }
 
 
-async def stage_figures(home: Path | None = None) -> dict[str, Any]:
+async def stage_figures(home: Path | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Figures of every SFT stage; ``limit`` (a smoke run) caps the tool docs and each stage's inputs."""
     with tempfile.TemporaryDirectory() as tmp:
         settings = ArenaSettings(home=home or Path(tmp), llm="rules")
         loaded = load_tool_docs([sample_tools_dir() / "good"])
-        current: list[tuple[str, BaseModel]] = [(raw_key(s), s) for s in loaded.servers]
+        docs = loaded.servers[:limit]
+        current: list[tuple[str, BaseModel]] = [(raw_key(s), s) for s in docs]
         plan = [
             (tools_servers.STAGE, "tools.servers"),
             (chains.STAGE, "chains"),
@@ -72,6 +79,7 @@ async def stage_figures(home: Path | None = None) -> dict[str, Any]:
         per_stage: dict[str, dict[str, float]] = {}
         total_s = 0.0
         for stage, produces in plan:
+            current = current[:limit]
             emits, wall = await run_stage(stage, current, settings)
             total_s += wall
             per_stage[stage.name] = figures(len(current), emits, produces, wall)
@@ -84,10 +92,10 @@ async def stage_figures(home: Path | None = None) -> dict[str, Any]:
             "backend": "rules",
             "stages": per_stage,
             "end_to_end": {
-                "tool_docs": len(loaded.servers),
+                "tool_docs": len(docs),
                 "samples_sft": len(current),
                 "seconds": round(total_s, 3),
-                "tool_docs_per_s": round(len(loaded.servers) / total_s, 3) if total_s else 0.0,
+                "tool_docs_per_s": round(len(docs) / total_s, 3) if total_s else 0.0,
             },
         }
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/sft_track.py [--concurrency N] [--requests R] [--latency S]
+    python bench/sft_track.py [--concurrency N] [--requests R] [--latency S] [--quick]
 
 Prints ONE JSON object on stdout.
 
@@ -26,6 +26,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
 
 from arena.llm.backends.openai import OpenAIBackend
 from arena.llm.gateway import Gateway
@@ -92,11 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="Backend concurrency of the second run.")
     parser.add_argument("--requests", type=int, default=64, help="Timed gateway calls per run.")
     parser.add_argument("--latency", type=float, default=0.05, help="Server latency per request (s).")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="A smoke run: 2 tool docs, at most 2 records per stage, 16 gateway calls at concurrency 4.",
+    )
     args = parser.parse_args(argv)
+    if args.concurrency < 1 or args.requests < 1 or args.latency < 0:
+        parser.error("--concurrency and --requests must be >= 1, --latency >= 0")
+    if args.quick:
+        args.concurrency, args.requests = 4, 16
     from bench.sft_stages import stage_figures
 
     result = {
-        "stages": asyncio.run(stage_figures()),
+        "quick": args.quick,
+        "stages": asyncio.run(stage_figures(limit=2 if args.quick else None)),
         "gateway": asyncio.run(gateway_figures(args.concurrency, args.requests, args.latency)),
     }
     print(json.dumps(result, indent=2))
@@ -104,5 +118,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO_ROOT))
     raise SystemExit(main())

@@ -8,6 +8,7 @@ Usage::
 
     python bench/trainer.py [--prompts P] [--group G] [--steps N] [--warmup W] [--max-new-tokens T]
                             [--max-turns K] [--sft-steps S] [--mixing bands|none|random] [--seed S]
+                            [--quick]
 
 Prints ONE JSON object on stdout; progress and logs go to stderr. Needs root (the sandbox) and
 TRL (``pip install -e '.[bench]'``). CPU only; torch runs on ``--threads`` threads on both sides.
@@ -84,10 +85,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench/__init__.py
+    _BENCH = Path(__file__).resolve().parent
+    sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
+
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(stderr=True)
+TRL_MISSING = "TRL is missing (fix: .venv/bin/pip install -c constraints.txt -e '.[dev,bench]')"
 
 
 class BenchError(RuntimeError):
@@ -120,17 +127,17 @@ def _package_plan() -> tuple[tuple[Any, str], ...]:
 
 async def build_packages(needed: int, seed: int, home: Path) -> tuple[list[Any], dict[str, Any]]:
     """Run the environment track (rules backend, in-process) until it verifies ``needed`` packages."""
-    from sft_stages import outputs, run_stage  # a sibling script (bench/ is on sys.path)
-
     from app.demo import demo_seeds
     from arena.config import ArenaSettings
+    from bench.sft_stages import outputs, run_stage
     from streams import resources
 
     instances = max(2, -(-needed // 2))
     started = time.perf_counter()
     for attempt in range(4):
-        settings = ArenaSettings(home=home / f"envs-{attempt}", llm="rules", seed=seed)
-        settings.envs.demo_instances = instances
+        settings = ArenaSettings(
+            home=home / f"envs-{attempt}", llm="rules", seed=seed, envs={"demo_instances": instances}
+        )
         current: list[tuple[str, Any]] = [(s.seed_id, s) for s in demo_seeds(settings)]
         seeds = len(current)
         try:
@@ -316,19 +323,20 @@ def arena_settings(args: argparse.Namespace, home: Path) -> Any:
     """The service's settings for this run: rollout and GRPO knobs from the command line."""
     from arena.config import ArenaSettings
 
-    settings = ArenaSettings(home=home / "arena", llm="rules", seed=args.seed)
+    train = {
+        "group_size": args.group,
+        "batch_groups": args.prompts,
+        "delta": -1.0,
+        "mixing": args.mixing,
+        "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens,
+        "max_seq_len": args.max_seq_len,
+        "temperature": 1.0,
+        "lr": args.lr,
+        "micro_batch": args.micro_batch or args.prompts * args.group,
+    }
+    settings = ArenaSettings(home=home / "arena", llm="rules", seed=args.seed, train=train)
     settings.home.mkdir(parents=True, exist_ok=True)
-    cfg = settings.train
-    cfg.group_size = args.group
-    cfg.batch_groups = args.prompts
-    cfg.delta = -1.0
-    cfg.mixing = args.mixing
-    cfg.max_turns = args.max_turns
-    cfg.max_new_tokens = args.max_new_tokens
-    cfg.max_seq_len = args.max_seq_len
-    cfg.temperature = 1.0
-    cfg.lr = args.lr
-    cfg.micro_batch = args.micro_batch or args.prompts * args.group
     return settings
 
 
@@ -509,14 +517,15 @@ class TrlClock:
 def trl_reward(clock: TrlClock) -> Callable[..., list[float]]:
     """F1 (environments.rewards) with the completion text as the only observation; c = its call blocks (>= 1)."""
     from environments.render import parse_assistant
-    from environments.rewards import f1_reward
+    from environments.rewards import ToolResult, f1_reward
 
     def f1(completions: list[str], jobs: list[str], **kwargs: Any) -> list[float]:
         started = time.perf_counter()
         out = []
         for text, job_json in zip(completions, jobs, strict=True):
             emitted = parse_assistant(text).emitted
-            out.append(f1_reward(json.loads(job_json), [text], max(emitted, 1)).f1)
+            stand_ins = [ToolResult(name="completion", content=text)] * max(emitted, 1)  # one per call
+            out.append(f1_reward(json.loads(job_json), stand_ins, max(emitted, 1)).f1)
         clock.reward_fn_s += time.perf_counter() - started
         clock.completion_tokens += sum(len(ids) for ids in kwargs.get("completion_ids") or [])
         clock.completions += len(completions)
@@ -673,6 +682,13 @@ def _r(value: float, digits: int = 4) -> float:
     return round(float(value), digits)
 
 
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -734,15 +750,20 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         load = {"arena_start": _load()}
         arena, prompt_texts = asyncio.run(arena_phase(args, settings, policy, samples, tools))
         load["arena_end"] = load["trl_start"] = _load()
-        console.print("[cyan]trl[/cyan]: GRPOTrainer")
-        trl = trl_phase(args, home, policy, prompt_texts, samples)
+        console.print(
+            "[cyan]trl[/cyan]: GRPOTrainer"
+            if args.trl
+            else f"[yellow]trl: skipped[/yellow] ({escape(TRL_MISSING)})"
+        )
+        trl = trl_phase(args, home, policy, prompt_texts, samples) if args.trl else {"skipped": TRL_MISSING}
         load["trl_end"] = _load()
 
     def ratio(key: str) -> float | None:
-        return round(arena[key] / trl[key], 3) if trl[key] else None
+        return round(arena[key] / trl[key], 3) if trl.get(key) else None
 
     return {
         "benchmark": "trainer",
+        "quick": args.quick,
         "params": {
             "prompts": args.prompts,
             "group_size_G": args.group,
@@ -800,9 +821,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "machine slows both sides, and the phases run one after the other, so compare runs at "
             "similar load",
         },
-        "versions": {
-            pkg: importlib.metadata.version(pkg) for pkg in ("torch", "transformers", "trl", "accelerate")
-        },
+        "versions": {pkg: _version(pkg) for pkg in ("torch", "transformers", "trl", "accelerate")},
         "note": (
             "seconds per GRPO step are means over the timed steps (warm-up steps excluded; per_step lists "
             "all). arena: rollout = Episodes.groups wall time minus the time inside env.reward, reward = "
@@ -835,7 +854,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-6, help="GRPO learning rate (both)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both)")
     parser.add_argument("--seed", type=int, default=0, help="seed of packages, model, rollouts")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run (P 2, G 2, 1 step, no warm-up, 16 tokens, 2 turns, 5 SFT steps; without TRL, "
+        "Arena's side only): not a measurement",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.group, args.steps, args.warmup = 2, 2, 1, 0
+        args.max_new_tokens, args.max_turns, args.sft_steps = 16, 2, 5
     if args.prompts < 1 or args.group < 2 or args.steps < 1 or args.warmup < 0:
         parser.error("--prompts >= 1, --group >= 2, --steps >= 1, --warmup >= 0")
     if args.max_new_tokens < 1 or args.max_turns < 1 or args.sft_steps < 0 or args.threads < 1:
@@ -845,9 +873,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         import trl  # noqa: F401
+
+        args.trl = True
     except ImportError:
-        console.print("[red]benchmark failed[/red]: TRL is missing (pip install -e '.[bench]')")
-        return 1
+        if not args.quick:
+            console.print(f"[red]benchmark failed[/red]: {escape(TRL_MISSING)}")
+            return 1
+        console.print(f"[yellow]{escape(TRL_MISSING)}[/yellow]: this quick run smoke-tests Arena's side only")
+        args.trl = False
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -862,5 +895,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     raise SystemExit(main())

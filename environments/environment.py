@@ -66,7 +66,7 @@ from arena.llm.roles.user_sim import DialogueMessage, UserSignal
 from arena.records.eigen import CallRecord
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
-from environments.rewards import RewardMode, f1_reward, reward_value
+from environments.rewards import RewardMode, ToolResult, f1_reward, reward_value
 from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
 from sandbox.env_runtime import EnvSession, Runner, load_package, output_text
 from sandbox.pool import SandboxResult, SandboxUnavailable
@@ -81,8 +81,8 @@ class Trajectory(Protocol):
         ...
 
     @property
-    def tool_outputs(self) -> list[str]:
-        """Outputs of the successful calls, in order."""
+    def tool_results(self) -> list[ToolResult]:
+        """Every executed call (failed ones included), in order."""
         ...
 
 
@@ -247,6 +247,8 @@ class QaEnvironment:
         self.max_output_chars = max_output_chars
         self.jobs: list[dict[str, Any]] = list(sample.reward_spec.get("jobs") or [])
         own = {tool_name(t): t for t in package.tools}
+        self.irrelevant = frozenset(n for n in self.extras if n not in own)
+        """Mixed-in tools: a call to one never solves a sub-task."""
         self._routes: dict[str, tuple[EnvPackage, dict[str, Any]]] = {n: (package, t) for n, t in own.items()}
         for name, extra in self.extras.items():
             spec = next((t for t in extra.tools if tool_name(t) == name), None)
@@ -290,8 +292,10 @@ class QaEnvironment:
         await self._held.close()
 
     async def reward(self, trajectory: Trajectory) -> tuple[float, dict[str, float]]:
-        """F1 (or recall / precision) over the successful tool outputs; c = every emitted call."""
-        parts = f1_reward(self.jobs, trajectory.tool_outputs, trajectory.tool_calls)
+        """F1 (or recall / precision) of ``arena.tool_reward`` over the executed calls; c = every emitted call."""
+        parts = f1_reward(
+            self.jobs, trajectory.tool_results, trajectory.tool_calls, irrelevant=self.irrelevant
+        )
         return reward_value(parts, self.mode), {k: float(v) for k, v in parts.model_dump().items()}
 
 

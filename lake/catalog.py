@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Text, UniqueConstraint, event
+from sqlalchemy import DateTime, Text, UniqueConstraint, delete, event, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
@@ -106,7 +106,52 @@ class PromptVersion(SQLModel, table=True):
     created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
 
 
-_TABLES = [Run.__table__, Artifact.__table__, LineageEdge.__table__, PromptVersion.__table__]  # type: ignore[attr-defined]
+class DlqReplay(SQLModel, table=True):
+    """The replay ledger: one row per dead letter re-published to its source topic (``arena dlq replay``).
+
+    The primary key is the dead letter's key, so a claim is one insert-or-ignore: of two
+    concurrent replays exactly one wins, and a row survives restarts.
+    """
+
+    __tablename__ = "dlq_replays"
+
+    dead_letter_key: str = Field(primary_key=True, description="Key of the dead letter in its .dlq topic.")
+    dlq_topic: str = Field(index=True, description="The .dlq topic the letter was read from.")
+    source_topic: str = Field(description="Topic the raw value is re-published to.")
+    source_key: str | None = Field(default=None, description="Key the raw value is re-published with.")
+    status: str = Field(default="claimed", description="claimed (publishing) or replayed (acknowledged).")
+    claim: str = Field(description="Random token of the invocation that holds or held the claim.")
+    claimed_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+    replayed_at: datetime | None = Field(default=None, sa_type=DateTime(timezone=True))
+    partition: int | None = Field(default=None, description="Source partition the replay landed in.")
+    offset: int | None = Field(default=None, description="Source offset the replay landed at.")
+
+
+class StepSample(SQLModel, table=True):
+    """Sample ``sample_key`` played ``role`` in optimizer step ``step`` of training run ``run``."""
+
+    __tablename__ = "trainer_step_samples"
+
+    run: str = Field(primary_key=True, description="Training run name.")
+    step: int = Field(primary_key=True, description="Optimizer step.")
+    sample_key: str = Field(primary_key=True, index=True, description="Key of the sample (its sample_id).")
+    role: str = Field(
+        primary_key=True, description="trained, filtered, dropped or skipped (see trainer StepRecord)."
+    )
+    phase: str = Field(description="sft or grpo.")
+
+
+STEP_SAMPLE_ROLES = ("trained", "filtered", "dropped", "skipped")
+"""What a step can have done with a sample it consumed."""
+
+_TABLES = [
+    Run.__table__,  # type: ignore[attr-defined]
+    Artifact.__table__,  # type: ignore[attr-defined]
+    LineageEdge.__table__,  # type: ignore[attr-defined]
+    PromptVersion.__table__,  # type: ignore[attr-defined]
+    DlqReplay.__table__,  # type: ignore[attr-defined]
+    StepSample.__table__,  # type: ignore[attr-defined]
+]
 
 
 def _make_engine(url: str) -> Engine:
@@ -183,6 +228,34 @@ def insert_ignore(
         except IntegrityError:
             pass
     return added
+
+
+def record_step_samples(
+    engine: Engine, run: str, step: int, phase: str, roles: Mapping[str, Sequence[str]]
+) -> int:
+    """Record which samples optimizer ``step`` of ``run`` trained (or filtered, dropped, skipped).
+
+    ``roles`` maps a role of ``STEP_SAMPLE_ROLES`` to sample keys; idempotent; returns rows added.
+    """
+    unknown = set(roles) - set(STEP_SAMPLE_ROLES)
+    if unknown:
+        raise ValueError(
+            f"unknown step sample roles {sorted(unknown)}; known: {', '.join(STEP_SAMPLE_ROLES)}"
+        )
+    rows = [
+        {"run": run, "step": step, "sample_key": key, "role": role, "phase": phase}
+        for role, keys in roles.items()
+        for key in dict.fromkeys(keys)
+    ]
+    table = StepSample.__table__  # type: ignore[attr-defined]
+    return insert_ignore(engine, table, rows, ["run", "step", "sample_key", "role"], atomic=True)
+
+
+def forget_steps_after(engine: Engine, run: str, step: int) -> None:
+    """Drop the step-sample rows of ``run`` after ``step`` (a resumed run redoes those steps)."""
+    with Session(engine) as session:
+        session.execute(delete(StepSample).where(col(StepSample.run) == run, col(StepSample.step) > step))
+        session.commit()
 
 
 class Catalog:
@@ -336,6 +409,125 @@ class Catalog:
                 except IntegrityError:
                     session.rollback()
         raise RuntimeError(f"could not register a prompt version for role {role!r}")
+
+    def children_of(self, keys: Sequence[str]) -> list[LineageEdge]:
+        """Edges whose parent is one of ``keys``."""
+        if not keys:
+            return []
+        stmt = select(LineageEdge).where(col(LineageEdge.parent_key).in_(list(keys)))
+        with self._session() as session:
+            edges = list(session.exec(stmt).all())
+        for e in edges:
+            e.at = _utc(e.at) or e.at
+        return sorted(edges, key=lambda e: (e.parent_key, e.child_topic, e.child_key))
+
+    def topics_of(self, keys: Sequence[str]) -> dict[str, str]:
+        """Key -> the topic lineage edges record it in (as a child); keys never produced by a stage are absent."""
+        if not keys:
+            return {}
+        stmt = select(LineageEdge.child_key, LineageEdge.child_topic).where(
+            col(LineageEdge.child_key).in_(list(keys))
+        )
+        with self._session() as session:
+            return {key: topic for key, topic in session.exec(stmt).all()}
+
+    def keys_with_prefix(self, prefix: str, limit: int = 10) -> list[str]:
+        """Distinct record keys starting with ``prefix`` in lineage edges and training steps (at most ``limit``)."""
+        like = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        found: dict[str, None] = {}
+        stmts = [
+            select(LineageEdge.child_key).where(col(LineageEdge.child_key).like(like, escape="\\")),
+            select(LineageEdge.parent_key).where(col(LineageEdge.parent_key).like(like, escape="\\")),
+            select(StepSample.sample_key).where(col(StepSample.sample_key).like(like, escape="\\")),
+        ]
+        with self._session() as session:
+            for stmt in stmts:
+                for key in session.exec(stmt.distinct().limit(limit)).all():
+                    found[key] = None
+        return sorted(found)[:limit]
+
+    # Training steps -----------------------------------------------------
+    def steps_of(self, sample_keys: Sequence[str]) -> list[StepSample]:
+        """Training steps that used any of ``sample_keys``, by run, step, sample, role."""
+        if not sample_keys:
+            return []
+        stmt = select(StepSample).where(col(StepSample.sample_key).in_(list(sample_keys)))
+        with self._session() as session:
+            rows = list(session.exec(stmt).all())
+        return sorted(rows, key=lambda r: (r.run, r.step, r.sample_key, r.role))
+
+    # DLQ replay ledger --------------------------------------------------
+    def claim_replay(
+        self, key: str, *, dlq_topic: str, source_topic: str, source_key: str | None, claim: str
+    ) -> bool:
+        """Claim dead letter ``key`` for re-publishing; False when a row exists (claimed or replayed)."""
+        row = {
+            "dead_letter_key": key,
+            "dlq_topic": dlq_topic,
+            "source_topic": source_topic,
+            "source_key": source_key,
+            "status": "claimed",
+            "claim": claim,
+            "claimed_at": _now(),
+        }
+        table = DlqReplay.__table__  # type: ignore[attr-defined]
+        return insert_ignore(self.engine, table, [row], ["dead_letter_key"], atomic=True) == 1
+
+    def take_over_replay(self, key: str, *, stale_claim: str, claim: str) -> bool:
+        """Move a stale claim to ``claim`` (compare-and-set on the old token); True when this caller won."""
+        stmt = (
+            update(DlqReplay)
+            .where(
+                col(DlqReplay.dead_letter_key) == key,
+                col(DlqReplay.claim) == stale_claim,
+                col(DlqReplay.status) == "claimed",
+            )
+            .values(claim=claim, claimed_at=_now())
+        )
+        with self.engine.begin() as conn:
+            return (conn.execute(stmt).rowcount or 0) == 1
+
+    def finish_replay(self, key: str, *, claim: str, partition: int | None, offset: int | None) -> bool:
+        """Mark ``key`` replayed (only while ``claim`` holds it); True when the row changed."""
+        stmt = (
+            update(DlqReplay)
+            .where(col(DlqReplay.dead_letter_key) == key, col(DlqReplay.claim) == claim)
+            .values(status="replayed", replayed_at=_now(), partition=partition, offset=offset)
+        )
+        with self.engine.begin() as conn:
+            return (conn.execute(stmt).rowcount or 0) == 1
+
+    def release_replay(self, key: str, *, claim: str) -> None:
+        """Give up a claim that published nothing (the send failed), so a later replay retries."""
+        stmt = delete(DlqReplay).where(
+            col(DlqReplay.dead_letter_key) == key,
+            col(DlqReplay.claim) == claim,
+            col(DlqReplay.status) == "claimed",
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+
+    def replays(self, keys: Sequence[str] | None = None) -> dict[str, DlqReplay]:
+        """Ledger rows by dead letter key (all when ``keys`` is None)."""
+        stmt = select(DlqReplay)
+        if keys is not None:
+            if not keys:
+                return {}
+            stmt = stmt.where(col(DlqReplay.dead_letter_key).in_(list(keys)))
+        with self._session() as session:
+            rows = list(session.exec(stmt).all())
+        for row in rows:
+            row.claimed_at = _utc(row.claimed_at) or row.claimed_at
+            row.replayed_at = _utc(row.replayed_at)
+        return {row.dead_letter_key: row for row in rows}
+
+    def prompt_versions_by_id(self, ids: Sequence[str]) -> dict[str, PromptVersion]:
+        """Prompt versions by id (unknown ids are left out)."""
+        if not ids:
+            return {}
+        stmt = select(PromptVersion).where(col(PromptVersion.id).in_(list(ids)))
+        with self._session() as session:
+            return {pv.id: pv for pv in session.exec(stmt).all()}
 
     def prompt_versions(self, role: str) -> list[PromptVersion]:
         stmt = select(PromptVersion).where(PromptVersion.role == role).order_by(col(PromptVersion.version))

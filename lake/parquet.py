@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from arena.topics import TOPICS
 from arena.topics import topic as topic_spec
 from lake.catalog import Catalog, LineageEdge
-from lake.store import LocalStore, ObjectStore
+from lake.store import CLAIM_ERROR_HEADER, LocalStore, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,8 @@ class _TopicCodec:
         cols: dict[str, list[Any]] = {f.name: [] for f in self.schema}
         invalid = 0
         for row in rows:
-            fields, error = self.decode(row.value)
+            claim_error = row.headers.get(CLAIM_ERROR_HEADER)  # the lake sink could not read its claim
+            fields, error = (None, f"claim error: {claim_error}") if claim_error else self.decode(row.value)
             cols["_key"].append(row.key)
             cols["_partition"].append(row.partition)
             cols["_offset"].append(row.offset)

@@ -1,13 +1,15 @@
 """`arena publish tools PATH...`: tool docs from files to ``tools.raw``.
 
 Every candidate server becomes one ``tools.raw`` record keyed by the hash of
-its content (so re-publishing the same docs is idempotent downstream). A file
+its content (so re-publishing the same docs is idempotent downstream). The
+loader bounds servers (``LoadOptions.max_server_tools``), so records stay small. A file
 or entry that cannot be read goes to ``tools.raw.dlq`` with the exact bytes
 and a reason naming the file and entry, so nothing is lost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from arena.records.common import DeadLetterKind
 from arena.records.tools import RawToolServer
 from arena.topics import topic
 from producers.publish import publish
-from producers.tool_docs import LoadError, load_tool_docs
+from producers.tool_docs import LoadError, LoadNotice, LoadOptions, LoadStats, load_tool_docs
 from streams.runtime import Emit, dead_letter, dead_letter_key
 
 
@@ -27,8 +29,12 @@ def raw_key(server: RawToolServer) -> str:
 
 @dataclass
 class PublishReport:
+    """What was published, what was rejected (to the dead-letter topic) and the loader's counts."""
+
     servers: list[RawToolServer] = field(default_factory=list)
     errors: list[LoadError] = field(default_factory=list)
+    notices: list[LoadNotice] = field(default_factory=list)
+    stats: LoadStats = field(default_factory=LoadStats)
     sent: int = 0
 
 
@@ -49,8 +55,17 @@ def outgoing(servers: list[RawToolServer], errors: list[LoadError]) -> list[Emit
     return records
 
 
-async def publish_tool_docs(bootstrap: str, paths: list[Path]) -> PublishReport:
-    loaded = load_tool_docs(paths)
-    report = PublishReport(servers=loaded.servers, errors=loaded.errors)
+async def publish_tool_docs(
+    bootstrap: str,
+    paths: list[Path],
+    options: LoadOptions | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> PublishReport:
+    """Load ``paths`` (never raises on bad input) and publish servers and dead letters."""
+    loaded = load_tool_docs(paths, options, progress=progress)
+    report = PublishReport(
+        servers=loaded.servers, errors=loaded.errors, notices=loaded.notices, stats=loaded.stats
+    )
     report.sent = await publish(bootstrap, outgoing(loaded.servers, loaded.errors))
     return report

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from sandbox.pool import SandboxUnavailable, run_once
 
@@ -49,7 +50,12 @@ def run(
         raise _fail(f"{file}: cannot read it as UTF-8 text ({exc.__class__.__name__})") from None
     if (timeout is not None and timeout <= 0) or (memory_mb is not None and memory_mb < 16):
         raise _fail("--timeout must be > 0 and --memory-mb at least 16")
-    settings = ArenaSettings().sandbox
+    try:
+        settings = ArenaSettings().sandbox
+    except ValidationError as exc:  # a bad ARENA_* variable or settings file: say which, no traceback
+        raise _fail(
+            "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors(include_url=False))
+        ) from None
     try:
         result = asyncio.run(run_once(code, settings, timeout_s=timeout, memory_mb=memory_mb))
     except SandboxUnavailable as exc:

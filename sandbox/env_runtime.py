@@ -14,10 +14,10 @@ The sandbox returns the trailing expression's value as ``return_value``.
 invocation then runs on it without committing, its output after what the loading printed -- so
 a job's outcome is that of its whole program, without the package being rebuilt per job. A job
 passes when the run is ok and the output text (stdout followed by the JSON of
-the return value) contains the answer (the "output contains a_i" rule of ASTRA
-§2.2.3): the normalised answer (casefolded, whitespace collapsed) occurs in the
-normalised output, or ``arena.fuzzy.contains_value`` finds it (a number within
-tolerance, thousands separators and units aside; most of the answer's words).
+the return value) is no error payload and contains the answer (the "output contains a_i"
+rule of ASTRA §2.2.3) by ``arena.tool_reward.answer_in``, the rule of the F1 reward: the
+answer's tokens on token boundaries after Unicode and case normalisation, numbers compared as
+numbers within tolerance (so ``3`` is not found in ``13``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from arena.fuzzy import contains_value
 from arena.records.envs import Cell, EnvJob, EnvPackage
+from arena.tool_reward import answer_in, error_payload
 from sandbox.pool import SandboxResult
 
 EXCERPT_CHARS = 400
@@ -151,12 +151,12 @@ def output_text(result: SandboxResult) -> str:
 
 
 def contains_answer(result: SandboxResult, answer: str) -> bool:
-    """The run is ok and its output text contains ``answer`` (normalised, or fuzzily); an empty answer never does."""
-    wanted = normalise(answer)
-    if not (result.ok and wanted):
+    """The run is ok, its output is no error payload and states ``answer`` (``arena.tool_reward``: the
+    rule the F1 reward uses, token boundaries and numbers as numbers); an empty answer never does."""
+    if not result.ok:
         return False
     text = output_text(result)
-    return wanted in normalise(text) or contains_value(text, answer)
+    return not error_payload(text) and answer_in(answer, text)
 
 
 def judge(job: EnvJob, result: SandboxResult) -> JobOutcome:
@@ -165,6 +165,8 @@ def judge(job: EnvJob, result: SandboxResult) -> JobOutcome:
     error: str | None = None
     if not result.ok:
         error = f"{result.error_type}: {result.error}" if result.error else str(result.error_type)
+    elif error_payload(text):
+        error = "the output is an error payload (an error never answers a sub-task)"
     elif not contains_answer(result, job.answer):
         error = f"output does not contain the answer {job.answer!r}"
     return JobOutcome(

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from arena import metrics
 from arena.config import SandboxSettings
 
 FORKSERVER = Path(__file__).with_name("forkserver.py")
@@ -500,6 +501,7 @@ class Session:
         """End the session: its processes are gone and its uid is free again when this returns."""
         if not self._closed:
             self._closed = True
+            metrics.sandbox_closed("ok" if self._dead is None else self._dead[0])
             await asyncio.shield(self._shutdown())
 
     async def _shutdown(self) -> None:
@@ -660,6 +662,7 @@ class SandboxPool:
         except BaseException:
             self._release(slot)
             raise
+        metrics.sandbox_opened()
         return Session(self, sid, slot, ended, timeout)
 
     async def run(

@@ -12,6 +12,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first: its CPU wheel is local; the constraint keeps every later resolve on it.
   .venv/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+  # bench: TRL, for bench/trainer.py's baseline (CI runs every bench's --quick: tests/test_bench_quick.py)
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench]"
   touch "$stamp"
 fi

@@ -25,12 +25,24 @@ from typing import Any
 
 import faust
 
+from arena import metrics
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.llm.core import CALLER, Caller
 from arena.topics import topic
-from streams.dedupe import SeenKeys
-from streams.runtime import Context, Emit, In, StageDef, dead_letter_key, decode_input, encode, run_handler
+from lake.store import ClaimCheck
+from streams.dedupe import SeenKeys, is_replay
+from streams.runtime import (
+    Context,
+    Emit,
+    In,
+    StageDef,
+    dead_letter_key,
+    decode_input_async,
+    encode,
+    encode_claimed,
+    run_handler,
+)
 from streams.usage import UsageReporter
 
 log = logging.getLogger("arena.stage")
@@ -89,9 +101,17 @@ def source_key(key: bytes | None, value: bytes | None) -> str:
     return content_hash(value or b"")
 
 
-async def send(app: faust.App, emit: Emit, *, stage: str, version: str, event: Any) -> None:
-    """Send one output, inside the input partition's transaction when exactly-once."""
-    key, value, headers = encode(emit, stage=stage, stage_version=version)
+async def send(
+    app: faust.App, emit: Emit, *, stage: str, version: str, event: Any, claims: ClaimCheck | None = None
+) -> None:
+    """Send one output, inside the input partition's transaction when exactly-once.
+
+    With ``claims``, a value too large for the broker goes to the lake and the record carries a claim.
+    """
+    if claims is None:
+        key, value, headers = encode(emit, stage=stage, stage_version=version)
+    else:
+        key, value, headers = await encode_claimed(emit, stage=stage, stage_version=version, claims=claims)
     if app.in_transaction:
         message = event.message
         group = app.assignor.group_for_topic(message.topic)
@@ -132,31 +152,46 @@ async def handle_event(
     settings: ArenaSettings,
     event: Any,
     seen: SeenKeys | None = None,
+    claims: ClaimCheck | None = None,
 ) -> list[Emit] | None:
-    """Decode and handle one input event: its outputs, or None when ``seen`` says it was handled."""
+    """Decode and handle one input event: its outputs, or None when ``seen`` says it was handled.
+
+    A claimed value is read from the lake with ``claims`` (see ``streams.runtime.decode_async``).
+    """
     spec = topic(stage.input)
     message = event.message
     key = source_key(message.key, message.value)
-    if seen is not None and await seen.seen(message.partition, message.offset, key):
+    if (
+        seen is not None
+        and not is_replay(message.headers)
+        and await seen.seen(message.partition, message.offset, key)
+    ):
         log.info("%s: %s already handled, skipped", stage.name, key)
         return None
-    decoded = decode_input(
+    decoded = await decode_input_async(
         stage,
         message.value,
         source_key=key,
         partition=message.partition,
         offset=message.offset,
+        headers=message.headers,
+        claims=claims,
     )
     if decoded.dead_letter is not None:
         letter = decoded.dead_letter
         return [Emit(spec.dlq, dead_letter_key(letter), letter, (key,))]
     assert decoded.record is not None
-    ctx = Context(stage.name, stage.version, spec, key, settings, message.value or b"")
-    return await run_handler(stage, decoded.record, ctx, message.value or b"")
+    ctx = Context(stage.name, stage.version, spec, key, settings, decoded.raw)
+    return await run_handler(stage, decoded.record, ctx, decoded.raw)
 
 
 async def release(
-    app: faust.App, stage: StageDef[In], event: Any, emits: list[Emit], gate: CommitGate
+    app: faust.App,
+    stage: StageDef[In],
+    event: Any,
+    emits: list[Emit],
+    gate: CommitGate,
+    claims: ClaimCheck | None = None,
 ) -> bool:
     """Send ``emits`` and ack ``event`` under the gate; False (nothing sent) when the event is stale.
 
@@ -178,8 +213,9 @@ async def release(
             )
             return False
         for emit in emits:
-            await send(app, emit, stage=stage.name, version=stage.version, event=event)
+            await send(app, emit, stage=stage.name, version=stage.version, event=event, claims=claims)
         event.ack()  # inside the gate; a commit sees both the outputs and the offset, or neither
+    metrics.stage_outputs(stage.name, [(emit.topic, emit.value) for emit in emits])
     return True
 
 
@@ -241,6 +277,8 @@ class OrderedRunner:
         self.gate = gate
         self.seen = seen
         self.caller = caller
+        self.claims = ClaimCheck.from_settings(settings)
+        """Large values in and out of the lake (opened on the first one)."""
         self._slots = asyncio.Semaphore(concurrency)
         self._tails: dict[tuple[int, Any], asyncio.Future[None]] = {}
         """Per (generation, partition): the done-future of the last submitted event."""
@@ -279,7 +317,8 @@ class OrderedRunner:
         self, event: Any, previous: asyncio.Future[None] | None, done: asyncio.Future[None], chain: Any
     ) -> None:
         try:
-            emits = await handle_event(self.stage, self.settings, event, self.seen)
+            with metrics.stage_record(self.stage.name):
+                emits = await handle_event(self.stage, self.settings, event, self.seen, self.claims)
             if previous is not None:
                 await asyncio.shield(previous)  # a cancelled successor must not cancel its predecessor
             if self._failure is not None:
@@ -288,10 +327,15 @@ class OrderedRunner:
                 emits = []
             message = event.message
             key = source_key(message.key, message.value)
-            if self.seen is not None and self.seen.handled(message.partition, key):
+            if (
+                self.seen is not None
+                and not is_replay(message.headers)
+                and self.seen.handled(message.partition, key)
+            ):
                 log.info("%s: %s was handled while this copy was in flight; dropped", self.stage.name, key)
                 emits = []
-            if await release(self.app, self.stage, event, emits, self.gate) and self.seen is not None:
+            released = await release(self.app, self.stage, event, emits, self.gate, self.claims)
+            if released and self.seen is not None:
                 self.seen.add(message.partition, key)
         except asyncio.CancelledError:
             raise

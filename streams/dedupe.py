@@ -23,10 +23,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 log = logging.getLogger("arena.stage")
+
+REPLAY_HEADER = "arena-replay-of"
+"""Header of a record `arena dlq replay` re-published (value: the dead letter's key).
+
+A replay repeats a key the stage has already handled (it dead-lettered it), so ``seen`` must not
+skip it; the replay ledger (``consumers.dlq``) makes sure each dead letter is replayed once.
+"""
+
+
+def is_replay(headers: Any) -> bool:
+    """True when a message's headers (pairs or a mapping) mark it as a dead-letter replay."""
+    return REPLAY_HEADER in dict(headers or ())
 
 
 class SeenKeys:

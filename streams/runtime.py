@@ -7,6 +7,9 @@ owns everything around the handler, so stage modules stay small:
 
 * bytes that are not JSON, or JSON that does not match the input topic's value
   schema, go to ``<input>.dlq`` (``parse_error`` / ``schema_violation``);
+* values too large for the broker travel as claims to the lake (``encode_claimed``); decoding
+  reads them back and verifies their hash, and a missing or corrupt one goes to ``<input>.dlq``
+  (``claim_error``);
 * a handler that raises sends the record to ``<input>.dlq`` (``crash``);
 * gate drops are ``Emit``s to ``<input>.rejected`` built with ``Context.reject``;
 * every emitted record is keyed by a content hash and carries lineage headers;
@@ -17,10 +20,12 @@ owns everything around the handler, so stage modules stay small:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -30,6 +35,7 @@ from arena.hashing import content_hash
 from arena.llm.core import Answer, InvalidOutput
 from arena.records.common import DeadLetter, DeadLetterKind, Lineage, Rejection
 from arena.topics import TopicSpec, topic
+from lake.store import CLAIM_HEADER, ClaimCheck, ClaimError, header, open_claim
 
 log = logging.getLogger("arena.stage")
 
@@ -200,6 +206,12 @@ class Decoded(Generic[M]):
 
     record: M | None
     dead_letter: DeadLetter | None
+    raw: bytes = b""
+    """The value that was decoded: the record's bytes, or for a claimed record the value from the lake."""
+
+
+RecordHeaders = Sequence[tuple[str, bytes]] | Mapping[str, bytes] | None
+"""A Kafka record's headers as clients hand them over (pairs, or a mapping)."""
 
 
 def decode(
@@ -210,9 +222,16 @@ def decode(
     source_key: str | None,
     partition: int | None = None,
     offset: int | None = None,
+    headers: RecordHeaders = None,
+    claims: ClaimCheck | None = None,
 ) -> Decoded[BaseModel]:
-    """Validate ``raw`` against the topic's value schema, or explain why not."""
-    return _decode(spec.value, spec, raw, stage, source_key, partition, offset)
+    """Validate ``raw`` against the topic's value schema, or explain why not.
+
+    A record with an ``arena-claim`` header has its value in the lake: it is read with ``claims``
+    and verified first (a missing or corrupt one is a ``claim_error`` dead letter). Stream code
+    uses ``decode_async``, which reads it in a worker thread.
+    """
+    return _decode(spec.value, spec, raw, stage, source_key, partition, offset, headers, claims)
 
 
 def decode_input(
@@ -222,13 +241,51 @@ def decode_input(
     source_key: str | None,
     partition: int | None = None,
     offset: int | None = None,
+    headers: RecordHeaders = None,
+    claims: ClaimCheck | None = None,
 ) -> Decoded[In]:
     """``decode`` for ``stage``'s input topic, typed as the stage's input model.
 
     ``StageDef`` checked that its ``input_model`` is the topic's value model, so this is the
     same validation ``decode`` does.
     """
-    return _decode(stage.input_model, topic(stage.input), raw, stage.name, source_key, partition, offset)
+    return _decode(
+        stage.input_model, topic(stage.input), raw, stage.name, source_key, partition, offset, headers, claims
+    )
+
+
+async def decode_async(
+    spec: TopicSpec,
+    raw: bytes | None,
+    *,
+    stage: str,
+    source_key: str | None,
+    partition: int | None = None,
+    offset: int | None = None,
+    headers: RecordHeaders = None,
+    claims: ClaimCheck | None = None,
+) -> Decoded[BaseModel]:
+    """``decode`` that reads and validates a claimed value in a worker thread (the loop never waits)."""
+    run = partial(_decode, spec.value, spec, raw, stage, source_key, partition, offset, headers, claims)
+    return run() if header(headers, CLAIM_HEADER) is None else await asyncio.to_thread(run)
+
+
+async def decode_input_async(
+    stage: StageDef[In],
+    raw: bytes | None,
+    *,
+    source_key: str | None,
+    partition: int | None = None,
+    offset: int | None = None,
+    headers: RecordHeaders = None,
+    claims: ClaimCheck | None = None,
+) -> Decoded[In]:
+    """``decode_input`` that reads and validates a claimed value in a worker thread."""
+    spec = topic(stage.input)
+    run = partial(
+        _decode, stage.input_model, spec, raw, stage.name, source_key, partition, offset, headers, claims
+    )
+    return run() if header(headers, CLAIM_HEADER) is None else await asyncio.to_thread(run)
 
 
 def _decode(
@@ -239,11 +296,16 @@ def _decode(
     source_key: str | None,
     partition: int | None,
     offset: int | None,
+    headers: RecordHeaders = None,
+    claims: ClaimCheck | None = None,
 ) -> Decoded[M]:
     data = raw or b""
     kind: DeadLetterKind
     try:
-        return Decoded(model.model_validate_json(data.decode("utf-8")), None)
+        data = open_claim(data, headers, claims)
+        return Decoded(model.model_validate_json(data.decode("utf-8")), None, data)
+    except ClaimError as exc:
+        kind, reason = DeadLetterKind.claim_error, f"{exc} (fix: re-publish the record)"
     except UnicodeDecodeError as exc:
         kind, reason = DeadLetterKind.parse_error, f"not UTF-8: {exc}"
     except ValidationError as exc:
@@ -256,6 +318,7 @@ def _decode(
         dead_letter(
             spec, data, kind, reason, stage=stage, source_key=source_key, partition=partition, offset=offset
         ),
+        data,
     )
 
 
@@ -296,7 +359,7 @@ def _short_validation_error(spec: TopicSpec, exc: ValidationError) -> str:
 
 
 def encode(emit: Emit, *, stage: str, stage_version: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
-    """Key bytes, value bytes and lineage headers of an ``Emit``."""
+    """Key bytes, value bytes and lineage headers of an ``Emit`` (the whole value; see ``encode_claimed``)."""
     topic(emit.topic)  # fail loudly on an undeclared topic
     lineage = Lineage(
         source_ids=list(emit.source_ids),
@@ -308,6 +371,20 @@ def encode(emit: Emit, *, stage: str, stage_version: str) -> tuple[bytes, bytes,
     )
     value = emit.value.model_dump_json().encode("utf-8")
     return emit.key.encode("utf-8"), value, lineage.to_headers()
+
+
+async def encode_claimed(
+    emit: Emit, *, stage: str, stage_version: str, claims: ClaimCheck
+) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """``encode`` for the wire: a value over ``claims.threshold`` is written once to the lake and
+    the record carries a small claim to it (``arena-claim`` header, JSON envelope value).
+
+    Small values are sent exactly as ``encode`` makes them. Every producer of Arena records sends
+    through here, so no record can exceed the broker's message limit.
+    """
+    key, value, headers = encode(emit, stage=stage, stage_version=stage_version)
+    value, headers = await claims.seal_async(value, headers)
+    return key, value, headers
 
 
 async def run_handler(stage: StageDef[In], record: In, ctx: Context, raw: bytes) -> list[Emit]:

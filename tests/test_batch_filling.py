@@ -62,7 +62,7 @@ def test_delta_zero_is_dynamic_filtering() -> None:
 def test_exactly_n_per_step_and_buffer_below_n() -> None:
     rng = random.Random(1)
     n = 4
-    filler = BatchFiller(n=n, delta=0.0, max_rounds=1000)
+    filler = BatchFiller(n=n, delta=0.0)
     counter = 0
     for step in range(40):
         while not filler.ready():
@@ -117,37 +117,41 @@ def test_n_of_one_carries_nothing() -> None:
     assert filler.stats.dropped_groups == 1
 
 
-def test_round_cap_gives_partial_batch_and_shortfall() -> None:
-    filler = BatchFiller(n=4, delta=0.0, max_rounds=2)
+def test_only_a_final_short_step_trains_fewer_than_n() -> None:
+    filler = BatchFiller(n=4, delta=0.0)
     filler.add([valid("a"), invalid("b")])
-    assert not filler.at_cap()
     filler.add([invalid("c"), valid("d")])
-    assert filler.at_cap() and not filler.ready()
+    assert not filler.ready()
     with pytest.raises(RuntimeError):
         filler.take()
-    assert ids(filler.take_partial()) == ["a", "d"]
+    assert ids(filler.take_short()) == ["a", "d"]
     last = filler.last
     assert (last.trained_groups, last.shortfall, last.rounds) == (2, 2, 2)
     assert last.fill_ratio == filler.fill_ratio() == 0.5
     assert last.valid_ratio == filler.valid_ratio() == 0.5
-    assert filler.buffer == [] and not filler.at_cap()  # a fresh step starts with fresh rounds
+    assert filler.buffer == []
+    # an empty batch is not a step
+    filler.add([invalid("x")])
+    with pytest.raises(RuntimeError, match="not a step"):
+        filler.take_short()
+    assert filler.stats.steps == 1
 
     # Next step fills completely: totals average the two steps.
     filler.add([valid(f"e{i}") for i in range(4)])
-    assert len(filler.take_partial()) == 4  # take_partial on a ready filler is a normal take
+    assert len(filler.take_short()) == 4  # take_short on a ready filler is a normal take
     stats = filler.stats
-    assert (stats.steps, stats.partial_steps, stats.shortfall, stats.trained_groups) == (2, 1, 2, 6)
+    assert (stats.steps, stats.short_steps, stats.shortfall, stats.trained_groups) == (2, 1, 2, 6)
     assert stats.fill_ratio == pytest.approx(6 / 8)
 
 
 def test_state_dict_round_trips_through_json() -> None:
-    filler = BatchFiller(n=3, delta=0.0, max_rounds=5)
+    filler = BatchFiller(n=3, delta=0.0)
     filler.add([valid(f"a{i}") for i in range(5)] + [invalid("z")])
     filler.take()  # a3, a4 carried
     filler.add([group("b0", [0.1, 0.9, 0.3], step=1)])  # an open step with one round
     state = json.loads(json.dumps(filler.state_dict()))
 
-    restored = BatchFiller(n=3, delta=0.0, max_rounds=5)
+    restored = BatchFiller(n=3, delta=0.0)
     restored.load_state_dict(state)
     assert restored.buffer == filler.buffer
     assert restored.buffer[0].rollouts[1]["logprobs"] == [-0.25, -1.4]
@@ -163,5 +167,3 @@ def test_state_dict_round_trips_through_json() -> None:
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError):
         BatchFiller(n=0)
-    with pytest.raises(ValueError):
-        BatchFiller(n=2, max_rounds=0)

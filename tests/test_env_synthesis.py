@@ -564,7 +564,7 @@ STOCK_JOBS = [
     ("take('a')", "apple"),  # passes only if the first take left DATA as it was
     ("left()", '"rows": 3, "taken": 0'),
     ("fail()", "anything"),
-    ("take('x')", "no such item"),
+    ("take('x')", "no such item"),  # an error payload never passes, even one stating the answer
     ("LOG.append(1) or left()", '"taken": 1'),
     ("left()", '"columns": ["id", "name", "qty"]'),  # DATA's keys sorted, as in the job program
     ("x = take('a')", "apple"),  # not an expression: fails without running
@@ -586,8 +586,9 @@ def test_verify_package_loads_once_per_package_in_one_session() -> None:
         # The load is committed; every job with a valid invocation runs after it, uncommitted.
         assert session.requests == [("load", True)] + [("run", False)] * (len(STOCK_JOBS) - 1)
         assert session.closed and not session.session.alive
-        assert [o.passed for o in outcomes] == [True, True, True, False, True, True, True, False, True]
+        assert [o.passed for o in outcomes] == [True, True, True, False, False, True, True, False, True]
         assert "ZeroDivisionError" in (outcomes[3].error or "")
+        assert "error payload" in (outcomes[4].error or "")
         assert "not one Python expression" in (outcomes[7].error or "")
 
         second = await verify_package(package.model_copy(update={"env_id": "env-stock-2"}), counting)

@@ -26,6 +26,7 @@ from arena.llm.roles.user_sim import DialogueMessage, UserAction, UserSimInput, 
 from arena.records.envs import EnvJob, EnvPackage, SubQA, VerifiedSample
 from environments.environment import InteractiveEnvironment, InteractiveSpec, QaEnvironment, environment_for
 from environments.render import ToolCall
+from environments.rewards import ToolResult
 from environments.user_view import ParsedUserTurn, UserContext
 from sandbox import SandboxPool
 from sandbox.env_runtime import EnvSession, Runner, verify_package
@@ -206,6 +207,7 @@ def trajectory(sample: VerifiedSample, outputs: list[str], emitted: int) -> Traj
         failed_calls=0,
         user_turns=0,
         tool_outputs=outputs,
+        tool_results=[ToolResult(name="tool", content=text) for text in outputs],
         stop="no_tool_call",
     )
 
@@ -757,3 +759,51 @@ def test_a_pluggable_user_runs_its_tools_even_on_the_stopping_turn() -> None:
             environment_for(sample, pool)
 
     sandboxed(scenario)
+
+
+ECHO_CODE = LIBRARY_CODE.replace(
+    '{"error": "no such author"}', '{"error": "no record with author_id " + repr(author_id)}'
+).replace('{"error": "no such book"}', '{"error": "no record with book_id " + repr(book_id)}')
+
+
+def test_guessing_through_error_echoes_and_mixed_in_tools_earns_nothing() -> None:
+    """Real sandboxed calls: a lookup that echoes the guessed argument in its error, and a mixed-in
+    tool whose output holds the answers, solve nothing; the honest calls do."""
+    package = library_package(code=ECHO_CODE)
+    sample = sample_of(package)
+    leak = WEATHER.model_copy(
+        update={
+            "tools": [_tool("city_facts", "Facts about a city.", {"city": {"type": "string"}}, ["city"])],
+            "code": "def city_facts(city):\n    return {'author': 'AU-3', 'country': 'Portugal'}\n",
+        }
+    )
+    Calls = list[tuple[str, dict[str, Any]]]
+
+    async def scenario(pool: SandboxPool) -> list[float]:
+        async def score(calls: Calls, extras: dict[str, EnvPackage]) -> float:
+            env = QaEnvironment(sample, package, pool, extras=extras)
+            try:
+                results = []
+                for name, args in calls:
+                    obs = await env.call(name, args)
+                    results.append(ToolResult(name=name, content=obs.text, ok=obs.ok))
+                hand = trajectory(sample, [], len(calls)).model_copy(update={"tool_results": results})
+                return (await env.reward(hand))[0]
+            finally:
+                await env.close()
+
+        echo: Calls = [
+            ("get_author_country", {"author_id": "Portugal"}),
+            ("get_book_author", {"book_id": "AU-3"}),
+        ]
+        return [
+            await score(REFERENCE_CALLS, {}),
+            await score(echo, {}),
+            await score(
+                [("city_facts", {"city": "Oslo"}), ("city_facts", {"city": "Lima"})], {"city_facts": leak}
+            ),
+        ]
+
+    honest, echo, mixed = sandboxed(scenario)
+    assert honest == 1.0
+    assert echo == 0.0 and mixed == 0.0

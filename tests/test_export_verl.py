@@ -31,12 +31,13 @@ from arena.hashing import content_hash
 from arena.records.envs import EnvJob, EnvPackage
 from environments.environment import QaEnvironment
 from environments.render import parse_assistant
-from environments.rewards import f1_reward
+from environments.rewards import ToolResult, f1_reward
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from sandbox.env_runtime import verify_package
 from streams.envs.samples_verified import sample_of
-from trainer.export_verl import VERL_REWARD_SOURCE, export_verl, verl_tool_schema
+from trainer.export_verl import REWARD_RULE_SOURCE, VERL_REWARD_SOURCE, export_verl, verl_tool_schema
+from trainer.verl_reward import RULE_FILE
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -179,7 +180,7 @@ def test_export_writes_verl_agent_loop_rows(tmp_path: Path) -> None:
     assert summary.train == 2 and summary.test == 1
     assert summary.domains == {"arena/ecommerce": 1, "arena/real_estate": 2}
     assert sorted(summary.files) == sorted(
-        ["train.parquet", "test.parquet", "tool_config.yaml", "arena_verl_tool.py", "reward.py"]
+        ["train.parquet", "test.parquet", "tool_config.yaml", "arena_verl_tool.py", "reward.py", RULE_FILE]
     )
     pkgs = {p.env_id: p for p in packages().values()}
 
@@ -255,18 +256,19 @@ def test_conflicting_specs_and_schema_repair(tmp_path: Path) -> None:
 
 
 def load_reward(path: Path, standalone: bool) -> ModuleType:
-    """Import the exported reward.py; ``standalone`` hides environments.rewards (as on a verl-only machine)."""
+    """Import the exported reward.py; ``standalone`` hides Arena's ``arena.tool_reward`` (as on a
+    verl-only machine), so the module takes the rule from the exported copy beside it."""
     spec = importlib.util.spec_from_file_location(f"exported_reward_{standalone}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    saved = sys.modules.get("environments.rewards")
+    saved = sys.modules.get("arena.tool_reward")
     if standalone:
-        sys.modules["environments.rewards"] = None  # type: ignore[assignment]  # import now raises ImportError
+        sys.modules["arena.tool_reward"] = None  # type: ignore[assignment]  # import now raises ImportError
     try:
         spec.loader.exec_module(module)
     finally:
         if standalone:
-            sys.modules["environments.rewards"] = saved  # type: ignore[assignment]
+            sys.modules["arena.tool_reward"] = saved  # type: ignore[assignment]
     return module
 
 
@@ -310,7 +312,7 @@ TURNS = [
         [],
         ["error: get_listing_price: unknown argument(s) 'id' (450000)"],
     ),
-    # one output answers both jobs with one call: r = 1, p = 2/(1+eps), F1 = 2*2*1/3 = 4/3
+    # one output answers both jobs with one call: it solves one, r = 1/2, p = 1, F1 = 2/3 (was 4/3)
     ([call("lookup", {"x": 1}), "done"], ["450000 / a-01"], ["450000 / a-01"]),
     # a call cut off before </tool_call> still counts: c = 2, n_hat = 1, r = 1/2, p = 1/2, F1 = 1/2
     (
@@ -339,18 +341,20 @@ def transcript(turns: list[str], responses: list[str]) -> str:
 def test_exported_reward_equals_trainer_rewards(tmp_path: Path, standalone: bool) -> None:
     path = tmp_path / "reward.py"
     path.write_text(VERL_REWARD_SOURCE.read_text())
+    (tmp_path / RULE_FILE).write_text(REWARD_RULE_SOURCE.read_text())  # what export_verl writes beside it
     reward = load_reward(path, standalone)
-    assert (reward._arena_f1_reward is None) is standalone
-    expected_f1 = [0.4, 1.0, 0.0, 4 / 3, 0.5, 0.0]
+    assert reward.FROM_ARENA is not standalone
+    expected_f1 = [0.4, 1.0, 0.0, 2 / 3, 0.5, 0.0]
     truth = json.dumps({"jobs": JOBS, "answer": "450000"})
     for (turns, outputs, responses), f1 in zip(TURNS, expected_f1, strict=True):
         emitted = sum(parse_assistant(t).emitted for t in turns)
-        want = f1_reward(JOBS, outputs, emitted)
+        results = [ToolResult(name="t", content=r, ok=r in outputs) for r in responses]
+        want = f1_reward(JOBS, results, emitted)
         assert want.f1 == pytest.approx(f1, abs=1e-6)
-        # the self-contained copy gives the same numbers as environments.rewards
-        assert reward.f1_parts(JOBS, outputs, emitted) == pytest.approx(want.model_dump())
         text = transcript(turns, responses)
-        assert reward.parse_response(text) == (emitted, outputs, len(responses))
+        parsed_emitted, parsed = reward.parse_response(text)
+        assert parsed_emitted == emitted
+        assert [(r.content, r.ok) for r in parsed] == [(r.content, r.ok) for r in results]
         score = reward.compute_score("arena/real_estate", text, truth, extra_info={"index": 0})
         assert score["score"] == pytest.approx(want.f1)
         assert {k: score[k] for k in ("n", "n_hat", "c")} == {"n": 2, "n_hat": want.n_hat, "c": emitted}

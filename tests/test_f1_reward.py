@@ -1,12 +1,21 @@
-"""F1 reward of ASTRA eq. 30-31 and its recall-only / precision-only variants, on hand-computed cases."""
+"""The F1 reward (ASTRA eq. 30-31 with ``arena.tool_reward``'s rules) on hand-computed cases and hacks.
+
+Every hack the trainer could learn -- echoing a guessed answer through an error payload, spamming
+calls, an answer that is a substring of another number or word, repeating a solved call, one dump
+answering several sub-tasks, calling a mixed-in tool -- must score strictly below the honest
+trajectory, and F1 never exceeds 1.
+"""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from environments.rewards import F1Parts, f1_reward, reward_value, solved_jobs
-
-EPS = 1e-8
+from arena.tool_reward import CallResult, answer_in, error_payload, f1_score, max_matching
+from environments.rewards import F1Parts, ToolResult, f1_reward, reward_value, solved_jobs
 
 JOBS = [
     {"index": 10, "question": "Capital of France?", "answer": "Paris"},
@@ -15,60 +24,134 @@ JOBS = [
 ]
 
 
-def test_partial_solution_with_invalid_and_mixed_in_calls() -> None:
-    # 4 emitted calls: two answered sub-tasks 10 and 11, one invalid call (its output is an error),
-    # one call to a mixed-in tool (unrelated output). All four count in c.
-    outputs = ["The capital is paris.", '{"temp": 42}', "error: invalid tool call", "stock price 17.5"]
-    parts = f1_reward(JOBS, outputs, emitted_calls=4)
-    # n = 3, n_hat = 2, c = 4: r = 2/3, p = 2/(4 + 1e-8) ~= 0.5, F1 = 2 * 0.5 * (2/3) / (0.5 + 2/3) = 4/7
+def ok(*texts: str, name: str = "lookup") -> list[ToolResult]:
+    return [ToolResult(name=name, content=t) for t in texts]
+
+
+def honest() -> F1Parts:
+    return f1_reward(JOBS, ok("The capital is Paris.", '{"temp": 42}', '{"sky": "blue"}'), 3)
+
+
+def test_honest_trajectory_scores_one() -> None:
+    parts = honest()
+    assert (parts.n, parts.n_hat, parts.c) == (3, 3, 3)
+    assert parts.f1 == parts.recall == parts.precision == 1.0
+
+
+def test_partial_solution_with_invalid_and_failed_calls() -> None:
+    # 4 emitted calls: two answer sub-tasks 10 and 11, one invalid block, one failed call.
+    results = [*ok("The capital is paris.", '{"temp": 42}')]
+    results += [ToolResult(name="", content="error: invalid tool call", ok=False)]
+    results += [ToolResult(name="get_sky", content="error: timeout after 5.0s", ok=False)]
+    parts = f1_reward(JOBS, results, emitted_calls=4)
+    # n = 3, solved = 2, c = 4: r = 2/3, p = 2/4, F1 = 2 * 0.5 * (2/3) / (0.5 + 2/3) = 4/7
     assert (parts.n, parts.n_hat, parts.c) == (3, 2, 4)
-    assert parts.recall == pytest.approx(2 / 3, abs=1e-12)
-    assert parts.precision == pytest.approx(0.5, abs=1e-8)
-    assert parts.f1 == pytest.approx(4 / 7, abs=1e-8)
-    assert solved_jobs(JOBS, outputs) == {10, 11}
+    assert parts.recall == pytest.approx(2 / 3)
+    assert parts.precision == pytest.approx(0.5)
+    assert parts.f1 == pytest.approx(4 / 7)
+    assert solved_jobs(JOBS, results) == {10, 11}
 
 
-def test_invalid_calls_without_output_still_count_in_c() -> None:
-    # Same two solved sub-tasks; 3 more invalid calls that produced no output: c = 5.
-    outputs = ["paris", "42"]
-    fewer = f1_reward(JOBS, outputs, emitted_calls=2)
-    more = f1_reward(JOBS, outputs, emitted_calls=5)
-    # c = 2: p = 2/2 = 1, r = 2/3, F1 = 2 * (2/3) / (5/3) = 0.8
-    assert fewer.precision == pytest.approx(1.0, abs=1e-8)
-    assert fewer.f1 == pytest.approx(0.8, abs=1e-8)
-    # c = 5: p = 2/5 = 0.4, r = 2/3, F1 = 2 * 0.4 * (2/3) / (0.4 + 2/3) = (8/15) / (16/15) = 0.5
-    assert more.precision == pytest.approx(0.4, abs=1e-8)
-    assert more.f1 == pytest.approx(0.5, abs=1e-8)
-    assert more.recall == fewer.recall
+def test_calls_that_never_ran_still_count_in_c() -> None:
+    fewer = f1_reward(JOBS, ok("paris", "42"), emitted_calls=2)
+    more = f1_reward(JOBS, ok("paris", "42"), emitted_calls=5)
+    # c = 2: p = 1, r = 2/3, F1 = 0.8;  c = 5: p = 0.4, r = 2/3, F1 = 2 * 0.4 * (2/3) / (16/15) = 0.5
+    assert (fewer.precision, fewer.f1) == (pytest.approx(1.0), pytest.approx(0.8))
+    assert (more.precision, more.f1) == (pytest.approx(0.4), pytest.approx(0.5))
+    with pytest.raises(ValueError, match="emitted calls"):
+        f1_reward(JOBS, ok("Paris", "42"), emitted_calls=1)
 
 
-def test_everything_solved_with_one_call_each() -> None:
-    parts = f1_reward(JOBS, ["Paris", "42 degrees", "BLUE"], emitted_calls=3)
-    # r = 1, p = 3/(3 + 1e-8) = 1 - 3.3e-9, F1 ~= 1
-    assert parts.n_hat == 3
-    assert parts.recall == 1.0
-    assert parts.f1 == pytest.approx(1.0, abs=1e-8)
-    assert parts.f1 < 1.0  # eps keeps p a hair under 1
+# --------------------------------------------------------------------------- hacks
 
 
-def test_one_output_answering_two_sub_tasks_follows_the_formula() -> None:
-    # eq. 30 as written: n_hat = 2 from c = 1 call gives p = 2 (> 1); F1 = 2 * 2 * (2/3) / (2 + 2/3) = 1
-    parts = f1_reward(JOBS, ["Paris: 42 degrees"], emitted_calls=1)
-    assert parts.n_hat == 2
-    assert parts.precision == pytest.approx(2.0, abs=1e-7)
-    assert parts.f1 == pytest.approx(1.0, abs=1e-7)
+def test_echo_guessing_through_error_payloads_earns_nothing() -> None:
+    # A generated tool answers a bad lookup with {'error': 'no record with ' + guess}: guessing every
+    # answer as an argument reads each one back, but an error payload never solves a sub-task.
+    guesses = [
+        json.dumps({"error": "no record with city 'Paris'"}),
+        "{'error': 'no record with temperature 42'}",  # printed as a Python dict
+        'looking up...\n{"error": "no record with colour blue", "code": 404}',  # after printed lines
+        "Error: no record with blue",
+    ]
+    hack = f1_reward(JOBS, ok(*guesses), len(guesses))
+    assert hack.n_hat == 0 and hack.f1 == 0.0
+    assert hack.f1 < honest().f1
+
+
+def test_an_error_key_that_is_empty_is_not_a_failure() -> None:
+    assert not error_payload('{"error": null, "temp": 42}')
+    assert f1_reward(JOBS, ok('{"error": null, "temp": 42}'), 1).n_hat == 1
+
+
+def test_call_spam_lowers_precision() -> None:
+    spam = f1_reward(JOBS, ok("The capital is Paris.", '{"temp": 42}', '{"sky": "blue"}', *["noise"] * 7), 10)
+    assert spam.recall == 1.0 and spam.precision == pytest.approx(0.3)
+    assert spam.f1 < honest().f1
+
+
+def test_answer_as_substring_does_not_count() -> None:
+    assert not answer_in("3", "13") and not answer_in("3", "room 30") and not answer_in("42", "1423")
+    assert not answer_in("Paris", "Parisian cafes") and not answer_in("blue", "bluebird")
+    assert answer_in("3", "3.0") and answer_in("3.0", "value: 3") and answer_in("1860000", "1,860,000")
+    assert answer_in("$4.5 million", "4500000") and answer_in("Zürich", '{"city": "ZURICH"}')
+    assert answer_in("New   York", "new\n\tyork city") and answer_in("北京", "首都是北京市")
+    hack = f1_reward(JOBS, ok("Parisian", '{"temp": 142}', "bluebird"), 3)
+    assert hack.n_hat == 0 and hack.f1 < honest().f1
+
+
+def test_repeating_a_solved_call_lowers_precision() -> None:
+    repeat = f1_reward(JOBS, ok("Paris", "Paris", "Paris", '{"temp": 42}', '{"sky": "blue"}'), 5)
+    # each sub-task is solved once: solved = 3, c = 5 -> p = 0.6, F1 = 2 * 0.6 / 1.6 = 0.75
+    assert (repeat.n_hat, repeat.precision, repeat.f1) == (3, pytest.approx(0.6), pytest.approx(0.75))
+    assert repeat.f1 < honest().f1
+
+
+def test_one_call_answering_several_sub_tasks_counts_once() -> None:
+    # Before: n_hat = 2 from c = 1 gave p = 2 and F1 = 1.33. One call solves one sub-task now.
+    dump = f1_reward(JOBS, ok("Paris: 42 degrees, sky blue"), 1)
+    # solved = 1: r = 1/3, p = 1, F1 = 2 * (1/3) / (4/3) = 0.5
+    assert (dump.n_hat, dump.precision, dump.f1) == (1, 1.0, pytest.approx(0.5))
+    assert dump.f1 < honest().f1
+    # the matching is maximum: a dump plus a specific call solve two sub-tasks, whatever their order
+    for results in (ok("Paris and 42", "Paris"), ok("Paris", "Paris and 42")):
+        assert f1_reward(JOBS, results, 2).n_hat == 2
+
+
+def test_mixed_in_tools_never_solve() -> None:
+    results = [*ok("Paris", '{"temp": 42}'), ToolResult(name="weather_of", content='{"sky": "blue"}')]
+    parts = f1_reward(JOBS, results, 3, irrelevant={"weather_of"})
+    assert parts.n_hat == 2 and parts.f1 < honest().f1
+
+
+def test_a_sub_task_listed_twice_is_one() -> None:
+    jobs = [*JOBS, {**JOBS[0], "index": 13}]
+    parts = f1_reward(jobs, ok("The capital is Paris.", '{"temp": 42}', '{"sky": "blue"}'), 3)
+    assert (parts.n, parts.f1) == (3, 1.0)
+    assert solved_jobs(jobs, ok("Paris")) == {10}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.sampled_from(["Paris", "42", "blue", "noise", "Paris 42 blue", '{"error": "42"}']), max_size=8
+    ),
+    st.integers(min_value=0, max_value=4),
+)
+def test_f1_never_exceeds_one(texts: list[str], extra: int) -> None:
+    parts = f1_reward(JOBS, ok(*texts), len(texts) + extra)
+    assert 0.0 <= parts.f1 <= 1.0 and 0.0 <= parts.precision <= 1.0 and 0.0 <= parts.recall <= 1.0
+    assert parts.n_hat <= min(parts.n, parts.c)
+
+
+# --------------------------------------------------------------------------- edges and modes
 
 
 def test_no_solved_sub_task_is_zero_in_every_mode() -> None:
-    parts = f1_reward(JOBS, ["nothing useful", "still nothing"], emitted_calls=2)
+    parts = f1_reward(JOBS, ok("nothing useful", "still nothing"), emitted_calls=2)
     assert parts == F1Parts(n=3, n_hat=0, c=2, recall=0.0, precision=0.0, f1=0.0)
-    for mode in ("f1", "recall", "precision"):
-        assert reward_value(parts, mode) == 0.0
-
-
-def test_no_calls_at_all_is_zero() -> None:
-    parts = f1_reward(JOBS, [], emitted_calls=0)
-    assert (parts.n_hat, parts.f1, parts.precision) == (0, 0.0, 0.0)
+    assert [reward_value(parts, m) for m in ("f1", "recall", "precision")] == [0.0, 0.0, 0.0]
+    assert f1_reward(JOBS, [], emitted_calls=0).f1 == 0.0
 
 
 def test_empty_answers_never_count() -> None:
@@ -77,58 +160,25 @@ def test_empty_answers_never_count() -> None:
         {"index": 1, "question": "q1", "answer": "   \n"},
         {"index": 2, "question": "q2", "answer": "ok"},
     ]
-    # "" is a substring of every string; it must not count as solved.
-    assert solved_jobs(jobs, ["anything at all", ""]) == set()
-    parts = f1_reward(jobs, ["status OK"], emitted_calls=1)
-    # only job 2: n_hat = 1, r = 1/3, p = 1, F1 = 2 * (1/3) / (4/3) = 0.5
-    assert parts.n_hat == 1
-    assert parts.f1 == pytest.approx(0.5, abs=1e-8)
-
-
-def test_casefold_and_whitespace_normalisation() -> None:
-    jobs = [
-        {"index": 0, "question": "street?", "answer": "Straße"},
-        {"index": 1, "question": "city?", "answer": "New   York"},
-        {"index": 2, "question": "word?", "answer": "Zürich"},
-    ]
-    outputs = [
-        "Address: HAUPTSTRASSE 5",  # casefold("Straße") == "strasse" (lower() would not match)
-        "new\n\tyork city",  # whitespace runs collapse to one space on both sides
-        '{"city": "zürich"}',
-    ]
-    assert solved_jobs(jobs, outputs) == {0, 1, 2}
-    # Normalisation does not invent matches across words.
-    assert solved_jobs(jobs, ["newyork", "strase"]) == set()
+    assert solved_jobs(jobs, ok("anything at all", "")) == set()
+    parts = f1_reward(jobs, ok("status OK"), emitted_calls=1)  # r = 1/3, p = 1, F1 = 0.5
+    assert parts.n_hat == 1 and parts.f1 == pytest.approx(0.5)
 
 
 def test_jobs_without_index_use_their_position() -> None:
     jobs = [{"question": "a", "answer": "x1"}, {"question": "b", "answer": "y2"}]
-    assert solved_jobs(jobs, ["y2"]) == {1}
+    assert solved_jobs(jobs, ok("y2")) == {1}
 
 
 def test_recall_and_precision_variants() -> None:
-    parts = f1_reward(JOBS, ["Paris"] + ["noise"] * 3, emitted_calls=4)
-    # n_hat = 1: r = 1/3, p = 1/4, F1 = 2 * (1/12) / (7/12) = 2/7
-    assert reward_value(parts, "recall") == pytest.approx(1 / 3, abs=1e-12)
-    assert reward_value(parts, "precision") == pytest.approx(0.25, abs=1e-8)
-    assert reward_value(parts, "f1") == pytest.approx(2 / 7, abs=1e-8)
-    assert reward_value(parts) == parts.f1
+    parts = f1_reward(JOBS, ok("Paris", "noise", "noise", "noise"), emitted_calls=4)
+    # solved = 1: r = 1/3, p = 1/4, F1 = 2 * (1/12) / (7/12) = 2/7
+    assert reward_value(parts, "recall") == pytest.approx(1 / 3)
+    assert reward_value(parts, "precision") == pytest.approx(0.25)
+    assert reward_value(parts) == parts.f1 == pytest.approx(2 / 7)
 
 
-def test_more_outputs_than_calls_is_a_counting_bug() -> None:
-    with pytest.raises(ValueError, match="emitted calls"):
-        f1_reward(JOBS, ["Paris", "42"], emitted_calls=1)
-
-
-def test_broken_environment_gives_zero_reward() -> None:
-    # A deliberately broken environment: every tool call fails or returns data unrelated to the answers,
-    # however many calls the policy makes. The reward is 0 in every mode.
-    broken_outputs = [
-        "Traceback (most recent call last): RuntimeError: tool crashed",
-        "",
-        "error: timeout after 5.0s",
-        '{"result": null}',
-    ] * 5
-    parts = f1_reward(JOBS, broken_outputs, emitted_calls=len(broken_outputs) + 3)
-    assert parts.n_hat == 0
-    assert [reward_value(parts, mode) for mode in ("f1", "recall", "precision")] == [0.0, 0.0, 0.0]
+def test_max_matching_is_maximum() -> None:
+    # greedy would give call 0 sub-task 0 and leave call 1 unmatched; augmenting finds 2
+    assert len(max_matching([[0, 1], [0]])) == 2
+    assert f1_score(["a", "b"], [CallResult("t", "a b"), CallResult("t", "a")]).solved == 2

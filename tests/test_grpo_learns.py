@@ -31,12 +31,16 @@ def run(lr: float, seed: int = 0) -> tuple[list[float], float]:
     torch.nn.init.zeros_(policy.weight)
     torch.nn.init.zeros_(policy.bias)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
-    filler = BatchFiller(n=4, delta=0.0, max_rounds=4)
+    filler = BatchFiller(n=4, delta=0.0)
     step_rewards: list[float] = []
 
     for step in range(STEPS):
         rolled: list[float] = []
-        while not filler.ready() and not filler.at_cap():
+        rounds = 0
+        # The toy has no topic to drain: a converged policy makes only all-equal groups, so it
+        # stops drawing after a few rounds, as a drained run does.
+        while not filler.ready() and rounds < 4:
+            rounds += 1
             chosen = torch.randint(0, len(prompts), (PROMPTS,), generator=gen)
             groups = []
             with torch.no_grad():
@@ -53,9 +57,9 @@ def run(lr: float, seed: int = 0) -> tuple[list[float], float]:
                     rolled.extend(rewards)
             filler.add(groups)
         step_rewards.append(sum(rolled) / len(rolled))
-        batch = filler.take() if filler.ready() else filler.take_partial()
-        if not batch:
-            continue
+        if not filler.ready() and not filler.buffer:
+            continue  # an empty batch is not a step
+        batch = filler.take() if filler.ready() else filler.take_short()
 
         rollouts = [r for g in batch for r in g.rollouts]
         batch_rewards = torch.tensor([reward for g in batch for reward in g.rewards])

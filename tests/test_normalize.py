@@ -596,10 +596,11 @@ def test_bundled_samples_outcomes() -> None:
         "restaurants": 5,
     }
     assert rejected == {"url_shortener": "min_tools", "misc-helpers": "min_tools"}
+    # The loader already merged misc-helpers' second `format_timestamp` (a LoadNotice), so no
+    # duplicate_name drop is left for the normaliser.
     assert sorted(tool_gates) == [
         ("misc-helpers/do_stuff", "description_too_short"),
         ("misc-helpers/fetch_record", "schema"),
-        ("misc-helpers/format_timestamp", "duplicate_name"),
         ("misc-helpers/get_data", "description_is_name"),
         ("misc-helpers/ping_service", "description_missing"),
     ]

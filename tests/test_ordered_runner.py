@@ -38,6 +38,7 @@ class Message:
     value: bytes
     generation_id: int = 1
     topic: str = TOPIC
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def tp(self) -> TP:

@@ -6,7 +6,7 @@ import pytest
 
 from environments.environment import QaEnvironment
 from environments.render import render_text
-from environments.rewards import f1_reward
+from environments.rewards import ToolResult, f1_reward
 from sandbox import SandboxPool
 from streams.envs.samples_verified import sample_of
 from tests.fixtures.domain import sandboxed
@@ -41,8 +41,10 @@ def test_reference_conversation_solves_the_package_with_sandbox_outputs() -> Non
         assert len(calls) == 2  # the repeated invocation is called once
         assert [m["role"] for m in messages[-5:]] == ["assistant", "tool", "assistant", "tool", "assistant"]
         assert messages[-1]["content"] == "Portugal"
-        parts = f1_reward(sample.reward_spec["jobs"], outputs, len(outputs))
-        assert parts.n_hat == parts.n == 3 and parts.c == 2  # one call answers both merged jobs
+        results = [ToolResult(name="tool", content=text) for text in outputs]
+        parts = f1_reward(sample.reward_spec["jobs"], results, len(outputs))
+        # the merged job lists one sub-task twice: it is one sub-task, answered by one call
+        assert parts.n_hat == parts.n == 2 and parts.c == 2 and parts.f1 == 1.0
         assert "<tool_call>" in render_text(messages, sample.tools, "agent")
 
         broken = library_package(code="def get_book_author(book_id):\n    raise KeyError(book_id)\n")

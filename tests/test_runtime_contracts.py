@@ -163,6 +163,7 @@ class _Message:
     partition: int = 0
     offset: int = 7
     generation_id: int = 1
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def tp(self) -> tuple[str, int]:

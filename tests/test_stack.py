@@ -83,7 +83,7 @@ def test_up_status_down(settings: ArenaSettings) -> None:
     assert st.catalog == f"sqlite:///{settings.home / 'catalog.db'}"
 
     assert down(settings) is True
-    assert not stack._pid_alive(state.pid)
+    assert not stack.pid_alive(state.pid)
     assert not kafka_answers(state.broker, 0.3)
     assert not (settings.home / "stack.json").exists()
     assert not status(settings).running
@@ -182,7 +182,7 @@ def test_start_timeout_points_at_log_and_cleans_up(settings: ArenaSettings, tmp_
     message = str(err.value)
     assert str(settings.home / "logs" / "broker.log") in message
     assert "fake broker starting" in message
-    assert not stack._pid_alive(int(pidfile.read_text()))  # its process group was stopped
+    assert not stack.pid_alive(int(pidfile.read_text()))  # its process group was stopped
     assert not (settings.home / "stack.json").exists()
 
 
@@ -224,9 +224,9 @@ def test_down_from_another_process(settings: ArenaSettings) -> None:
     assert status(settings).running
     assert down(settings) is True
     deadline = time.monotonic() + 5
-    while stack._pid_alive(pid) and time.monotonic() < deadline:
+    while stack.pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not stack._pid_alive(pid)
+    assert not stack.pid_alive(pid)
 
 
 # -- topics --------------------------------------------------------------

@@ -179,7 +179,8 @@ def test_openapi_multi_document_yaml_and_name_clash(tmp_path: Path) -> None:
 def test_openapi_bad_paths_and_swagger(tmp_path: Path) -> None:
     (err,) = load(tmp_path, "bad.yaml", "openapi: 3.1.0\ninfo: {title: X}\npaths: [1, 2]\n").errors
     assert err.entry == "paths" and "mapping" in err.problem
-    (err,) = load(tmp_path, "old.yaml", "swagger: '2.0'\ninfo: {title: X}\npaths: {}\n").errors
+    # Swagger 2.0 is ingested (see test_swagger2_spec); older Swagger versions are not.
+    (err,) = load(tmp_path, "old.yaml", "swagger: '1.2'\ninfo: {title: X}\npaths: {}\n").errors
     assert "Swagger" in err.problem and "OpenAPI 3" in err.fix
     (err,) = load(tmp_path, "v2.json", json.dumps({"openapi": "2.5", "paths": {}})).errors
     assert "need 3.x" in err.problem
@@ -343,7 +344,8 @@ def test_bundled_samples_load() -> None:
         "restaurants": ("openai", 5),
         "shop_catalog": ("openai", 6),
         "weather_openai": ("openai", 6),
-        "misc-helpers": ("mcp", 7),
+        # Its two `format_timestamp` definitions differ: the loader keeps the richer one.
+        "misc-helpers": ("mcp", 6),
         "url_shortener": ("openai", 2),
     }
     errors = sorted((Path(e.file).name, e.entry, e.problem.split(":")[0]) for e in res.errors)
@@ -354,6 +356,10 @@ def test_bundled_samples_load() -> None:
         ("truncated_calendar.json", None, "invalid JSON"),
     ]
     assert all(e.raw for e in res.errors)
+    (notice,) = res.notices
+    assert "format_timestamp" in notice.message and "'parameters'" in notice.message
+    assert notice.file.endswith("misc_helpers.yaml") and notice.entry
+    assert res.stats.conflicts == 1
 
 
 # --------------------------------------------------------------------------------- properties
@@ -432,3 +438,301 @@ def test_files_on_disk_never_raise() -> None:
         write(tmp, "wrong.json", json.dumps([{"name": 5, "description": [], "parameters": "no"}]))
         res = load_tool_docs([tmp])
         assert len(res.servers) == 3 and res.errors == []
+
+
+# --------------------------------------------------------------------------------- real collections
+
+COLLECTIONS = Path(__file__).resolve().parent / "fixtures" / "tool_collections"
+
+
+def _accepted(servers: list[Any]) -> dict[str, list[str]]:
+    from streams.sft.normalize import normalize_server, server_gate
+
+    out = {}
+    for s in servers:
+        tools = normalize_server(s).tools
+        if server_gate(s.server, tools) is None:
+            out[s.server] = [t.function.name for t in tools]
+    return out
+
+
+def test_swagger2_spec() -> None:
+    from streams.sft.normalize import normalize_server
+
+    res = load_tool_docs([COLLECTIONS / "petstore_swagger2.json"])
+    assert res.errors == []
+    (s,) = res.servers
+    assert (s.server, s.format, s.context["swagger"]) == ("Swagger Petstore", ToolDocFormat.openapi, "2.0")
+    out = normalize_server(s)
+    assert out.rejections == []
+    tools = {t.function.name: t for t in out.tools}
+    # in: body -> the definition's fields; readOnly id dropped; #/parameters and formData resolved.
+    assert tools["addPet"].function.parameters["required"] == ["name", "photoUrls"]
+    assert "id" not in tools["addPet"].function.parameters["properties"]
+    assert tools["updatePetWithForm"].function.parameters["required"] == ["petId"]
+    assert set(tools["updatePetWithForm"].function.parameters["properties"]) == {"petId", "name", "status"}
+    assert tools["findPetsByStatus"].function.parameters["properties"]["status"]["type"] == "array"
+    assert tools["getPetById"].response_schema is not None  # Swagger 2 response `schema`
+
+
+def test_registry_dump_with_envelope_and_duplicate_listing() -> None:
+    res = load_tool_docs([COLLECTIONS / "registry_dump.jsonl"])
+    assert res.errors == [] and res.notices == []
+    assert _accepted(res.servers) == {
+        "@acme/weather-mcp": ["get_forecast", "get_alerts", "get_current"],
+        "@acme/notes": ["create_note", "search_notes", "delete_note", "list_notes"],
+    }
+    assert res.stats.duplicates_merged == 3  # the weather tools are listed twice
+    assert all(s.format == ToolDocFormat.mcp for s in res.servers)
+
+
+def test_registry_records_in_a_list_and_under_servers(tmp_path: Path) -> None:
+    records = [json.loads(line) for line in (COLLECTIONS / "registry_dump.jsonl").read_text().splitlines()]
+    for content in (records, {"servers": records, "total": 2}):
+        res = load(tmp_path, "dump.json", json.dumps(content))
+        assert res.errors == []
+        assert sorted(s.server for s in res.servers) == ["@acme/notes", "@acme/weather-mcp"]
+
+
+def test_mcp_capture_and_xlam_json_string_tools() -> None:
+    res = load_tool_docs([COLLECTIONS / "mcp_tools_list.json", COLLECTIONS / "xlam_style.jsonl"])
+    assert res.errors == []
+    assert _accepted(res.servers) == {
+        "git-server": ["git_status", "git_diff_unstaged", "git_commit", "git_log"],
+        "xlam_style": ["find_n_largest_numbers", "is_power_of_two", "calculate_median"],
+    }
+    (xlam,) = [s for s in res.servers if s.server == "xlam_style"]
+    from streams.sft.normalize import normalize_server
+
+    median = normalize_server(xlam).tools[2].function.parameters
+    assert median["required"] == ["numbers"]  # "int, optional" with a default is not required
+    assert median["properties"]["numbers"]["type"] == "array"
+
+
+def test_bfcl_dataset_groups_by_namespace_and_cooccurrence() -> None:
+    res = load_tool_docs([COLLECTIONS / "bfcl_like.jsonl"])
+    assert res.errors == []
+    groups = {s.server: sorted(e["name"] for e in s.entries) for s in res.servers}
+    assert groups == {
+        # math.factorial and spotify.play are offered together in line 1: one server.
+        "bfcl_like:math": sorted(
+            [
+                "math.factorial",
+                "math.gcd",
+                "math.hypot",
+                "spotify.next_track",
+                "spotify.pause",
+                "spotify.play",
+            ]
+        ),
+        "bfcl_like:calculate": [
+            "calculate_circle_area",
+            "calculate_circumference",
+            "calculate_triangle_area",
+        ],
+        "bfcl_like:weather": ["weather.get_air_quality", "weather.get_current", "weather.get_forecast"],
+    }
+    # Identical schema, reworded description: merged, the longer description kept.
+    (math,) = [s for s in res.servers if s.server == "bfcl_like:math"]
+    (fact,) = [e for e in math.entries if e["name"] == "math.factorial"]
+    assert fact["description"] == "Calculates the factorial of a given non-negative number."
+    # Same name, another schema: the richer one kept, and a notice naming both lines and the field.
+    (notice,) = res.notices
+    assert "line 10" in notice.message and notice.entry == "line 11, entry 0"
+    assert "'parameters'" in notice.message and "units" in notice.message
+    assert (res.stats.duplicates_merged, res.stats.conflicts, res.stats.tools_read) == (2, 1, 15)
+
+
+def test_declared_server_over_the_bound_is_split(tmp_path: Path) -> None:
+    tools = [
+        {**WEATHER, "name": f"tool_{i:03d}", "description": f"Does thing number {i} well."}
+        for i in range(150)
+    ]
+    res = load_tool_docs(
+        [write(tmp_path, "big.json", json.dumps({"serverInfo": {"name": "big"}, "tools": tools}))]
+    )
+    assert [(s.server, len(s.entries)) for s in res.servers] == [("big:1", 50), ("big:2", 50), ("big:3", 50)]
+    assert "split into 3 servers" in res.notices[0].message
+    from producers.tool_docs import LoadOptions
+
+    whole = load_tool_docs([tmp_path / "big.json"], LoadOptions(max_server_tools=200))
+    assert [len(s.entries) for s in whole.servers] == [150] and whole.notices == []
+
+
+def test_format_override_reads_a_spec_without_version_key(tmp_path: Path) -> None:
+    from producers.tool_docs import LoadOptions
+
+    spec = {
+        "info": {"title": "Bare"},
+        "paths": {"/x": {"get": {"operationId": "getX", "summary": "Get the x."}}},
+    }
+    path = write(tmp_path, "bare.json", json.dumps(spec))
+    assert load_tool_docs([path]).errors  # not recognised on its own
+    (s,) = load_tool_docs([path], LoadOptions(format=ToolDocFormat.openapi)).servers
+    assert (s.server, s.format, len(s.entries)) == ("Bare", ToolDocFormat.openapi, 1)
+
+
+def test_large_generated_collection_forms_bounded_servers_fast(tmp_path: Path) -> None:
+    import time
+
+    from tests.fixtures.tool_collection import write_collection
+
+    path = write_collection(tmp_path / "collection.jsonl")
+    assert len(path.read_text().splitlines()) >= 1000
+    start = time.perf_counter()
+    res = load_tool_docs([path])
+    elapsed = time.perf_counter() - start
+    assert res.errors == [] and res.stats.tools_read >= 4000
+    assert all(3 <= len(s.entries) <= 64 for s in res.servers)
+    accepted = _accepted(res.servers)
+    assert len(accepted) == len(res.servers) >= 50
+    names = [n for tools in accepted.values() for n in tools]
+    assert len(names) == len(set(names)) >= 400  # every distinct function lands in exactly one server
+    assert max(len(s.model_dump_json()) for s in res.servers) < 100_000  # records stay small
+    assert elapsed < 30, elapsed
+
+
+def test_cli_publishes_a_collection_with_a_summary(tmp_path: Path, broker: str) -> None:
+    import shutil
+
+    from tests.cli import arena_env, read_all, run_arena
+    from tests.fixtures.tool_collection import write_collection
+
+    docs = tmp_path / "docs"
+    shutil.copytree(COLLECTIONS, docs)
+    write_collection(docs / "collection.jsonl", lines=300)
+    (docs / "cut.json").write_text('{"tools": [{"name": "a", "descr')
+    env = arena_env(tmp_path / "home", ARENA_BROKER=broker)
+    proc = run_arena(["publish", "tools", str(docs)], env, check=1)
+    assert "Traceback" not in proc.stderr
+    assert "cut.json" in proc.stderr and "truncated" in proc.stderr
+    assert "duplicates merged" in proc.stdout and "servers formed" in proc.stdout
+    # the session's broker: other tests' records are there too (replayed garbage, claims); keep ours
+    records = [_json_object(r.value) for r in read_all(broker, "tools.raw")]
+    mine = [r for r in records if str(r.get("source", "")).startswith(str(docs))]
+    assert {"Swagger Petstore", "git-server", "@acme/notes"} <= {r["server"] for r in mine}
+    assert sum(r["source"].endswith("collection.jsonl") for r in mine) >= 15
+    assert f"{len(mine)} servers published, 1 rejected" in proc.stdout
+    letters = [_json_object(r.value) for r in read_all(broker, "tools.raw.dlq")]
+    assert any(str(docs / "cut.json") in str(v.get("reason", "")) for v in letters)
+
+
+def _json_object(value: bytes | None) -> dict[str, Any]:
+    try:
+        found = json.loads(value or b"")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+# --------------------------------------------------------------------------------- big collections
+
+
+def test_json_documents_skip_the_deep_copy_only_when_it_would_change_nothing() -> None:
+    from producers.tool_docs import _json_doc, _jsonable, _parse
+    from tests.fixtures.tool_collection import collection_lines
+
+    # A dataset line is already JSON-safe: it takes the no-copy path (the copy cost ~2/3 of a load).
+    text = "\n".join(json.dumps(r) for r in collection_lines(lines=60)) + "\n"
+    docs = _parse(text, text.encode(), source="c.jsonl", suffix=".jsonl").docs
+    assert len(docs) == 60 and all(d.safe for d in docs)
+    assert all(_jsonable(d.value) == d.value for d in docs)
+    # Whatever the copy would change, or refuse, still goes through it.
+    deep = "[" * 201 + "]" * 201
+    for risky in ('{"a": "\\ud800"}', '{"a": 1e999}', '{"a": -1E400}', deep):
+        assert _json_doc(risky)[1] is False, risky
+    assert _json_doc('{"a": "\\\\u00e9", "b": "[[[{{{", "c": 1e30}')[1] is True
+    # Past MAX_NODES characters the values are counted: strings count once, whatever they hold.
+    assert _json_doc(json.dumps({"tools": [WEATHER], "pad": "[, " * 1_000_000}))[1] is True
+    zeros = "[" + ",".join(["0"] * 1_999_999) + "]"  # 2,000,000 values with the list: the limit
+    assert _json_doc(zeros)[1] is True and _json_doc(zeros[:-1] + ",0]")[1] is False
+    # The guarded results are what the copy gives: text repaired, overflow nulled, depth refused.
+    lines = [
+        json.dumps(
+            {"question": "q", "function": [{**WEATHER, "name": "a", "description": "Bad \ud800 text."}]}
+        ),
+        '{"question": "q", "function": [{"name": "b", "description": "Big default value.", '
+        '"parameters": {"type": "object", "properties": {"n": {"type": "number", "default": 1e999}}}}]}',
+        '{"question": "q", "function": [{"name": "c", "parameters": ' + deep + "}]}",
+    ]
+    res = load_tool_doc_bytes("\n".join(lines).encode(), source="risky.jsonl")
+    (server,) = res.servers
+    assert [e["description"] for e in server.entries] == ["Bad \ufffd text.", "Big default value."]
+    assert server.entries[1]["parameters"]["properties"]["n"]["default"] is None
+    (err,) = res.errors
+    assert err.entry == "line 3" and "nested more than 200 levels" in err.problem
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False)
+        | st.text(max_size=8)
+        | st.sampled_from(["\ud800", "\\ud800", "[{", "1e999"]),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+        max_leaves=40,
+    ),
+    st.booleans(),
+)
+def test_no_copy_path_is_taken_only_for_values_the_copy_keeps(doc: Any, ascii_only: bool) -> None:
+    from producers.tool_docs import _json_doc, _jsonable
+
+    text = json.dumps(doc, ensure_ascii=ascii_only).replace('"1e999"', "1e999")
+    try:
+        value, safe = _json_doc(text)
+    except ValueError:  # Infinity (from a float strategy) is not JSON; unencodable lone surrogates
+        return
+    if safe:
+        assert _jsonable(value) == value
+
+
+def test_each_distinct_entry_and_schema_is_fingerprinted_once(tmp_path: Path) -> None:
+    from streams.sft.normalize import _schema_fingerprint
+    from tests.fixtures.tool_collection import write_collection
+
+    path = write_collection(tmp_path / "collection.jsonl", lines=400)
+    entries = [f for line in path.read_text().splitlines() for f in json.loads(line)["function"]]
+    distinct = {json.dumps(e, sort_keys=True) for e in entries}
+    schemas = {json.dumps(e["parameters"]) for e in entries}
+    _schema_fingerprint.cache_clear()
+    res = load_tool_docs([path])
+    info = _schema_fingerprint.cache_info()
+    assert res.stats.tools_read == len(entries) > 2 * len(distinct)
+    # One fingerprint per distinct entry, not per line it is repeated in; one conversion per schema.
+    assert info.hits + info.misses == len(distinct) and info.misses == len(schemas) < len(distinct)
+    # A huge schema is converted but not kept (the cache stays bounded).
+    from streams.sft.normalize import entry_fingerprint
+
+    props = {f"p{i}": {"type": "string", "description": "x" * 100} for i in range(200)}
+    fp = entry_fingerprint({**WEATHER, "parameters": {"type": "object", "properties": props}})
+    assert fp is not None and fp.properties == 200 and _schema_fingerprint.cache_info() == info
+
+
+def test_packing_thousands_of_distinct_functions_is_blocked_not_quadratic() -> None:
+    import random
+    import tracemalloc
+
+    from producers.tool_groups import BLOCK, Member, group_tools
+
+    rng = random.Random(5)
+    words = "alpha beta gamma delta omega sigma kappa lambda theta zeta".split()
+    members = [
+        Member(
+            name=f"{rng.choice(words)}_{rng.choice(words)}_{i}",
+            description=f"Handles {rng.choice(words)} jobs.",
+        )
+        for i in range(4000)
+    ]
+    tracemalloc.start()
+    try:
+        groups = group_tools(members, bound=64, min_size=3, pack_size=8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sorted(i for g in groups for i in g.members) == list(range(4000))
+    assert all(3 <= len(g.members) <= 8 for g in groups)
+    # An all-pairs similarity matrix would take 4000^2 float32 = 64 MB; blocks of BLOCK take ~9 MB.
+    assert peak < 4 * BLOCK * BLOCK * 4 < 4000 * 4000 * 4, peak

@@ -39,7 +39,7 @@ def _train_env(demo: Demo) -> dict[str, str]:
         "ARENA_TRAIN__LR": "1e-4",
         "ARENA_TRAIN__GROUP_SIZE": "2",
         "ARENA_TRAIN__BATCH_GROUPS": "2",
-        "ARENA_TRAIN__MAX_ROUNDS": "2",
+        "ARENA_TRAIN__FINAL_SHORT_BATCH": "true",
         # A random tiny model scores 0 everywhere; -1 keeps every group so GRPO steps update.
         "ARENA_TRAIN__DELTA": "-1",
         "ARENA_TRAIN__MAX_TURNS": "2",
@@ -108,6 +108,9 @@ def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> No
     )
     assert set(outcomes) == rl_ids and max(outcomes.values()) == 1
     assert sum(len(r["trained"]) for r in grpo_steps) > 0
+    # adaptive batch filling: every GRPO step trains exactly n groups, but the drained run's last one
+    assert all(len(r["trained"]) == 2 for r in grpo_steps[:-1])
+    assert 1 <= len(grpo_steps[-1]["trained"]) <= 2
 
     # Decoupled checkpoints: at most 2 full states, weights folders on their cadence, catalog rows.
     assert 1 <= len(list(states.glob("step-*.pt"))) <= 2
@@ -118,3 +121,20 @@ def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> No
     grpo_metric = next(m for m in metrics if m["metrics"]["phase_grpo"] == 1.0)
     for key in ("reward_mean", "reward_std", "fill_ratio", "loss", "step_s", "turns_mean", "tool_calls_mean"):
         assert key in grpo_metric["metrics"], key
+    shorts = {m["step"] for m in metrics if m["metrics"].get("short_batch") == 1.0}
+    assert shorts <= {grpo_steps[-1]["step"]}, shorts  # only the final step may be short, and says so
+
+    # What the policy was paid for can be audited: every GRPO step recorded its QA rollouts, and
+    # `arena reward score` on them gives the rewards the service trained on.
+    logs = sorted((_lake(demo_run) / "rollouts").glob("step-*.jsonl"))
+    assert {int(p.stem.split("-")[1]) for p in logs} <= {r["step"] for r in grpo_steps} and logs
+    recorded = [json.loads(line) for p in logs for line in p.read_text().splitlines()]
+    joined = demo_run.home / "recorded.jsonl"
+    joined.write_text("".join(json.dumps(line) + "\n" for line in recorded))
+    rescored = [
+        json.loads(line) for line in run_arena(["reward", "score", str(joined)], env).stdout.splitlines()
+    ]
+    assert len(rescored) == len(recorded) > 0
+    for line, again in zip(recorded, rescored, strict=True):
+        assert again["f1"] == pytest.approx(line["reward"]), line["sample_id"]
+        assert (again["solved"], again["calls"]) == (line["reward_parts"]["n_hat"], line["reward_parts"]["c"])

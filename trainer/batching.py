@@ -7,10 +7,12 @@ G = 1); ``statistics.pstdev`` computes it exactly, so delta = 0 drops exactly th
 is EigenData's dynamic filtering. A negative delta keeps every group (filtering off, for ablations).
 
 Per step: rollout rounds ``add`` groups; valid ones join the pool after the groups carried over from the
-last step; once the pool holds n, ``take`` returns the oldest n (FIFO) and keeps up to n-1 of the surplus
-for the next step (the newest ones: the oldest surplus is dropped and counted, to bound staleness). So
-after every take the buffer holds fewer than n groups. When a step reaches ``max_rounds`` rounds without
-filling, ``take_partial`` returns what there is and records the shortfall.
+last step; rounds go on (the service keeps drawing, waiting on the topic when it is empty) until the pool
+holds n; then ``take`` returns the oldest n (FIFO) and keeps up to n-1 of the surplus for the next step
+(the newest ones: the oldest surplus is dropped and counted, to bound staleness). So every step trains on
+exactly n groups and after every take the buffer holds fewer than n. The one exception is a run told to
+stop when its topic is drained (``final_short_batch``): ``take_short`` then trains what there is, and
+the step is counted and reported as short. An empty pool is never a step.
 
 The buffer, with its rollouts' token ids and log-probs, is JSON-able (``state_dict``) and goes into the
 training checkpoint, so a restart trains exactly what the crashed run would have.
@@ -55,7 +57,7 @@ class StepFill(BaseModel):
     carried_in: Annotated[int, Field(description="groups carried over from the previous step")] = 0
     trained_groups: int = 0
     dropped_groups: Annotated[int, Field(description="surplus valid groups beyond n-1, dropped")] = 0
-    shortfall: Annotated[int, Field(description="n - trained groups (0 unless the round cap hit)")] = 0
+    shortfall: Annotated[int, Field(description="n - trained groups (0 unless a final short step)")] = 0
     fill_ratio: Annotated[float, Field(description="trained groups / n (1.0 for a full step)")] = 0.0
     valid_ratio: Annotated[float, Field(description="valid / rolled groups of this step's rounds")] = 0.0
 
@@ -64,7 +66,7 @@ class FillStats(BaseModel):
     """Totals since the filler was created (restored from checkpoints)."""
 
     steps: int = 0
-    partial_steps: int = 0
+    short_steps: Annotated[int, Field(description="steps trained on fewer than n groups (final ones)")] = 0
     rounds: int = 0
     rolled_groups: int = 0
     valid_groups: int = 0
@@ -89,14 +91,11 @@ def is_valid(group: Group, delta: float) -> bool:
 class BatchFiller:
     """The adaptive batch-filling buffer: exactly n valid groups per step, fewer than n carried over."""
 
-    def __init__(self, n: int, delta: float = 0.0, max_rounds: int = 8) -> None:
+    def __init__(self, n: int, delta: float = 0.0) -> None:
         if n < 1:
             raise ValueError(f"batch size n must be >= 1, got {n}")
-        if max_rounds < 1:
-            raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
         self.n = n
         self.delta = delta
-        self.max_rounds = max_rounds
         self._pool: list[Group] = []  # carried-over groups first, then this step's valid groups (FIFO)
         self._step = StepFill()
         self._last = StepFill()
@@ -117,7 +116,7 @@ class BatchFiller:
         return self._last.model_copy()
 
     def fill_ratio(self) -> float:
-        """The last step's trained groups over n (1.0 unless the round cap cut it short)."""
+        """The last step's trained groups over n (1.0 unless it was a final short step)."""
         return self._last.fill_ratio
 
     def valid_ratio(self) -> float:
@@ -137,10 +136,6 @@ class BatchFiller:
     def ready(self) -> bool:
         return len(self._pool) >= self.n
 
-    def at_cap(self) -> bool:
-        """This step has used its rollout rounds: train on what there is (``take_partial``)."""
-        return self._step.rounds >= self.max_rounds
-
     def take(self) -> list[Group]:
         """Exactly n groups, oldest first; up to n-1 newest surplus groups stay, older surplus is dropped."""
         if not self.ready():
@@ -153,10 +148,13 @@ class BatchFiller:
         self._close_step(batch, dropped=len(surplus) - len(keep))
         return batch
 
-    def take_partial(self) -> list[Group]:
-        """At the round cap: everything waiting (fewer than n), the shortfall recorded. Full if ready."""
+    def take_short(self) -> list[Group]:
+        """The final step of a drained run: everything waiting (fewer than n, at least one), the
+        shortfall recorded. A full pool is a normal ``take``."""
         if self.ready():
             return self.take()
+        if not self._pool:
+            raise RuntimeError("no valid group waits: an empty batch is not a step")
         batch, self._pool = self._pool, []
         self._close_step(batch, dropped=0)
         return batch
@@ -170,7 +168,7 @@ class BatchFiller:
         step.valid_ratio = _ratio(step.valid_groups, step.rolled_groups)
         totals = self._totals
         totals.steps += 1
-        totals.partial_steps += int(step.shortfall > 0)
+        totals.short_steps += int(step.shortfall > 0)
         totals.rounds += step.rounds
         totals.rolled_groups += step.rolled_groups
         totals.valid_groups += step.valid_groups
@@ -188,7 +186,6 @@ class BatchFiller:
         return {
             "n": self.n,
             "delta": self.delta,
-            "max_rounds": self.max_rounds,
             "buffer": [group.model_dump(mode="json") for group in self._pool],
             "step": self._step.model_dump(mode="json"),
             "last": self._last.model_dump(mode="json"),
@@ -196,7 +193,7 @@ class BatchFiller:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from ``state_dict``; n, delta and max_rounds stay those of the constructor (the config)."""
+        """Restore from ``state_dict``; n and delta stay those of the constructor (the config)."""
         self._pool = [Group.model_validate(group) for group in state["buffer"]]
         self._step = StepFill.model_validate(state["step"])
         self._last = StepFill.model_validate(state["last"])

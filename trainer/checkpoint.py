@@ -34,7 +34,14 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Field as SqlField
 from sqlmodel import Session, SQLModel, col, select
 
-from lake.catalog import _make_engine, create_tables, insert_ignore
+from lake.catalog import (
+    StepSample,
+    _make_engine,
+    create_tables,
+    forget_steps_after,
+    insert_ignore,
+    record_step_samples,
+)
 from lake.store import ObjectStore
 
 CheckpointKind = Literal["weights", "state"]
@@ -55,7 +62,7 @@ class CheckpointRow(SQLModel, table=True):
     created_at: datetime = SqlField(default_factory=lambda: datetime.now(UTC))
 
 
-_TABLES = [CheckpointRow.__table__]  # type: ignore[attr-defined]
+_TABLES = [CheckpointRow.__table__, StepSample.__table__]  # type: ignore[attr-defined]
 
 
 class StepRecord(BaseModel):
@@ -165,6 +172,9 @@ class Checkpoints:
         self.store.put(
             f"{self.prefix}/steps/{step_name(record.step)}.json", record.model_dump_json().encode()
         )
+        roles = {"trained": record.trained, "filtered": record.filtered, "dropped": record.dropped}
+        roles["skipped"] = list(record.skipped)
+        record_step_samples(self.engine, self.run, record.step, record.phase, roles)  # for `arena trace`
 
     def steps(self) -> list[StepRecord]:
         paths = self.store.list(f"{self.prefix}/steps/")
@@ -187,6 +197,7 @@ class Checkpoints:
                 )
             )
             session.commit()
+        forget_steps_after(self.engine, self.run, step)
         return removed
 
     # --- catalog -----------------------------------------------------------

@@ -48,6 +48,7 @@ from arena.llm.gateway import Gateway, PromptTooLong, backend_health
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurn, AgentTurnInput, PlannedCall
 from arena.llm.routing import route_of
 from arena.records.envs import VerifiedSample
+from environments.rewards import ToolResult
 from streams.sft.agent_loop import assistant_message
 from trainer.rollout import State, Stop, Trajectory, derive_seed
 
@@ -174,6 +175,7 @@ class _Episode:
     failed_calls: int = 0
     user_turns: int = 0
     tool_outputs: list[str] = field(default_factory=list)
+    tool_results: list[ToolResult] = field(default_factory=list)
     pending: list[PlannedCall] = field(default_factory=list)
     content: str = ""
     """The latest assistant turn's text (what the user simulator answers)."""
@@ -235,8 +237,10 @@ class _Driver:
         ids = [str(c["id"]) for c in ep.messages[-1]["tool_calls"]]
         for call_id, call in zip(ids, ep.pending, strict=True):
             obs = await self.env.call(call.name, dict(call.arguments))
-            message = {"role": "tool", "tool_call_id": call_id, "content": obs.text}
-            ep.messages.append(message | ({"name": obs.tool} if obs.tool else {}))
+            message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": obs.text}
+            message |= ({"name": obs.tool} if obs.tool else {}) | ({} if obs.ok else {"error": True})
+            ep.messages.append(message)
+            ep.tool_results.append(ToolResult(name=obs.tool, content=obs.text, ok=obs.ok))
             if obs.ok:
                 ep.tool_outputs.append(obs.text)
             elif obs.tool:
@@ -285,6 +289,7 @@ async def endpoint_episode(
         failed_calls=ep.failed_calls,
         user_turns=ep.user_turns,
         tool_outputs=ep.tool_outputs,
+        tool_results=ep.tool_results,
         stop=ep.stop,
     )
     reward, parts = await env.reward(trajectory)

@@ -29,6 +29,7 @@ from trainer.batching import Group
 from trainer.learner import Learner
 from trainer.mixing import ToolMixer, pool_from_store
 from trainer.rollout import derive_seed, rollout_group
+from trainer.rollout_log import rollout_line
 
 # Trajectory fields the update needs; messages and raw outputs stay out of the checkpointed buffer.
 KEEP = (
@@ -58,6 +59,8 @@ class Episodes:
         self._gateway: Any = None
         self._user: UserSimulator | None = None
         self._packages: dict[str, EnvPackage] = {}
+        self.recorded: list[dict[str, Any]] = []
+        """QA trajectories rolled out since the last ``take_recorded`` (``trainer.rollout_log`` lines)."""
 
     async def start(self) -> None:
         self.pool = SandboxPool(self.settings.sandbox)
@@ -166,9 +169,22 @@ class Episodes:
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
         )
+        if sample.kind == "qa":
+            package = env_kwargs["package"]
+            own = {tool_name(t) for t in package.tools}  # as QaEnvironment tells mixed-in tools
+            mixed = [name for name in env_kwargs.get("extras") or {} if name not in own]
+            self.recorded += [
+                rollout_line(sample, t, mixed_tools=mixed, step=step, round_=round_, index=i)
+                for i, t in enumerate(trajectories)
+            ]
         return Group(
             sample_id=sample.sample_id,
             rewards=[t.reward for t in trajectories],
             rollouts=[t.model_dump(include=set(KEEP)) for t in trajectories],
             born_step=step,
         )
+
+    def take_recorded(self) -> list[dict[str, Any]]:
+        """The recorded QA trajectories since the last call, in rollout order (then forgotten)."""
+        taken, self.recorded = self.recorded, []
+        return taken

@@ -14,7 +14,7 @@ chat turn at a time through the gateway's native ``agent_policy`` role
 what follows holds for both. A trial succeeds when
 
 - ``qa``: the final assistant message contains the main answer a0 (``reward_spec["answer"]``,
-  normalised as ``sandbox.env_runtime.normalise``; an empty answer never counts); the trial's F1
+  matched by ``arena.tool_reward.answer_in``, the reward's rule; an empty answer never counts); the trial's F1
   reward (ASTRA eq. 30-31) is kept alongside;
 - ``interactive``: the verification function passed (reward 1, EigenData §5).
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -46,9 +45,9 @@ from rich.table import Table
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.records.envs import EnvPackage, VerifiedSample
+from arena.tool_reward import answer_in
 from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
-from sandbox.env_runtime import normalise
 from streams.envs.samples_verified import sample_of
 
 if TYPE_CHECKING:
@@ -103,14 +102,9 @@ def final_answer(trajectory: Trajectory) -> str:
 
 
 def answer_given(answer: str, text: str) -> bool:
-    """``text`` states ``answer`` as a whole word or phrase, after normalisation; never an empty one.
-
-    Word boundaries matter for short answers: "3" must not pass because the text says "30" (or a
-    random model's garbage happens to hold the digit).
-    """
-    wanted = normalise(answer)
-    pattern = rf"(?<!\w){re.escape(wanted)}(?!\w)"
-    return bool(wanted) and re.search(pattern, normalise(text)) is not None
+    """``text`` states ``answer`` (``arena.tool_reward.answer_in``: token boundaries, numbers as numbers,
+    so "3" does not pass because the text says "30"); never an empty answer."""
+    return answer_in(answer, text)
 
 
 def trial_success(sample: VerifiedSample, trajectory: Trajectory) -> bool:

@@ -11,7 +11,8 @@ Writes into ``PATH``:
 - ``tool_config.yaml``: one ``arena_verl_tool.ArenaEnvTool`` entry per distinct tool name;
 - ``arena_verl_tool.py``: a copy of ``trainer/verl_tool.py``;
 - ``reward.py``: a copy of ``trainer/verl_reward.py``: ``compute_score`` (the F1 reward of ASTRA eq.
-  30-31 from the decoded response).
+  30-31 from the decoded response), and ``arena_tool_reward.py``, a copy of ``arena/tool_reward.py``:
+  the rule it scores with when Arena is not installed (the same file the trainer uses).
 
 Nested values that vary per row (the package, the reward spec) are JSON strings, so the parquet
 schema stays small; ``tools_kwargs`` is a struct whose fields are every exported tool name (a row's
@@ -32,10 +33,12 @@ import pyarrow.parquet as pq
 import yaml
 from pydantic import BaseModel, Field
 
+from arena import tool_reward
 from arena.config import ArenaSettings
 from arena.records.envs import EnvPackage, VerifiedSample
 from lake.env_packages import EnvPackageStore, Split
 from streams.envs.samples_verified import sample_of
+from trainer.verl_reward import RULE_FILE
 
 TOOL_CLASS = "arena_verl_tool.ArenaEnvTool"
 AGENT_NAME = "tool_agent"
@@ -43,6 +46,8 @@ ABILITY = "tool-use"
 VERL_TOOL_SOURCE = Path(__file__).with_name("verl_tool.py")
 # verl loads the reward by path (custom_reward_function.path); the module also works without Arena.
 VERL_REWARD_SOURCE = Path(__file__).with_name("verl_reward.py")
+REWARD_RULE_SOURCE = Path(tool_reward.__file__)
+"""The one reward rule; reward.py imports it from beside itself where Arena is not installed."""
 SPLITS: dict[str, Split] = {"train": "train", "test": "heldout"}
 """verl file name -> Arena split."""
 
@@ -164,7 +169,8 @@ def export_verl(
     )
     shutil.copyfile(VERL_TOOL_SOURCE, out / "arena_verl_tool.py")
     shutil.copyfile(VERL_REWARD_SOURCE, out / "reward.py")
-    files += ["tool_config.yaml", "arena_verl_tool.py", "reward.py"]
+    shutil.copyfile(REWARD_RULE_SOURCE, out / RULE_FILE)
+    files += ["tool_config.yaml", "arena_verl_tool.py", "reward.py", RULE_FILE]
     return ExportSummary(
         out=str(out),
         train=len(rows["train"]),

@@ -59,6 +59,7 @@ from environments.render import (
     turn_suffix_ids,
     user_ids,
 )
+from environments.rewards import ToolResult
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -92,6 +93,10 @@ class Trajectory(BaseModel):
     ]
     user_turns: Annotated[int, Field(ge=0, description="User-simulator replies (interactive samples).")]
     tool_outputs: Annotated[list[str], Field(description="Outputs of the successful calls, in order.")]
+    tool_results: Annotated[
+        list[ToolResult],
+        Field(description="Every executed call (invalid blocks and failed calls included), in order."),
+    ] = Field(default_factory=list)
     stop: Annotated[Stop, Field(description="Why the rollout ended.")]
     reward: Annotated[float, Field(description="Environment reward.")] = 0.0
     reward_parts: dict[str, float] = Field(default_factory=dict, description="Reward components.")
@@ -120,6 +125,7 @@ class _Run:
     failed_calls: int = 0
     user_turns: int = 0
     tool_outputs: list[str] = field(default_factory=list)
+    tool_results: list[ToolResult] = field(default_factory=list)
     parsed: ParsedTurn | None = None
     stop: Stop | None = None
 
@@ -259,8 +265,10 @@ class _Rollout:
             return run.done("max_length")
         run.context(self.suffix + obs_ids)
         for call_id, obs in observations:
-            message = {"role": "tool", "tool_call_id": call_id, "content": obs.text}
-            run.messages.append(message | ({"name": obs.tool} if obs.tool else {}))
+            message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": obs.text}
+            message |= ({"name": obs.tool} if obs.tool else {}) | ({} if obs.ok else {"error": True})
+            run.messages.append(message)
+            run.tool_results.append(ToolResult(name=obs.tool, content=obs.text, ok=obs.ok))
             if obs.ok:
                 run.tool_outputs.append(obs.text)
             elif obs.tool:
@@ -363,6 +371,7 @@ async def rollout(
             failed_calls=run.failed_calls,
             user_turns=run.user_turns,
             tool_outputs=run.tool_outputs,
+            tool_results=run.tool_results,
             stop=run.stop,
         )
         reward, parts = await env.reward(trajectory)

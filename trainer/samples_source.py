@@ -23,7 +23,8 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from pydantic import BaseModel
 
 from arena.topics import topic
-from streams.runtime import Emit, dead_letter_key, decode, encode
+from lake.store import ClaimCheck
+from streams.runtime import Emit, dead_letter_key, decode_async, encode, encode_claimed
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -52,6 +53,7 @@ class SampleSource(Generic[T]):
         group_id: str,
         offsets: dict[int, int] | None = None,
         poll_ms: int = 500,
+        claims: ClaimCheck | None = None,
     ) -> None:
         self.name = name
         self.spec = topic(name)
@@ -59,6 +61,8 @@ class SampleSource(Generic[T]):
         self._group_id = group_id
         self._start = dict(offsets or {})
         self._poll_ms = poll_ms
+        self._claims = claims
+        """Reads claimed (large) samples from the lake and claims large dead letters."""
         self._queue: deque[ConsumerRecord[bytes, bytes]] = deque()
         self._next: dict[int, int] = dict(self._start)
         self._consumer: AIOKafkaConsumer | None = None
@@ -135,8 +139,15 @@ class SampleSource(Generic[T]):
 
     async def _decode(self, raw: ConsumerRecord[bytes, bytes]) -> Taken[T] | None:
         key = raw.key.decode("utf-8", "replace") if raw.key else ""
-        decoded = decode(
-            self.spec, raw.value, stage=STAGE, source_key=key, partition=raw.partition, offset=raw.offset
+        decoded = await decode_async(
+            self.spec,
+            raw.value,
+            stage=STAGE,
+            source_key=key,
+            partition=raw.partition,
+            offset=raw.offset,
+            headers=raw.headers,
+            claims=self._claims,
         )
         if decoded.dead_letter is not None:
             await self._send(Emit(self.spec.dlq, dead_letter_key(decoded.dead_letter), decoded.dead_letter))
@@ -147,8 +158,29 @@ class SampleSource(Generic[T]):
 
     async def _send(self, emit: Emit) -> None:
         assert self._producer is not None
-        key, value, headers = encode(emit, stage=STAGE, stage_version=STAGE_VERSION)
+        if self._claims is None:
+            key, value, headers = encode(emit, stage=STAGE, stage_version=STAGE_VERSION)
+        else:
+            key, value, headers = await encode_claimed(
+                emit, stage=STAGE, stage_version=STAGE_VERSION, claims=self._claims
+            )
         await (await self._producer.send(emit.topic, value, key=key, headers=headers))
+
+    async def rewind(self, offsets: dict[int, int]) -> None:
+        """Go back to ``offsets`` (from ``offsets`` earlier): what was taken since is taken again."""
+        self._queue.clear()
+        self._next = dict(offsets)
+        if self._consumer is None:
+            self._start = dict(offsets)
+            return
+        for p in range(self.spec.partitions):
+            tp = TopicPartition(self.name, p)
+            if p in offsets:
+                self._consumer.seek(tp, offsets[p])
+            elif p in self._start:
+                self._consumer.seek(tp, self._start[p])
+            else:
+                await self._consumer.seek_to_beginning(tp)
 
     async def commit(self) -> None:
         """Tell the consumer group how far training got (for `arena lag`; restarts use the checkpoint)."""

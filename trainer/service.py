@@ -11,7 +11,8 @@ then GRPO for as long as the service runs. Each step:
 
 1. takes samples from the topic (offsets tracked per partition);
 2. SFT: one update on the batch; GRPO: rollout rounds of ``n`` prompts x G
-   trajectories until the filler holds ``n`` valid groups or the round cap;
+   trajectories until the filler holds exactly ``n`` valid groups (adaptive batch
+   filling; a drained run's last short batch only with ``final_short_batch``);
 3. writes a step record (what it consumed, trained, filtered, dropped),
    publishes metrics, and saves weights / the full state on their cadence.
 
@@ -50,17 +51,19 @@ from rich.console import Console
 
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
+from arena.metrics import trainer_step as export_step
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
 from arena.records.trainer import TrainerMetrics
 from lake.catalog import Catalog
-from lake.store import open_store
+from lake.store import ClaimCheck, open_store
 from streams.runtime import Emit, encode
 from trainer.batching import BatchFiller, Group, is_valid
 from trainer.checkpoint import Checkpoints, StepRecord
 from trainer.episodes import Episodes
 from trainer.learner import Learner
 from trainer.policy import HfBackend
+from trainer.rollout_log import save_rollouts
 from trainer.samples_source import STAGE, STAGE_VERSION, SampleSource, Taken
 from trainer.sft import sft_example, sft_loss_backward
 from trainer.user_sim import PolicyUserSimulator
@@ -128,7 +131,7 @@ class TrainerService:
         self.sft_user_samples = 0
         self.user_sim: UserSimChoice | None = None
         self.phase: Phase = "sft" if self.cfg.sft_steps > 0 else "grpo"
-        self.filler = BatchFiller(self.cfg.batch_groups, self.cfg.delta, self.cfg.max_rounds)
+        self.filler = BatchFiller(self.cfg.batch_groups, self.cfg.delta)
         self._tmp = tempfile.TemporaryDirectory(prefix="arena-train-")
         self.learner: Learner | None = None
         self.episodes: Episodes | None = None
@@ -214,8 +217,9 @@ class TrainerService:
         await producer.start()
         self.producer = producer
         group = self.cfg.group_id
+        claims = ClaimCheck.from_settings(self.settings)  # large samples travel as claims to the lake
         self.sources = {
-            name: SampleSource(self.bootstrap, name, group_id=group, offsets=offsets.get(name))
+            name: SampleSource(self.bootstrap, name, group_id=group, offsets=offsets.get(name), claims=claims)
             for name in ("samples.sft", "samples.verified")
         }
         status = "failed"
@@ -354,10 +358,18 @@ class TrainerService:
 
     # --- GRPO -------------------------------------------------------------
     async def _grpo_step(self) -> bool:
-        """Rollout rounds until n valid groups (or the round cap), one update; False once drained."""
+        """Rollout rounds until exactly n valid groups, one update; False once drained.
+
+        ASTRA's adaptive batch filling keeps drawing (waiting on the topic when it is empty) until
+        the batch is full. Only a run told to stop when the topic is drained ends with fewer: with
+        ``final_short_batch`` they are trained as a short step; without it, or on a stop signal,
+        the step is abandoned -- nothing trained, no step counted, the filler and offsets put back
+        as the step found them -- so the samples are rolled out again when the run resumes.
+        """
         assert self.learner is not None and self.episodes is not None
         learner, episodes, filler = self.learner, self.episodes, self.filler
         source = self.sources["samples.verified"]
+        at_start = (filler.state_dict(), source.offsets, _rng_state())
         started = time.perf_counter()
         consumed: list[str] = []
         filtered: list[str] = []
@@ -366,7 +378,7 @@ class TrainerService:
         drained = False
         rounds = 0
         rollout_s = 0.0
-        while not filler.ready() and not filler.at_cap() and not self.stop.is_set():
+        while not filler.ready() and not self.stop.is_set():
             taken: list[Taken[VerifiedSample]] = await source.take(
                 self.cfg.batch_groups, wait_s=self.options.wait_s
             )
@@ -384,13 +396,12 @@ class TrainerService:
             rolled += groups
             filtered += [g.sample_id for g in groups if not is_valid(g, filler.delta)]
             filler.add(groups)
-        if not consumed and not (drained and filler.buffer):
-            # Nothing new: carried-over groups wait in the buffer (and the checkpoint) for more.
-            return not drained
-        # Whatever ended the rounds (n valid groups, the round cap, drained topic, or a stop
-        # signal) the step closes here, so every sample it consumed lands in its step record.
+        short = not filler.ready() and drained and bool(filler.buffer) and self.cfg.final_short_batch
+        if not filler.ready() and not short:
+            await self._abandon_step(at_start, consumed, len(filler.buffer))
+            return False
         waiting = [g.sample_id for g in filler.buffer]
-        batch = filler.take_partial()  # exactly n when ready, else what there is (shortfall logged)
+        batch = filler.take_short() if short else filler.take()
         trained = [g.sample_id for g in batch]
         carried = {g.sample_id for g in filler.buffer}
         dropped = [i for i in waiting if i not in set(trained) and i not in carried]
@@ -400,9 +411,15 @@ class TrainerService:
             update = await asyncio.to_thread(learner.grpo_step, batch)
         update_s = time.perf_counter() - t1
         self.step += 1
+        recorded = episodes.take_recorded()
+        if recorded:  # what the policy was paid for, rescorable with `arena reward score`
+            await asyncio.to_thread(
+                save_rollouts, self.checkpoints.store, self.checkpoints.prefix, self.step, recorded
+            )
         fill = filler.last
         metrics = _rollout_metrics(rolled) | update | self._user_sim_metrics()
         metrics |= {
+            "short_batch": float(short),
             "fill_ratio": filler.fill_ratio(),
             "valid_ratio": filler.valid_ratio(),
             "groups_trained": float(fill.trained_groups),
@@ -415,7 +432,29 @@ class TrainerService:
             "step_s": time.perf_counter() - started,
         }
         await self._finish_step("grpo", consumed, trained, metrics, filtered, dropped, skipped)
-        return not drained or bool(filler.buffer)
+        return not drained
+
+    async def _abandon_step(
+        self,
+        at_start: tuple[dict[str, Any], dict[int, int], dict[str, Any]],
+        consumed: list[str],
+        waiting: int,
+    ) -> None:
+        """A step that cannot fill (stop signal, or drained without ``final_short_batch``) is no step:
+        the filler, the source position and the RNG go back to where the step began, so the state
+        saved at exit holds none of it and a resumed run rolls the same samples out again."""
+        assert self.episodes is not None
+        filler_state, offsets, rng = at_start
+        self.filler.load_state_dict(filler_state)
+        await self.sources["samples.verified"].rewind(offsets)
+        _set_rng(rng)
+        self.episodes.take_recorded()  # rollouts of a step that is not one are not recorded
+        why = "stopping" if self.stop.is_set() else "samples.verified is drained"
+        self.console.print(
+            f"[yellow]{why}[/yellow]: {waiting} of {self.cfg.batch_groups} valid groups after "
+            f"{len(consumed)} new samples; no step trained (ARENA_TRAIN__FINAL_SHORT_BATCH=true trains a "
+            "short final step); they are rolled out again when the run resumes"
+        )
 
     # --- bookkeeping ------------------------------------------------------
     async def _finish_step(
@@ -442,6 +481,7 @@ class TrainerService:
         )
         await asyncio.to_thread(self.checkpoints.save_step, record)
         await self._publish_metrics(phase, metrics)
+        export_step(self.cfg.run, phase, self.step, metrics)
         await self._checkpoint()
         self._print(phase, metrics)
 

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
+from arena import metrics
 from arena.hashing import content_hash
 from arena.llm.budget import MIN_REPLY_TOKENS, TEMPLATE_MARGIN_TOKENS, ContextBudget, prompt_tokens
 from arena.llm.cache import ResponseCache
@@ -480,6 +481,7 @@ class Gateway:
             hit = await self._from_cache(role, key, endpoint)
             if hit is not None:
                 counters.add(cache_hits=1)
+                metrics.LLM_CACHE_HITS.labels(role.name).inc()
                 return hit
             flight = self._in_flight.get(key)
             if flight is None:
@@ -651,7 +653,8 @@ class Gateway:
             counters.add(attempts=1, retries=1 if attempt else 0)
             request = self._request(call, prompt, draw, sampling, feedback)
             try:
-                completion = await backend.complete(request)
+                with metrics.llm_request(role.name, backend.name):
+                    completion = await backend.complete(request)
             except EndpointRejected as exc:
                 counters.add(transient_errors=1)
                 state.errors.append(f"attempt {attempt}: endpoint rejected the request: {exc}")
@@ -680,9 +683,11 @@ class Gateway:
             state.raw = completion.text
             state.prompt_tokens += completion.usage.prompt_tokens
             state.completion_tokens += completion.usage.completion_tokens
+            metrics.llm_tokens(role.name, backend.name, completion.usage)
             draw += 1
             if completion.finish_reason == "length":
                 counters.add(cut_off=1)
+                metrics.llm_unusable(role.name, backend.name, "cut_off")
                 longer = self._longer(call, prompt, sampling)
                 room = (
                     f"; retrying with max_tokens={longer.max_tokens}"
@@ -701,10 +706,12 @@ class Gateway:
                 parsed = read_reply(role, completion, offered)
             except Unusable as exc:
                 counters.add(refusals=1)
+                metrics.llm_unusable(role.name, backend.name, "refusal")
                 state.errors.append(f"attempt {attempt}: {exc}")
                 continue
             except (NoJsonObject, ReplyInvalid) as exc:
                 counters.add(invalid_outputs=1)
+                metrics.llm_unusable(role.name, backend.name, "invalid_output")
                 state.errors.append(f"attempt {attempt}: {exc}")
                 feedback = _feedback(completion.text, str(exc))
                 continue

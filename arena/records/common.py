@@ -28,6 +28,8 @@ class DeadLetterKind(StrEnum):
     """The stage raised while processing a valid record."""
     llm_invalid_output = "llm_invalid_output"
     """An LLM role kept producing invalid output (or its judge stayed undecidable) after every retry."""
+    claim_error = "claim_error"
+    """The record's value is in the lake (claim check) but is missing there or does not match its hash."""
 
 
 class DeadLetter(Record):

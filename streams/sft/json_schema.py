@@ -1,8 +1,9 @@
 """Tool-doc schemas to the JSON Schema subset of the unified format, and a structural check of it.
 
 ``Converter`` maps a raw parameter or response schema (JSON Schema, OpenAPI 3, BFCL / Python-ish
-type names) to JSON Schema, inlining local ``$ref``s within a node budget; ``check_structure``
-validates the subset the converter emits. ``streams.sft.normalize`` runs both on every tool entry.
+type names) to JSON Schema, inlining local ``$ref``s within a node budget; ``meta_problems``
+validates what it emits against the JSON Schema meta-schema with ``jsonschema`` (the validator the
+tool pool uses too). ``streams.sft.normalize`` runs both on every tool entry.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import math
 import re
 from typing import Any
+
+import jsonschema
 
 MAX_SCHEMA_DEPTH = 64
 """Deeper schemas are refused: no tool needs them and they cost stack."""
@@ -48,6 +51,9 @@ _TYPE_MAP: dict[str, str | None] = {
     "int": "integer",
     "long": "integer",
     "short": "integer",
+    "byte": "integer",
+    "bigint": "integer",
+    "character": "string",
     "boolean": "boolean",
     "bool": "boolean",
     "null": "null",
@@ -55,7 +61,6 @@ _TYPE_MAP: dict[str, str | None] = {
     "any": None,
     "mixed": None,
 }
-_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 
 _TEXT_KEYS = ("description", "title", "format")
 _NUMBER_KEYS = ("minimum", "maximum", "multipleOf")
@@ -238,9 +243,10 @@ class Converter:
             raise SchemaError(f"{where}: 'type' is an empty list")
         mapped: list[str] = []
         for name in names:
-            if not isinstance(name, str) or name.strip().lower() not in _TYPE_MAP:
+            key = typing_name(name) if isinstance(name, str) else None
+            if key is None:
                 raise SchemaError(f"{where}: unknown type {str(name)[:40]!r}")
-            m = _TYPE_MAP[name.strip().lower()]
+            m = _TYPE_MAP[key]
             if m is None:
                 return None  # `any` anywhere in the union: no type constraint at all
             if m not in mapped:
@@ -273,6 +279,54 @@ class Converter:
         if names:
             result["required"] = names
         return result
+
+
+_GENERIC = re.compile(r"^([A-Za-z_.]+)\s*\[(.*)\]$")
+_CONTAINERS: dict[str, str | None] = {
+    "list": "array",
+    "array": "array",
+    "tuple": "array",
+    "set": "array",
+    "frozenset": "array",
+    "sequence": "array",
+    "iterable": "array",
+    "typing.list": "array",
+    "dict": "object",
+    "mapping": "object",
+    "map": "object",
+    "typing.dict": "object",
+    "union": None,
+    "literal": None,
+}
+
+
+def typing_name(name: str) -> str | None:
+    """The ``_TYPE_MAP`` key for a type name, also Python typing / dataset spellings; None if unknown.
+
+    ``"str, optional"`` -> ``str``; ``Optional[int]`` / ``int | None`` -> ``int``;
+    ``List[str]`` / ``string[]`` -> ``list``; ``Dict[str, Any]`` -> ``dict``;
+    ``Union[...]`` / ``Literal[...]`` -> ``any`` (no constraint).
+    """
+    text = name.strip().lower()
+    if text in _TYPE_MAP:
+        return text
+    text = re.sub(r",\s*(optional|required)\s*$", "", text).strip()
+    if text.endswith("[]"):
+        return "list"
+    parts = [p.strip() for p in text.split("|") if p.strip() not in ("", "none", "null")]
+    if len(parts) > 1:
+        return "any"
+    text = parts[0] if parts else text
+    match = _GENERIC.match(text)
+    if match:
+        head, inner = match.group(1), match.group(2)
+        if head in ("optional", "typing.optional"):
+            return typing_name(inner)
+        kind = _CONTAINERS.get(head, "")
+        if kind == "":
+            return None
+        return {"array": "list", "object": "dict", None: "any"}[kind]
+    return text if text in _TYPE_MAP else None
 
 
 def _flatten_all_of(out: dict[str, Any]) -> None:
@@ -310,67 +364,80 @@ def _compiles(pattern: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Structural validation of the emitted subset
+# Validation of the emitted schemas: the JSON Schema meta-schema (jsonschema) plus two semantic rules
+
+_META_VALIDATOR = jsonschema.Draft7Validator(
+    jsonschema.Draft7Validator.META_SCHEMA, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER
+)
+"""Draft 7's meta-schema: it covers every keyword the converter emits (``prefixItems`` is checked
+as draft 7's tuple ``items``) and validates ~7x faster than 2020-12's vocabulary-split one."""
 
 
-def check_structure(s: Any, at: str, problems: list[str], depth: int) -> None:
-    if depth > MAX_SCHEMA_DEPTH + 8:
-        problems.append(f"{at}: nested too deeply")
-        return
-    if isinstance(s, bool):
-        return
+def meta_problems(schema: Any, limit: int = 10) -> list[str]:
+    """Where ``schema`` breaks the JSON Schema meta-schema or a rule it cannot express ([] = valid).
+
+    The rules beyond the meta-schema: ``required`` names only defined properties, and
+    ``enum`` is non-empty (draft 2020-12 allows ``[]``, but nothing can then validate).
+    Each problem is ``$.path: message``.
+    """
+    try:
+        candidate = _as_draft7(schema, 0)
+    except RecursionError:
+        return ["$: nested too deeply"]
+    problems: list[str] = []
+    try:
+        for error in _META_VALIDATOR.iter_errors(candidate):
+            problems.append(f"{_path(error.absolute_path)}: {error.message}")
+            if len(problems) >= limit:
+                return problems
+    except RecursionError:
+        return ["$: nested too deeply"]
+    _semantic(schema, "$", problems, 0)
+    return problems[:limit]
+
+
+def _path(parts: Any) -> str:
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _as_draft7(s: Any, depth: int) -> Any:
+    """A copy with 2020-12 ``prefixItems`` (+ ``items``) spelled as draft 7 ``items`` (+ ``additionalItems``)."""
+    if depth > MAX_SCHEMA_DEPTH * 4:
+        raise RecursionError("schema nested too deeply")
+    if isinstance(s, list):
+        return [_as_draft7(x, depth + 1) for x in s]
     if not isinstance(s, dict):
-        problems.append(f"{at}: a schema must be an object or boolean, got a {type_name(s)}")
+        return s
+    out = {k: _as_draft7(v, depth + 1) for k, v in s.items()}
+    if "prefixItems" in out:
+        prefix = out.pop("prefixItems")
+        if "items" in out:
+            out["additionalItems"] = out.pop("items")
+        out["items"] = prefix
+    return out
+
+
+def _semantic(s: Any, at: str, problems: list[str], depth: int) -> None:
+    if not isinstance(s, dict) or depth > MAX_SCHEMA_DEPTH * 4:
         return
-    for key in s:
-        if not isinstance(key, str):
-            problems.append(f"{at}: key {key!r} is not a string")
-    t = s.get("type")
-    if t is not None:
-        types = t if isinstance(t, list) else [t]
-        if not types or any(x not in _JSON_TYPES for x in types) or len(set(map(str, types))) != len(types):
-            problems.append(f"{at}: invalid type {t!r}")
     props = s.get("properties")
-    if props is not None:
-        if not isinstance(props, dict):
-            problems.append(f"{at}.properties: must be an object")
-        else:
-            for k, sub in props.items():
-                check_structure(sub, f"{at}.properties.{k}", problems, depth + 1)
-    if "required" in s:
-        req = s["required"]
-        if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
-            problems.append(f"{at}.required: must be a list of strings")
-        else:
-            if len(set(req)) != len(req):
-                problems.append(f"{at}.required: duplicate names")
-            missing = [r for r in req if not isinstance(props, dict) or r not in props]
-            if missing:
-                problems.append(f"{at}.required: {missing[:5]} not in properties")
-    if "enum" in s and (not isinstance(s["enum"], list) or not s["enum"]):
+    req = s.get("required")
+    if isinstance(req, list):
+        missing = [r for r in req if not isinstance(props, dict) or r not in props]
+        if missing:
+            problems.append(f"{at}.required: {missing[:5]} not in properties")
+    if "enum" in s and s["enum"] == []:
         problems.append(f"{at}.enum: must be a non-empty list")
-    for key in ("items", "additionalProperties", "not"):
-        if key in s:
-            check_structure(s[key], f"{at}.{key}", problems, depth + 1)
+    if isinstance(props, dict):
+        for key, sub in props.items():
+            _semantic(sub, f"{at}.properties.{key}", problems, depth + 1)
+    for key in ("items", "additionalProperties", "not", "additionalItems"):
+        if isinstance(s.get(key), dict):
+            _semantic(s[key], f"{at}.{key}", problems, depth + 1)
     for key in (*COMBINERS, "prefixItems"):
-        if key in s:
-            subs = s[key]
-            if not isinstance(subs, list) or not subs:
-                problems.append(f"{at}.{key}: must be a non-empty list")
-            else:
-                for i, sub in enumerate(subs):
-                    check_structure(sub, f"{at}.{key}[{i}]", problems, depth + 1)
-    for key in (*_TEXT_KEYS, "pattern"):
-        if key in s and not isinstance(s[key], str):
-            problems.append(f"{at}.{key}: must be a string")
-    for key in (*_NUMBER_KEYS, "exclusiveMinimum", "exclusiveMaximum"):
-        if key in s and not is_number(s[key]):
-            problems.append(f"{at}.{key}: must be a number")
-    for key in _COUNT_KEYS:
-        if key in s and not _is_count(s[key]):
-            problems.append(f"{at}.{key}: must be a non-negative integer")
-    if "pattern" in s and isinstance(s["pattern"], str) and not _compiles(s["pattern"]):
-        problems.append(f"{at}.pattern: not a valid regular expression")
+        if isinstance(s.get(key), list):
+            for i, sub in enumerate(s[key]):
+                _semantic(sub, f"{at}.{key}[{i}]", problems, depth + 1)
 
 
 def type_name(v: Any) -> str:

@@ -16,12 +16,19 @@ per-tool gates from the paper:
 gate ``min_tools``. Over-long descriptions are capped at a UTF-8 boundary and
 flagged, not rejected.
 
-The schema conversion itself, and ``schema_problems``' structural check of the
-JSON Schema subset it emits, are in ``streams.sft.json_schema``.
+The schema conversion itself is in ``streams.sft.json_schema``; ``schema_problems``
+checks what it emits against the JSON Schema meta-schema with ``jsonschema``.
+
+Besides OpenAI / MCP / BFCL entries and OpenAPI 3 operations, entries convert from
+Swagger 2.0 operations (``in: body`` / ``formData`` parameters, ``#/definitions``) and
+from dataset dumps whose ``parameters`` map names straight to specs with Python-typing
+type names (``{"k": {"type": "int, optional"}}``, the xLAM style).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from typing import Annotated, Any
@@ -32,12 +39,7 @@ from arena.hashing import content_hash
 from arena.lang import count_words
 from arena.records.common import Rejection
 from arena.records.tools import NormalizedTool, RawToolServer, ToolDocFormat, ToolFunction
-from streams.sft.json_schema import (
-    Converter,
-    SchemaError,
-    check_structure,
-    type_name,
-)
+from streams.sft.json_schema import COMBINERS, Converter, SchemaError, meta_problems, type_name
 
 MIN_TOOLS = 3
 MIN_DESCRIPTION_WORDS = 3
@@ -168,13 +170,12 @@ def sanitize_tool_name(name: str) -> str:
 
 
 def schema_problems(schema: Any, *, top_level: bool = True) -> list[str]:
-    """Structural JSON Schema check of the subset ``normalize_server`` emits ([] = valid).
+    """JSON Schema meta-schema check (``jsonschema``) of what ``normalize_server`` emits ([] = valid).
 
     With ``top_level`` the schema must be an object schema, as OpenAI function
     parameters must be.
     """
-    problems: list[str] = []
-    check_structure(schema, "$", problems, 0)
+    problems = meta_problems(schema)
     if top_level and isinstance(schema, dict) and schema.get("type") != "object":
         problems.append(f"$: parameters must have type 'object', got {schema.get('type')!r}")
     return problems
@@ -310,6 +311,8 @@ class _FunctionEntry:
             raw = fn.get("parameters")
         if isinstance(raw, list):
             raw = _list_parameters(raw)
+        elif isinstance(raw, dict) and _is_property_map(raw):
+            raw = _property_map_parameters(raw)
         return Converter(raw).parameters(raw)
 
     def response(self) -> dict[str, Any] | None:
@@ -330,6 +333,35 @@ def _list_parameters(items: list[Any]) -> dict[str, Any]:
         props[item["name"]] = {k: v for k, v in item.items() if k not in ("name", "required", "in")}
         if item.get("required") is True:
             required.append(item["name"])
+    return {"type": "object", "properties": props, "required": required}
+
+
+_SCHEMA_KEYWORDS = frozenset({"type", "properties", "$ref", "items", "enum", "const", *COMBINERS})
+
+
+def _is_property_map(raw: Any) -> bool:
+    """``{"city": {"type": "str", "description": ...}, ...}``: property specs without the object wrapper."""
+    return (
+        isinstance(raw, dict)
+        and bool(raw)
+        and not _SCHEMA_KEYWORDS & set(raw)
+        and all(isinstance(v, dict) and ("type" in v or "description" in v) for v in raw.values())
+    )
+
+
+def _property_map_parameters(raw: dict[str, Any]) -> dict[str, Any]:
+    """Wrap a property map; a property is required unless it has a default or says ``optional``."""
+    required = [
+        key
+        for key, spec in raw.items()
+        if "default" not in spec
+        and not (isinstance(spec.get("type"), str) and "optional" in spec["type"].lower())
+        and spec.get("required") is not False
+        and spec.get("optional") is not True
+    ]
+    props = {
+        key: {k: v for k, v in spec.items() if k not in ("required", "optional")} for key, spec in raw.items()
+    }
     return {"type": "object", "properties": props, "required": required}
 
 
@@ -374,6 +406,11 @@ _IGNORED_HEADERS = frozenset({"accept", "content-type", "authorization"})
 """OpenAPI 3: header parameters with these names "SHALL be ignored"."""
 
 
+_REF_ROOTS = ("components", "definitions", "parameters", "responses")
+_PARAM_LOCATIONS = ("path", "query", "header", "cookie", "formData", "body")
+_PARAM_ONLY_KEYS = frozenset({"name", "in", "required", "collectionFormat", "allowEmptyValue"})
+
+
 class _OpenApiEntry:
     """One OpenAPI operation as the loader stored it: path, method, operation, path-level parameters."""
 
@@ -402,8 +439,11 @@ class _OpenApiEntry:
             elif not desc.strip().startswith(summary.strip().rstrip(".")):
                 # Summary is the short form and description the details: keep both.
                 self.description = f"{summary.strip().rstrip('.')}. {desc.strip()}"
-        components = context.get("components") if isinstance(context, dict) else None
-        self.conv = Converter({"components": components if isinstance(components, dict) else {}})
+        # $refs resolve against the spec's reusable parts: OpenAPI 3 `components`, Swagger 2
+        # `definitions` / `parameters` / `responses` (the loader keeps them in the context).
+        ctx = context if isinstance(context, dict) else {}
+        root = {k: ctx[k] for k in _REF_ROOTS if isinstance(ctx.get(k), dict)}
+        self.conv = Converter({"components": {}, **root})
 
     def parameters(self) -> dict[str, Any]:
         return _openapi_parameters(self.conv, self.entry.get("path_parameters"), self.op)
@@ -413,7 +453,8 @@ class _OpenApiEntry:
 
 
 def _openapi_parameters(conv: Converter, shared: Any, op: dict[str, Any]) -> dict[str, Any]:
-    """Path/query/header parameters and the JSON request body, merged into one object schema."""
+    """Path/query/header (and Swagger 2 formData) parameters and the JSON request body
+    (OpenAPI 3 ``requestBody`` or Swagger 2 ``in: body``), merged into one object schema."""
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for source in (shared, op.get("parameters")):
         if source is None:
@@ -423,15 +464,19 @@ def _openapi_parameters(conv: Converter, shared: Any, op: dict[str, Any]) -> dic
         for i, p in enumerate(source):
             param = conv.deref(p, f"parameters[{i}]")
             pname, loc = param.get("name"), param.get("in")
-            if not isinstance(pname, str) or not pname or loc not in ("path", "query", "header", "cookie"):
+            if not isinstance(pname, str) or not pname or loc not in _PARAM_LOCATIONS:
                 raise SchemaError(
                     f"parameters[{i}] needs a string 'name' and 'in' of path/query/header/cookie"
+                    " (Swagger 2: also formData/body)"
                 )
             merged[(pname, str(loc))] = param  # operation-level overrides path-level (same name + in)
 
     properties: dict[str, Any] = {}
     required: list[str] = []
+    bodies = [param for (_, loc), param in merged.items() if loc == "body"]
     for (pname, loc), param in merged.items():
+        if loc == "body":
+            continue  # merged below, like an OpenAPI 3 requestBody
         if loc == "cookie" or (loc == "header" and pname.lower() in _IGNORED_HEADERS):
             continue  # session plumbing, not arguments a model should choose
         schema = _parameter_schema(conv, param, pname)
@@ -446,6 +491,9 @@ def _openapi_parameters(conv: Converter, shared: Any, op: dict[str, Any]) -> dic
     body = op.get("requestBody")
     if body is not None:
         _merge_body(conv, body, properties, required)
+    for param in bodies[:1]:  # Swagger 2 allows one body parameter
+        schema = conv.schema(param.get("schema", {}), "body parameter", 0)
+        _merge_body_schema(schema, param.get("required") is True, properties, required)
     out: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         out["required"] = required
@@ -460,6 +508,9 @@ def _parameter_schema(conv: Converter, param: dict[str, Any], pname: str) -> dic
         media = next(iter(content.values()))
         if isinstance(media, dict) and "schema" in media:
             return conv.schema(media["schema"], f"parameter {pname}", 0)
+    if "type" in param:  # Swagger 2: the parameter is its own schema (type, items, enum, ...)
+        own = {k: v for k, v in param.items() if k not in _PARAM_ONLY_KEYS}
+        return conv.schema(own, f"parameter {pname}", 0)
     return {"type": "string"}  # OpenAPI: a parameter without a schema is sent as a string
 
 
@@ -487,7 +538,12 @@ def _merge_body(conv: Converter, body: Any, properties: dict[str, Any], required
     if raw_schema is None:
         return  # e.g. an octet-stream upload: nothing a model can fill in as JSON
     schema = conv.schema(raw_schema, "requestBody", 0)
-    body_required = body.get("required") is True
+    _merge_body_schema(schema, body.get("required") is True, properties, required)
+
+
+def _merge_body_schema(
+    schema: dict[str, Any], body_required: bool, properties: dict[str, Any], required: list[str]
+) -> None:
     props = schema.get("properties")
     is_object = schema.get("type") == "object" and isinstance(props, dict)
     if is_object and props and not set(props) & set(properties):
@@ -513,6 +569,8 @@ def _openapi_response(conv: Converter, op: dict[str, Any]) -> dict[str, Any] | N
     for code in sorted(c for c in responses if isinstance(c, str) and c.startswith("2")):
         resp = conv.deref(responses[code], f"responses.{code}")
         raw_schema = _json_media(resp.get("content"))
+        if raw_schema is None and isinstance(resp.get("schema"), dict | bool):
+            raw_schema = resp["schema"]  # Swagger 2: the schema sits on the response itself
         if raw_schema is not None:
             return conv.schema(raw_schema, f"responses.{code}", 0)
     return None
@@ -550,3 +608,73 @@ def _json_safe(value: Any) -> Any:
         return _SURROGATES.sub("\ufffd", k if isinstance(k, str) else str(k))
 
     return walk(value, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fingerprints (the loader deduplicates by them)
+
+
+class Fingerprint(BaseModel):
+    """What makes two function entries the same tool, and how rich each one is."""
+
+    name: Annotated[str, Field(description="Sanitised tool name.")]
+    schema_hash: Annotated[
+        str,
+        Field(description="Content hash of the normalised parameters (of the raw ones if unconvertible)."),
+    ]
+    properties: Annotated[int, Field(description="Number of top-level parameters.")]
+    property_names: Annotated[list[str], Field(description="Top-level parameter names, for messages.")]
+    description: Annotated[str, Field(description="The description as documented ('' when missing).")]
+
+    @property
+    def richness(self) -> tuple[int, int]:
+        """Compared when two same-name entries differ: more parameters, then a longer description."""
+        return (self.properties, len(self.description))
+
+
+def entry_fingerprint(entry: Any) -> Fingerprint | None:
+    """The fingerprint of a function-style entry (OpenAI, MCP, BFCL, dataset dumps); never raises.
+
+    None for entries without a usable name and for OpenAPI operations (their names are
+    generated from the path, so duplicates are not the loader's business).
+    """
+    try:
+        if not isinstance(entry, dict) or "operation" in entry:
+            return None
+        source = _FunctionEntry(_json_safe(entry))
+        part = {k: source.fn[k] for k in _SCHEMA_PARTS if k in source.fn}
+        key = json.dumps(part)
+        cached = len(key) <= _MAX_CACHED_SCHEMA
+        schema_hash, names = (_schema_fingerprint if cached else _schema_fingerprint.__wrapped__)(key)
+        desc = source.description if isinstance(source.description, str) else ""
+        return Fingerprint(
+            name=source.name,
+            schema_hash=schema_hash,
+            properties=len(names),
+            property_names=sorted(names)[:50],
+            description=desc.strip(),
+        )
+    except Exception:  # _Drop (no name, too deep) and anything odd: not deduplicated
+        return None
+
+
+_SCHEMA_PARTS = ("parameters", "inputSchema", "input_schema")
+"""The keys of a function entry its parameters are converted from."""
+_MAX_CACHED_SCHEMA = 16 * 1024
+"""Bigger schemas are converted every time: the cache stays under 4096 x 16 KiB."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_fingerprint(part_json: str) -> tuple[str, tuple[str, ...]]:
+    """Hash and top-level property names of the parameters converted from ``_SCHEMA_PARTS``.
+
+    Cached by their JSON text (key order kept): datasets repeat one schema under many
+    reworded descriptions, and converting is most of a fingerprint's cost.
+    """
+    part = json.loads(part_json)
+    try:  # the same conversion as for a whole entry: the name plays no part in it
+        params: Any = _FunctionEntry({"name": "schema", **part}).parameters()
+    except (SchemaError, RecursionError):
+        params = {"raw": part.get("parameters", part.get("inputSchema", part.get("input_schema")))}
+    props = params.get("properties") if isinstance(params, dict) else None
+    return content_hash(params), tuple(map(str, props)) if isinstance(props, dict) else ()

@@ -1,0 +1,735 @@
+"""`arena ui`: a dashboard on localhost, a static page over a small JSON API (starlette + uvicorn).
+
+The page (``app/ui_static/``: one HTML file, one vanilla JS file, one CSS file; no build step, no
+CDN) polls the API about once a second:
+
+- ``GET /api/graph``: the stage graph. Nodes are topics (plus sinks that write no topic), edges
+  are workers reading topic A and writing topic B, derived from the worker registry
+  (``app.registry``) and the trainer. Each edge has its consumer group's lag on A (the numbers
+  `arena lag` shows, from ``consumers.lag.compute_lag``) and its throughput: records/s from the
+  change of the group's position between two samples. ``groups`` lists every consumer group the
+  cluster knows, registered or not, the same way.
+- ``GET /api/dlq`` (``?topic=``, ``?reason=``) and ``POST /api/dlq/replay`` ``{topic, reason}``:
+  dead letters and their replay (``consumers.dlq``).
+- ``GET /api/lake/tables`` and ``POST /api/lake/query`` ``{sql, limit}``: the lake's views with
+  row counts, and one read-only DuckDB statement (``lake.query``) with its first rows.
+- ``GET /api/training``: per-run step series of ``trainer.metrics`` (loss, reward, ...), read
+  from the topic as the trainer publishes them.
+- ``GET /api/trace/{record_id}``: a record's lineage (``lake.trace``).
+
+Errors are JSON ``{"error": message}`` with a 4xx/5xx status: the message says what is wrong and
+how to fix it. The server binds loopback by default and, when it does, answers only requests
+whose Host is a loopback name (no DNS rebinding); writes need ``Content-Type: application/json``
+(no cross-site form posts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from arena.config import ArenaSettings
+
+log = logging.getLogger("arena.ui")
+
+STATIC = Path(__file__).with_name("ui_static")
+"""The page's files (package data of ``app``)."""
+
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+TRAINER_TOPIC = "trainer.metrics"
+DEFAULT_ROW_LIMIT = 500
+MAX_ROW_LIMIT = 5_000
+QUERY_TIMEOUT_S = 30.0
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+"""DuckDB statement types the query box runs (SELECT covers WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE)."""
+
+
+class UiError(Exception):
+    """A request the user can fix; answered with status 400 and the message."""
+
+
+# --- API models -------------------------------------------------------------------------------
+
+
+class GraphNode(BaseModel):
+    """A topic of the stage graph, or a sink (a worker that writes no topic)."""
+
+    id: Annotated[str, Field(description="Topic name, or the sink worker's name.")]
+    kind: Annotated[Literal["topic", "sink"], Field(description="What the node is.")]
+    depth: Annotated[int, Field(description="Column of the layout: longest path from a source topic.")]
+    end: Annotated[int | None, Field(description="Sum of read_committed end offsets; None if unsampled.")]
+    rate: Annotated[float | None, Field(description="Records/s appended between the last two samples.")]
+
+
+class GraphEdge(BaseModel):
+    """A worker reading ``source`` and writing ``target``, with its group's lag on ``source``."""
+
+    id: Annotated[str, Field(description="Stable id: worker:source->target.")]
+    worker: Annotated[str, Field(description="Worker (stage) name, or 'trainer'.")]
+    group: Annotated[str, Field(description="Consumer group the worker commits under.")]
+    source: Annotated[str, Field(description="Topic read.")]
+    target: Annotated[str, Field(description="Topic written (or the sink node's id).")]
+    lag: Annotated[int | None, Field(description="end - committed, summed over partitions (as `arena lag`).")]
+    pending: Annotated[int | None, Field(description="Data records still to read, summed over partitions.")]
+    pending_capped: Annotated[bool, Field(description="pending is a lower bound.")] = False
+    throughput: Annotated[
+        float | None, Field(description="Records/s the group consumed between the last two samples.")
+    ]
+
+
+class GroupLag(BaseModel):
+    """One consumer group on one topic, partitions summed."""
+
+    group: Annotated[str, Field(description="Consumer group id.")]
+    topic: Annotated[str, Field(description="Topic.")]
+    committed: Annotated[
+        int | None, Field(description="Sum of committed offsets; None when nothing committed.")
+    ]
+    end: Annotated[int, Field(description="Sum of read_committed end offsets.")]
+    lag: Annotated[int, Field(description="Sum of per-partition lag.")]
+    pending: Annotated[int, Field(description="Sum of per-partition pending records.")]
+    pending_capped: Annotated[bool, Field(description="Some partition's pending is a lower bound.")]
+    throughput: Annotated[float | None, Field(description="Records/s consumed between the last two samples.")]
+    worker: Annotated[str | None, Field(description="The registered worker of this group, if any.")]
+
+
+class GraphView(BaseModel):
+    """``GET /api/graph``."""
+
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+    groups: list[GroupLag]
+    sampled_at: Annotated[datetime, Field(description="When the lag sample was taken (UTC).")]
+    interval_s: Annotated[float | None, Field(description="Seconds between the last two samples.")]
+
+
+class LakeTable(BaseModel):
+    """One view of the lake (one per registered topic)."""
+
+    view: Annotated[str, Field(description="SQL view name (dots as underscores).")]
+    topic: Annotated[str, Field(description="Topic the view reads.")]
+    files: Annotated[int, Field(description="Parquet files.")]
+    rows: Annotated[int, Field(description="Rows (from the Parquet footers).")]
+    bytes: Annotated[int, Field(description="Bytes on the store.")]
+
+
+class QueryRequest(BaseModel):
+    """``POST /api/lake/query``."""
+
+    sql: Annotated[str, Field(min_length=1, max_length=20_000, description="One read-only DuckDB statement.")]
+    limit: Annotated[
+        int, Field(ge=1, le=MAX_ROW_LIMIT, description="Rows returned at most (the rest is cut).")
+    ] = DEFAULT_ROW_LIMIT
+
+
+class QueryResult(BaseModel):
+    """The first rows of a query."""
+
+    columns: Annotated[list[str], Field(description="Column names, in order.")]
+    rows: Annotated[list[list[Any]], Field(description="Rows as JSON values, at most ``limit``.")]
+    truncated: Annotated[bool, Field(description="The query had more rows than ``limit``.")]
+    elapsed_ms: Annotated[float, Field(description="Time the query took.")]
+
+
+class ReplayRequest(BaseModel):
+    """``POST /api/dlq/replay``."""
+
+    topic: Annotated[str, Field(min_length=1, description="Dead-letter topic (<topic>.dlq).")]
+    reason: Annotated[str | None, Field(description="Only dead letters with this reason; all when None.")] = (
+        None
+    )
+
+
+class TrainingPoint(BaseModel):
+    """One optimizer step of a run."""
+
+    step: Annotated[int, Field(description="Optimizer step.")]
+    metrics: Annotated[dict[str, float], Field(description="loss, reward_mean, ... as published.")]
+
+
+class TrainingRun(BaseModel):
+    """A run's steps, in step order."""
+
+    run_id: Annotated[str, Field(description="Training run.")]
+    points: list[TrainingPoint]
+
+
+class TrainingView(BaseModel):
+    """``GET /api/training``."""
+
+    runs: list[TrainingRun]
+    metrics: Annotated[list[str], Field(description="Metric names seen, loss and reward first.")]
+    invalid: Annotated[int, Field(description="Records of trainer.metrics that did not decode.")]
+
+
+# --- the stage graph --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EdgeDef:
+    """A worker reading ``source`` and writing ``target`` (static, from the registry)."""
+
+    worker: str
+    group: str
+    source: str
+    target: str
+    sink: bool = False
+    """``target`` is the worker itself: it writes no topic."""
+
+    @property
+    def id(self) -> str:
+        return f"{self.worker}:{self.source}->{self.target}"
+
+
+def _side_topic(name: str) -> bool:
+    return name.endswith((".dlq", ".rejected"))
+
+
+def graph_edges(cfg: ArenaSettings) -> list[EdgeDef]:
+    """Every stage's input -> output edge (side topics left out), and the trainer's."""
+    from app.registry import STAGES
+
+    edges: list[EdgeDef] = []
+    for stage in STAGES:
+        outputs = [name for name in stage.outputs if not _side_topic(name)]
+        if not outputs:
+            edges.append(EdgeDef(stage.name, stage.group, stage.input, stage.name, sink=True))
+        edges.extend(EdgeDef(stage.name, stage.group, stage.input, out) for out in outputs)
+    group = cfg.train.group_id
+    edges.extend(EdgeDef("trainer", group, src, TRAINER_TOPIC) for src in ("samples.sft", "samples.verified"))
+    return edges
+
+
+def node_depths(edges: Iterable[EdgeDef]) -> dict[str, int]:
+    """Layout column per node: 0 for a node nothing writes, else 1 + its deepest writer's source."""
+    into: dict[str, list[str]] = defaultdict(list)
+    nodes: dict[str, None] = {}
+    for edge in edges:
+        into[edge.target].append(edge.source)
+        nodes.update({edge.source: None, edge.target: None})
+    depth: dict[str, int] = {}
+    on_path: set[str] = set()
+
+    def visit(node: str) -> int:
+        if node not in depth:
+            on_path.add(node)
+            ups = [visit(src) for src in into.get(node, []) if src not in on_path]
+            on_path.discard(node)
+            depth[node] = 1 + max(ups) if ups else 0
+        return depth[node]
+
+    return {node: visit(node) for node in nodes}
+
+
+# --- lag sampling -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Sample:
+    at: float
+    taken: datetime
+    groups: dict[tuple[str, str], GroupLag]
+    ends: dict[str, int]
+    positions: dict[tuple[str, str], int]
+
+
+def _rate(now: int | None, before: int | None, dt: float) -> float | None:
+    if now is None or before is None or dt <= 0:
+        return None
+    return max(now - before, 0) / dt
+
+
+@dataclass
+class LagSampler:
+    """Samples consumer lag (blocking kafka-python, in a thread) at most once per ``min_interval_s``.
+
+    Concurrent callers share one sample; throughput compares a sample with the previous one.
+    """
+
+    bootstrap: str
+    topics_by_group: dict[str, list[str]]
+    workers_by_group: dict[str, str]
+    min_interval_s: float = 0.8
+    pending_cap: int = 1_000
+    timeout_s: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    _last: _Sample | None = None
+    _previous: _Sample | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def sample(self) -> tuple[_Sample, _Sample | None]:
+        """The newest sample and the one before it (None on the first)."""
+        async with self._lock:
+            if self._last is None or self.clock() - self._last.at >= self.min_interval_s:
+                fresh = await asyncio.to_thread(self._take)
+                self._previous, self._last = self._last, fresh
+            return self._last, self._previous
+
+    def _take(self) -> _Sample:
+        from consumers.lag import compute_lag
+
+        rows = compute_lag(
+            self.bootstrap,
+            None,
+            topics_by_group=self.topics_by_group,
+            pending_cap=self.pending_cap,
+            timeout_s=self.timeout_s,
+        )
+        at = self.clock()
+        per: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        partition_ends: dict[tuple[str, int], int] = {}
+        for row in rows:
+            per[(row.group, row.topic)].append(row)
+            partition_ends[(row.topic, row.partition)] = row.end
+        ends: dict[str, int] = defaultdict(int)
+        for (name, _), end in partition_ends.items():
+            ends[name] += end
+        groups: dict[tuple[str, str], GroupLag] = {}
+        positions: dict[tuple[str, str], int] = {}
+        for (group, name), parts in per.items():
+            commits = [r.committed for r in parts if r.committed is not None]
+            groups[(group, name)] = GroupLag(
+                group=group,
+                topic=name,
+                committed=sum(commits) if commits else None,
+                end=sum(r.end for r in parts),
+                lag=sum(r.lag for r in parts),
+                pending=sum(r.pending for r in parts),
+                pending_capped=any(r.pending_capped for r in parts),
+                throughput=None,
+                worker=self.workers_by_group.get(group),
+            )
+            # Where the group stands: its commit, or (none yet) the earliest offset it starts at.
+            positions[(group, name)] = sum(r.end - r.lag for r in parts)
+        return _Sample(at, datetime.now(UTC), groups, dict(ends), positions)
+
+
+def graph_view(edges: list[EdgeDef], last: _Sample, previous: _Sample | None) -> GraphView:
+    """The graph with the newest sample's lag and the throughput since the previous sample."""
+    dt = last.at - previous.at if previous is not None else 0.0
+
+    def group_rate(key: tuple[str, str]) -> float | None:
+        return _rate(last.positions.get(key), previous.positions.get(key) if previous else None, dt)
+
+    groups = [g.model_copy(update={"throughput": group_rate(k)}) for k, g in sorted(last.groups.items())]
+    out_edges: list[GraphEdge] = []
+    for edge in edges:
+        row = last.groups.get((edge.group, edge.source))
+        out_edges.append(
+            GraphEdge(
+                id=edge.id,
+                worker=edge.worker,
+                group=edge.group,
+                source=edge.source,
+                target=edge.target,
+                lag=row.lag if row else None,
+                pending=row.pending if row else None,
+                pending_capped=row.pending_capped if row else False,
+                throughput=group_rate((edge.group, edge.source)),
+            )
+        )
+    sinks = {e.target for e in edges if e.sink}
+    nodes = [
+        GraphNode(
+            id=name,
+            kind="sink" if name in sinks else "topic",
+            depth=depth,
+            end=last.ends.get(name),
+            rate=_rate(last.ends.get(name), previous.ends.get(name) if previous else None, dt),
+        )
+        for name, depth in node_depths(edges).items()
+    ]
+    return GraphView(
+        nodes=nodes,
+        edges=out_edges,
+        groups=groups,
+        sampled_at=last.taken,
+        interval_s=dt if previous is not None else None,
+    )
+
+
+# --- training curves --------------------------------------------------------------------------
+
+
+def _metric_order(name: str) -> tuple[int, str]:
+    first = ("loss", "reward_mean", "reward_std")
+    return (first.index(name) if name in first else len(first), name)
+
+
+class TrainingFeed:
+    """Reads ``trainer.metrics`` from the broker incrementally (no consumer group, nothing committed).
+
+    Blocking (kafka-python): call :meth:`poll` in a thread; calls are serialised. A step published
+    twice (a resumed run redoing it) keeps its newest metrics.
+    """
+
+    def __init__(self, bootstrap: str, topic: str = TRAINER_TOPIC, *, read_s: float = 2.0) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.read_s = read_s
+        self._consumer: Any = None
+        self._points: dict[tuple[str, int], dict[str, float]] = {}
+        self._invalid = 0
+        self._lock = threading.Lock()
+
+    def _assigned(self) -> Any:
+        from kafka import KafkaConsumer, TopicPartition
+
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                client_id="arena-ui",
+                group_id=None,
+                enable_auto_commit=False,
+                isolation_level="read_committed",
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=50,
+            )
+        if not self._consumer.assignment():
+            parts = self._consumer.partitions_for_topic(self.topic)
+            if not parts:
+                return None  # not created yet: try again next poll
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            self._consumer.assign(tps)
+            self._consumer.seek_to_beginning(*tps)
+        return self._consumer
+
+    def poll(self) -> TrainingView:
+        with self._lock:
+            consumer = self._assigned()
+            if consumer is not None:
+                self._read_to_end(consumer)
+            return self._view()
+
+    def _read_to_end(self, consumer: Any) -> None:
+        from arena.records.trainer import TrainerMetrics
+
+        tps = list(consumer.assignment())
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + self.read_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=100).values():
+                for record in records:
+                    try:
+                        value = TrainerMetrics.model_validate_json(record.value or b"")
+                    except ValidationError:
+                        self._invalid += 1
+                        continue
+                    self._points[(value.run_id, value.step)] = value.metrics
+
+    def _view(self) -> TrainingView:
+        runs: dict[str, list[TrainingPoint]] = defaultdict(list)
+        names: set[str] = set()
+        for (run_id, step), metrics in sorted(self._points.items()):
+            runs[run_id].append(TrainingPoint(step=step, metrics=metrics))
+            names.update(metrics)
+        return TrainingView(
+            runs=[TrainingRun(run_id=r, points=p) for r, p in sorted(runs.items())],
+            metrics=sorted(names, key=_metric_order),
+            invalid=self._invalid,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close(autocommit=False)
+                self._consumer = None
+
+
+# --- lake -------------------------------------------------------------------------------------
+
+
+def lake_tables(cfg: ArenaSettings) -> list[LakeTable]:
+    """Every view of the lake with its files, rows and bytes (zero for topics not in the lake yet)."""
+    from arena.topics import TOPICS
+    from lake.parquet import lake_listing
+    from lake.store import open_store
+
+    listed = {item.topic: item for item in lake_listing(open_store(cfg))}
+    out = []
+    for spec in TOPICS.values():
+        item = listed.get(spec.name)
+        out.append(
+            LakeTable(
+                view=spec.table,
+                topic=spec.name,
+                files=item.files if item else 0,
+                rows=item.rows if item else 0,
+                bytes=item.bytes if item else 0,
+            )
+        )
+    return sorted(out, key=lambda t: (-t.rows, t.view))
+
+
+def _check_read_only(sql: str) -> None:
+    import duckdb
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise UiError(f"query failed: {exc}") from None
+    if len(statements) != 1:
+        raise UiError(
+            f"the query box runs exactly one statement; got {len(statements)} (fix: drop the others)"
+        )
+    kind = statements[0].type.name
+    if kind not in READ_ONLY_STATEMENTS:
+        raise UiError(
+            f"only read-only queries run here (SELECT, WITH, FROM, DESCRIBE, SUMMARIZE, EXPLAIN); got {kind}"
+        )
+
+
+def _json_cell(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(k): _json_cell(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_cell(v) for v in value]
+    return str(value)
+
+
+def run_query(
+    cfg: ArenaSettings, sql: str, limit: int = DEFAULT_ROW_LIMIT, *, timeout_s: float = QUERY_TIMEOUT_S
+) -> QueryResult:
+    """One read-only statement over the lake's views; its first ``limit`` rows.
+
+    Besides the statement check, the connection has file and network access switched off and
+    its configuration locked, so no statement can read or write files (the views are Arrow
+    objects registered from Python). A query still running after ``timeout_s`` is interrupted.
+    """
+    import duckdb
+
+    from lake.query import LakeQuery
+    from lake.store import open_store
+
+    _check_read_only(sql)
+    started = time.perf_counter()
+    con = LakeQuery(open_store(cfg)).connect()
+    timer = threading.Timer(timeout_s, con.interrupt)
+    try:
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        timer.start()
+        rel = con.sql(sql)
+        if rel is None:
+            return QueryResult(columns=[], rows=[], truncated=False, elapsed_ms=0.0)
+        table = rel.limit(limit + 1).to_arrow_table()
+    except duckdb.InterruptException:
+        raise UiError(
+            f"query stopped after {timeout_s:g} s (fix: narrow it, e.g. a WHERE or LIMIT)"
+        ) from None
+    except duckdb.Error as exc:
+        raise UiError(f"query failed: {exc}") from None
+    finally:
+        timer.cancel()
+        con.close()
+    rows = [[_json_cell(v) for v in row.values()] for row in table.slice(0, limit).to_pylist()]
+    return QueryResult(
+        columns=list(table.column_names),
+        rows=rows,
+        truncated=table.num_rows > limit,
+        elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
+
+
+# --- the app ----------------------------------------------------------------------------------
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status)
+
+
+def _model(value: BaseModel | Sequence[BaseModel]) -> Response:
+    if not isinstance(value, BaseModel):
+        body = "[" + ",".join(v.model_dump_json() for v in value) + "]"
+    else:
+        body = value.model_dump_json()
+    return Response(body, media_type="application/json")
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _api(handler: Handler) -> Handler:
+    """Answers a handler's failures as JSON errors (no traceback reaches the page)."""
+    from kafka.errors import KafkaError
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except UiError as exc:
+            return _error(str(exc), 400)
+        except KafkaError as exc:
+            return _error(f"Kafka: {exc} (fix: check that the broker is up: `arena status`)", 503)
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _error(f"{type(exc).__name__}: {exc}", 500)
+
+    return wrapped
+
+
+async def _body(request: Request, model: type[Any]) -> Any:
+    """The JSON body validated as ``model``; a clear 400 naming the field otherwise."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise UiError("send the body as JSON with Content-Type: application/json")
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise UiError(f"bad request body: {problems}") from None
+
+
+class Dashboard:
+    """The API's state: settings, the broker, the lag sampler and the training feed."""
+
+    def __init__(self, cfg: ArenaSettings, bootstrap: str) -> None:
+        self.cfg = cfg
+        self.bootstrap = bootstrap
+        self.edges = graph_edges(cfg)
+        topics_by_group: dict[str, list[str]] = defaultdict(list)
+        workers: dict[str, str] = {}
+        for edge in self.edges:
+            if edge.source not in topics_by_group[edge.group]:
+                topics_by_group[edge.group].append(edge.source)
+            workers[edge.group] = edge.worker
+        self.sampler = LagSampler(bootstrap, dict(topics_by_group), workers)
+        self.training = TrainingFeed(bootstrap)
+
+    async def graph(self, _: Request) -> Response:
+        last, previous = await self.sampler.sample()
+        return _model(graph_view(self.edges, last, previous))
+
+    async def dead_letters(self, request: Request) -> Response:
+        from consumers.dlq import DlqError, list_dead_letters
+
+        try:
+            rows = await list_dead_letters(
+                self.bootstrap,
+                topic=request.query_params.get("topic") or None,
+                reason=request.query_params.get("reason") or None,
+                settings=self.cfg,
+            )
+        except DlqError as exc:
+            raise UiError(str(exc)) from None
+        return _model(list(rows))
+
+    async def replay(self, request: Request) -> Response:
+        from consumers.dlq import DlqError, replay_dead_letters
+
+        body: ReplayRequest = await _body(request, ReplayRequest)
+        try:
+            report = await replay_dead_letters(self.cfg, self.bootstrap, body.topic, reason=body.reason)
+        except DlqError as exc:
+            raise UiError(str(exc)) from None
+        return _model(report)
+
+    async def tables(self, _: Request) -> Response:
+        return _model(await asyncio.to_thread(lake_tables, self.cfg))
+
+    async def query(self, request: Request) -> Response:
+        body: QueryRequest = await _body(request, QueryRequest)
+        return _model(await asyncio.to_thread(run_query, self.cfg, body.sql, body.limit))
+
+    async def training_curves(self, _: Request) -> Response:
+        return _model(await asyncio.to_thread(self.training.poll))
+
+    async def trace(self, request: Request) -> Response:
+        from lake.trace import TraceError, trace_record
+
+        raw_depth = request.query_params.get("depth", "20")
+        if not raw_depth.isdigit() or not 1 <= int(raw_depth) <= 200:
+            raise UiError(f"depth={raw_depth!r}: use a whole number from 1 to 200")
+        record_id = request.path_params["record_id"]
+        try:
+            report = await asyncio.to_thread(trace_record, self.cfg, record_id, depth=int(raw_depth))
+        except TraceError as exc:
+            raise UiError(str(exc)) from None
+        return _model(report)
+
+    async def index(self, _: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    def close(self) -> None:
+        self.training.close()
+
+
+def create_app(cfg: ArenaSettings, bootstrap: str, *, allowed_hosts: list[str] | None = None) -> Starlette:
+    """The dashboard app; ``allowed_hosts`` limits the Host header (None: any)."""
+    dash = Dashboard(cfg, bootstrap)
+    routes = [
+        Route("/", dash.index, methods=["GET"]),
+        Route("/api/graph", _api(dash.graph), methods=["GET"]),
+        Route("/api/dlq", _api(dash.dead_letters), methods=["GET"]),
+        Route("/api/dlq/replay", _api(dash.replay), methods=["POST"]),
+        Route("/api/lake/tables", _api(dash.tables), methods=["GET"]),
+        Route("/api/lake/query", _api(dash.query), methods=["POST"]),
+        Route("/api/training", _api(dash.training_curves), methods=["GET"]),
+        Route("/api/trace/{record_id:path}", _api(dash.trace), methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(dash.close)
+
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.dashboard = dash
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def serve(cfg: ArenaSettings, bootstrap: str, *, host: str, port: int, say: Callable[[str], None]) -> None:
+    """Serve the dashboard until interrupted (blocking)."""
+    import socket
+
+    import uvicorn
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise UiError(
+            f"cannot listen on {host}:{port}: {exc.strerror} (fix: --port with a free port)"
+        ) from None
+    allowed = LOOPBACK_HOSTS if is_loopback(host) else None
+    app = create_app(cfg, bootstrap, allowed_hosts=allowed)
+    shown = f"[{host}]" if ":" in host else host
+    say(f"Arena dashboard on http://{shown}:{port}/ (broker {bootstrap}); Ctrl-C stops it")
+    if not is_loopback(host):
+        say(
+            f"warning: {host} is not loopback: anyone who reaches it can replay dead letters and query the lake"
+        )
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

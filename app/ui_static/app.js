@@ -1,0 +1,342 @@
+// Arena dashboard: polls the JSON API (app/ui.py) and redraws. No framework, no build step.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const $ = (id) => document.getElementById(id);
+
+async function api(path, body) {
+  const init = body === undefined ? {} : {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  };
+  const resp = await fetch(path, init);
+  let data = null;
+  try { data = await resp.json(); } catch (e) { data = { error: `${resp.status} ${resp.statusText}` }; }
+  if (!resp.ok) throw new Error((data && data.error) || `${resp.status} ${resp.statusText}`);
+  return data;
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k === "className") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c == null ? "" : String(c)));
+  return node;
+}
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+const fmtRate = (r) => (r === null || r === undefined ? "–" : r.toFixed(r < 10 ? 1 : 0));
+const fmtNum = (n) => (n === null || n === undefined ? "–" : String(n));
+
+function setStatus(text, bad) {
+  const s = $("status");
+  s.textContent = text;
+  s.classList.toggle("bad", !!bad);
+}
+
+// Poll fn every periodMs, after the previous call finished (never piling up requests).
+function every(periodMs, fn) {
+  const tick = async () => {
+    try { await fn(); } catch (e) { console.error(e); }
+    setTimeout(tick, periodMs);
+  };
+  tick();
+}
+
+// --- stage graph -----------------------------------------------------------------------------
+
+function drawGraph(view) {
+  const root = $("graph-svg");
+  const colW = 240, rowH = 50, boxW = 150, boxH = 30, pad = 10;
+  const columns = new Map();
+  for (const n of view.nodes) {
+    if (!columns.has(n.depth)) columns.set(n.depth, []);
+    columns.get(n.depth).push(n);
+  }
+  // Column by column, order nodes by the mean row of what feeds them (fewer crossings).
+  const feeds = new Map();
+  for (const e of view.edges) {
+    if (!feeds.has(e.target)) feeds.set(e.target, []);
+    feeds.get(e.target).push(e.source);
+  }
+  const pos = new Map();
+  const rowOf = new Map();
+  let rows = 0;
+  const order = (n) => {
+    const ups = (feeds.get(n.id) || []).filter((s) => rowOf.has(s)).map((s) => rowOf.get(s));
+    return ups.length ? ups.reduce((a, b) => a + b, 0) / ups.length : -1;
+  };
+  for (const depth of [...columns.keys()].sort((a, b) => a - b)) {
+    const nodes = columns.get(depth);
+    nodes.sort((a, b) => order(a) - order(b) || a.id.localeCompare(b.id));
+    nodes.forEach((n, i) => {
+      rowOf.set(n.id, i);
+      pos.set(n.id, { x: pad + depth * colW, y: pad + i * rowH });
+    });
+    rows = Math.max(rows, nodes.length);
+  }
+  const width = pad * 2 + (Math.max(...columns.keys(), 0) + 1) * colW;
+  const height = pad * 2 + rows * rowH;
+  root.replaceChildren();
+  root.setAttribute("width", width);
+  root.setAttribute("height", height);
+  root.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  for (const e of view.edges) {
+    const a = pos.get(e.source), b = pos.get(e.target);
+    if (!a || !b) continue;
+    const x1 = a.x + boxW, y1 = a.y + boxH / 2, x2 = b.x, y2 = b.y + boxH / 2;
+    const mx = (x1 + x2) / 2;
+    const lagging = (e.lag || 0) > 0 ? " lagging" : "";
+    root.append(svg("path", {
+      d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`, class: `edge${lagging}`, "data-edge": e.id,
+    }));
+    root.append(svg("text", {
+      x: mx, y: (y1 + y2) / 2 - 3, "text-anchor": "middle", class: `edge-label${lagging}`,
+      "data-testid": "edge-label", "data-edge": e.id,
+    }, `lag ${fmtNum(e.lag)} · ${fmtRate(e.throughput)}/s`));
+  }
+  for (const n of view.nodes) {
+    const p = pos.get(n.id);
+    const g = svg("g", { class: `node ${n.kind}`, "data-node": n.id, transform: `translate(${p.x},${p.y})` });
+    g.append(svg("rect", { width: boxW, height: boxH, rx: 4 }));
+    g.append(svg("text", { x: 6, y: 13 }, n.id));
+    const sub = n.kind === "sink" ? "sink" : `${fmtNum(n.end)} records · ${fmtRate(n.rate)}/s`;
+    g.append(svg("text", { x: 6, y: 25, class: "edge-label" }, sub));
+    root.append(g);
+  }
+}
+
+function lagCells(row) {
+  const pending = row.pending === null || row.pending === undefined ? "–"
+    : (row.pending_capped ? `≥${row.pending}` : String(row.pending));
+  return [
+    el("td", { className: "num lag", "data-col": "lag" }, fmtNum(row.lag)),
+    el("td", { className: "num", "data-col": "pending" }, pending),
+    el("td", { className: "num", "data-col": "throughput" }, fmtRate(row.throughput)),
+  ];
+}
+
+function drawEdges(view) {
+  const body = $("edges").tBodies[0];
+  body.replaceChildren(...view.edges.map((e) => el("tr", {
+    "data-edge": e.id, "data-testid": "edge-row", className: (e.lag || 0) > 0 ? "lagging" : "",
+  }, el("td", {}, e.worker), el("td", {}, e.group), el("td", {}, e.source), el("td", {}, e.target), ...lagCells(e))));
+}
+
+function drawGroups(view) {
+  const body = $("groups").tBodies[0];
+  body.replaceChildren(...view.groups.map((g) => el("tr", {
+    "data-group": g.group, "data-topic": g.topic, "data-testid": "group-row", className: g.lag > 0 ? "lagging" : "",
+  }, el("td", {}, g.group), el("td", {}, g.topic), el("td", {}, g.worker || ""),
+  el("td", { className: "num", "data-col": "committed" }, fmtNum(g.committed)),
+  el("td", { className: "num", "data-col": "end" }, fmtNum(g.end)), ...lagCells(g))));
+}
+
+async function refreshGraph() {
+  try {
+    const view = await api("/api/graph");
+    drawGraph(view);
+    drawEdges(view);
+    drawGroups(view);
+    const t = new Date(view.sampled_at);
+    setStatus(`lag sampled ${t.toLocaleTimeString()}`, false);
+  } catch (e) {
+    setStatus(`graph: ${e.message}`, true);
+  }
+}
+
+// --- dead letters ----------------------------------------------------------------------------
+
+function dlqFilter() {
+  const q = new URLSearchParams();
+  if ($("dlq-topic").value.trim()) q.set("topic", $("dlq-topic").value.trim());
+  if ($("dlq-reason").value.trim()) q.set("reason", $("dlq-reason").value.trim());
+  return q.toString();
+}
+
+async function replay(topic, reason) {
+  const out = $("dlq-result");
+  out.textContent = `replaying ${topic}…`;
+  try {
+    const r = await api("/api/dlq/replay", { topic, reason });
+    out.textContent = `${topic}: replayed ${r.replayed} to ${r.source_topic}, already replayed ${r.skipped_already_replayed}, failed ${r.failed.length}` + (r.failed.length ? `: ${r.failed.map((f) => f.reason).join("; ")}` : "");
+    out.className = "note";
+  } catch (e) {
+    out.textContent = `replay failed: ${e.message}`;
+    out.className = "error";
+  }
+  await refreshDlq();
+}
+
+async function refreshDlq() {
+  const body = $("dlq-table").tBodies[0];
+  let rows;
+  try {
+    const q = dlqFilter();
+    rows = await api(`/api/dlq${q ? "?" + q : ""}`);
+  } catch (e) {
+    body.replaceChildren(el("tr", {}, el("td", { colspan: 10, className: "error" }, e.message)));
+    return;
+  }
+  body.replaceChildren(...rows.map((d) => {
+    const button = el("button", { type: "button", "data-testid": "replay" }, d.replayed ? "replay again" : "replay");
+    button.addEventListener("click", () => replay(d.dlq_topic, d.reason));
+    return el("tr", {
+      "data-testid": "dlq-row", "data-dlq-topic": d.dlq_topic, "data-offset": d.offset,
+      "data-replayed": d.replayed ? "yes" : "no",
+    }, el("td", {}, d.dlq_topic), el("td", {}, d.source_topic), el("td", { className: "num" }, fmtNum(d.partition)),
+    el("td", { className: "num" }, fmtNum(d.offset)), el("td", {}, d.stage), el("td", {}, d.kind),
+    el("td", {}, d.reason), el("td", {}, d.at), el("td", { "data-col": "replayed" }, d.replayed ? "yes" : "no"),
+    el("td", {}, button));
+  }));
+  if (!rows.length) body.append(el("tr", {}, el("td", { colspan: 10, className: "note" }, "no dead letters")));
+}
+
+// --- lake ------------------------------------------------------------------------------------
+
+async function refreshTables() {
+  const body = $("lake-tables").tBodies[0];
+  try {
+    const tables = await api("/api/lake/tables");
+    body.replaceChildren(...tables.map((t) => {
+      const link = el("a", { href: "#lake" }, t.view);
+      link.addEventListener("click", () => { $("sql").value = `select * from ${t.view} limit 50`; });
+      return el("tr", { "data-view": t.view, "data-testid": "lake-table" }, el("td", {}, link),
+        el("td", { className: "num", "data-col": "rows" }, t.rows), el("td", { className: "num" }, t.files),
+        el("td", { className: "num" }, t.bytes));
+    }));
+  } catch (e) {
+    body.replaceChildren(el("tr", {}, el("td", { colspan: 4, className: "error" }, e.message)));
+  }
+}
+
+function showCell(v) {
+  if (v === null || v === undefined) return "";
+  return typeof v === "object" ? JSON.stringify(v) : String(v);
+}
+
+async function runQuery(ev) {
+  ev.preventDefault();
+  const table = $("query-result");
+  $("query-error").textContent = "";
+  $("query-meta").textContent = "running…";
+  try {
+    const r = await api("/api/lake/query", { sql: $("sql").value });
+    table.tHead.replaceChildren(el("tr", {}, ...r.columns.map((c) => el("th", {}, c))));
+    table.tBodies[0].replaceChildren(...r.rows.map((row) => el("tr", { "data-testid": "result-row" },
+      ...row.map((v) => el("td", {}, showCell(v))))));
+    $("query-meta").textContent = `${r.rows.length}${r.truncated ? "+" : ""} rows in ${r.elapsed_ms} ms`;
+  } catch (e) {
+    table.tHead.replaceChildren();
+    table.tBodies[0].replaceChildren();
+    $("query-meta").textContent = "";
+    $("query-error").textContent = e.message;
+  }
+}
+
+// --- training curves -------------------------------------------------------------------------
+
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf"];
+
+function chart(metric, runs) {
+  const w = 360, h = 180, l = 46, r = 10, t = 20, b = 24;
+  const pts = runs.map((run) => run.points.filter((p) => Number.isFinite(p.metrics[metric]))
+    .map((p) => [p.step, p.metrics[metric]]));
+  const all = pts.flat();
+  const box = el("div", { className: "chart", "data-testid": "chart", "data-metric": metric });
+  const s = svg("svg", { width: w, height: h, viewBox: `0 0 ${w} ${h}` });
+  s.append(svg("text", { x: l, y: 13 }, metric));
+  if (!all.length) { box.append(s); return box; }
+  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  if (x0 === x1) x1 = x0 + 1;
+  if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+  const X = (x) => l + ((x - x0) / (x1 - x0)) * (w - l - r);
+  const Y = (y) => h - b - ((y - y0) / (y1 - y0)) * (h - t - b);
+  s.append(svg("line", { x1: l, y1: h - b, x2: w - r, y2: h - b, class: "axis" }));
+  s.append(svg("line", { x1: l, y1: t, x2: l, y2: h - b, class: "axis" }));
+  s.append(svg("text", { x: l - 4, y: t + 4, "text-anchor": "end" }, y1.toPrecision(3)));
+  s.append(svg("text", { x: l - 4, y: h - b, "text-anchor": "end" }, y0.toPrecision(3)));
+  s.append(svg("text", { x: l, y: h - 6 }, `step ${x0}`));
+  s.append(svg("text", { x: w - r, y: h - 6, "text-anchor": "end" }, `step ${x1}`));
+  pts.forEach((series, i) => {
+    if (!series.length) return;
+    s.append(svg("polyline", {
+      points: series.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" "),
+      stroke: COLORS[i % COLORS.length], "data-run": runs[i].run_id,
+    }));
+  });
+  box.append(s);
+  return box;
+}
+
+async function refreshTraining() {
+  const charts = $("charts");
+  try {
+    const view = await api("/api/training");
+    const steps = view.runs.reduce((n, run) => n + run.points.length, 0);
+    $("training-note").textContent = view.runs.length
+      ? `${view.runs.length} run(s), ${steps} steps` : "no training steps published yet (`arena train`)";
+    const legend = el("div", { className: "legend" }, ...view.runs.map((run, i) =>
+      el("span", { style: `color:${COLORS[i % COLORS.length]}` }, `■ ${run.run_id}`)));
+    charts.replaceChildren(...view.metrics.slice(0, 6).map((m) => chart(m, view.runs)));
+    if (view.runs.length) charts.prepend(legend);
+  } catch (e) {
+    $("training-note").textContent = e.message;
+  }
+}
+
+// --- trace -----------------------------------------------------------------------------------
+
+function edgeTable(title, edges, nodes) {
+  const topic = (id) => (nodes[id] && nodes[id].topic) || "?";
+  return el("div", {},
+    el("h3", {}, `${title} (${edges.length})`),
+    el("table", { "data-testid": `trace-${title}` },
+      el("thead", {}, el("tr", {}, ...["parent", "topic", "→ child", "topic", "stage", "backend", "prompts", "at"]
+        .map((h) => el("th", {}, h)))),
+      el("tbody", {}, ...edges.map((e) => el("tr", {},
+        el("td", {}, e.parent), el("td", {}, topic(e.parent)), el("td", {}, e.child), el("td", {}, topic(e.child)),
+        el("td", {}, `${e.stage} ${e.stage_version}`), el("td", {}, [e.backend, e.model].filter(Boolean).join(" ")),
+        el("td", {}, e.prompts.map((p) => `${p.role}=${p.id}`).join(", ")), el("td", {}, e.at || ""))))));
+}
+
+async function runTrace(ev) {
+  ev.preventDefault();
+  const id = $("trace-id").value.trim();
+  const out = $("trace-out");
+  $("trace-error").textContent = "";
+  out.replaceChildren();
+  if (!id) return;
+  try {
+    const r = await api(`/api/trace/${encodeURIComponent(id)}`);
+    const rec = r.record;
+    out.append(
+      el("p", { "data-testid": "trace-record" }, `${rec.id} (${rec.kind}${rec.topic ? ", " + rec.topic : ""})`
+        + (r.truncated ? " — cut at depth" : "")),
+      el("p", { className: "note" }, `sources: ${r.sources.join(", ") || "none"}; samples: ${r.samples.join(", ") || "none"}; `
+        + `training steps: ${r.training_steps.join(", ") || "none"}`),
+      edgeTable("ancestors", r.ancestors, r.nodes),
+      edgeTable("descendants", r.descendants, r.nodes),
+      el("details", {}, el("summary", {}, "JSON"), el("pre", {}, JSON.stringify(r, null, 2))));
+  } catch (e) {
+    $("trace-error").textContent = e.message;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("query-form").addEventListener("submit", runQuery);
+  $("trace-form").addEventListener("submit", runTrace);
+  $("dlq-filter").addEventListener("submit", (ev) => { ev.preventDefault(); refreshDlq(); });
+  every(1000, refreshGraph);
+  every(3000, refreshDlq);
+  every(10000, refreshTables);
+  every(3000, refreshTraining);
+});

@@ -1,0 +1,356 @@
+"""`arena ui`'s JSON API on a real broker and a real lake (starlette's TestClient, no browser).
+
+The helpers here (commit a group's offsets, write lake rows, produce a dead letter) are shared with
+tests/test_ui_browser.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+from starlette.testclient import TestClient
+
+from app.ui import LOOPBACK_HOSTS, EdgeDef, UiError, create_app, graph_edges, node_depths, run_query, serve
+from arena.config import ArenaSettings
+from arena.records.common import DeadLetter, DeadLetterKind
+from arena.records.sft import ServerRef, ToolChain
+from arena.records.trainer import TrainerMetrics
+from lake.parquet import LakeRow, LakeWriter
+from lake.store import open_store
+from streams.admin import ensure_topics
+
+pytestmark = pytest.mark.integration
+
+DLQ_SOURCE = "eigen.pilot.metrics"
+"""Source topic of the test's dead letters: nothing on the session broker consumes it."""
+
+
+# --- helpers (also used by the browser test) ------------------------------------------------------
+
+
+def produce(broker: str, topic: str, n: int, *, partition: int = 0) -> None:
+    producer = KafkaProducer(bootstrap_servers=broker)
+    try:
+        for i in range(n):
+            producer.send(topic, f"r-{uuid.uuid4().hex[:6]}-{i}".encode(), partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def commit(broker: str, group: str, offsets: dict[TopicPartition, int]) -> None:
+    """Commit offsets for a group without staying in it (a consumer that stopped: paused)."""
+    consumer = KafkaConsumer(bootstrap_servers=broker, group_id=group, enable_auto_commit=False)
+    try:
+        consumer.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+    finally:
+        consumer.close(autocommit=False)
+
+
+def write_chains(cfg: ArenaSettings, n: int) -> list[str]:
+    """``n`` chains in the lake of ``cfg`` (through the lake sink's writer); their ids."""
+    ts = int(datetime(2026, 11, 21, 12, tzinfo=UTC).timestamp() * 1000)
+    chains = [
+        ToolChain(
+            chain_id=f"chain-{i}",
+            server=ServerRef(server_id=f"s{i % 2}", name=f"server {i % 2}", domain="travel", tools=[]),
+            tools=["search", "book"][: 1 + i % 2],
+            origin="random_walk",
+            task="t",
+        )
+        for i in range(n)
+    ]
+    rows = [
+        LakeRow(
+            key=c.chain_id,
+            topic="chains",
+            partition=0,
+            offset=i,
+            timestamp_ms=ts,
+            value=c.model_dump_json().encode(),
+        )
+        for i, c in enumerate(chains)
+    ]
+    LakeWriter(open_store(cfg)).write("chains", rows)
+    return [c.chain_id for c in chains]
+
+
+def produce_dead_letter(broker: str, reason: str) -> bytes:
+    """A dead letter on ``<DLQ_SOURCE>.dlq`` as a stage sends it; returns the raw source value."""
+    raw = json.dumps({"probe": reason}).encode()
+    letter = DeadLetter(
+        stage="eigen-intents",
+        topic=DLQ_SOURCE,
+        partition=0,
+        offset=0,
+        source_key=f"src-{reason}",
+        kind=DeadLetterKind.crash,
+        reason=f"handler raised: {reason}",
+        payload_text=raw.decode(),
+        payload_b64=base64.b64encode(raw).decode(),
+    )
+    producer = KafkaProducer(bootstrap_servers=broker)
+    try:
+        producer.send(f"{DLQ_SOURCE}.dlq", letter.model_dump_json().encode(), key=f"dl-{reason}".encode())
+        producer.flush()
+    finally:
+        producer.close()
+    return raw
+
+
+def replayed_values(broker: str, key: str) -> list[bytes]:
+    """Values on DLQ_SOURCE that carry ``arena-replay-of: <key>``."""
+    consumer = KafkaConsumer(bootstrap_servers=broker, group_id=None, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(DLQ_SOURCE, p) for p in sorted(consumer.partitions_for_topic(DLQ_SOURCE) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        found: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                found.extend(
+                    r.value for r in records if ("arena-replay-of", key.encode()) in list(r.headers or [])
+                )
+        return found
+    finally:
+        consumer.close(autocommit=False)
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cfg(broker: str, tmp_path: Path) -> ArenaSettings:
+    ensure_topics(broker)
+    return ArenaSettings(home=tmp_path / "home", broker=broker)
+
+
+@pytest.fixture
+def client(cfg: ArenaSettings, broker: str) -> Iterator[TestClient]:
+    app = create_app(cfg, broker)
+    app.state.dashboard.sampler.min_interval_s = 0.0  # every request samples anew
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+# --- the graph -----------------------------------------------------------------------------------
+
+
+def test_graph_structure_from_the_registry() -> None:
+    edges = graph_edges(ArenaSettings())
+    ids = {e.id for e in edges}
+    assert {
+        "tools-servers:tools.raw->tools.servers",
+        "chains:tools.servers->chains",
+        "eigen-verified:eigen.dialogs.validated->samples.sft",
+        "trainer:samples.verified->trainer.metrics",
+        "tool-index:tools.servers->tool-index",  # writes no topic: a sink node
+    } <= ids
+    assert not any(e.target.endswith((".dlq", ".rejected")) for e in edges)
+    depth = node_depths(edges)
+    assert depth["tools.raw"] == 0 and depth["tools.servers"] == 1 and depth["chains"] == 2
+    # the longest path: tools.raw, tools.servers, chains, tasks, trajectories, trajectories.scored
+    assert depth["samples.sft"] == 6 and depth["trainer.metrics"] == 7
+    # a cycle does not recurse forever
+    loop = [EdgeDef("a", "g", "x", "y"), EdgeDef("b", "g", "y", "x")]
+    assert node_depths(loop) == {"x": 1, "y": 0}
+
+
+def test_page_and_assets_are_served(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="graph-svg"' in page.text
+    assert "/static/app.js" in page.text and "http" not in page.text.split("<body>", 1)[1]  # no CDN
+    assert client.get("/static/app.js").status_code == 200
+    assert client.get("/static/style.css").headers["content-type"].startswith("text/css")
+
+
+def test_group_lag_and_throughput(
+    client: TestClient, broker: str, new_topic: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    topic, group = new_topic(partitions=1), unique_name("paused")
+    produce(broker, topic, 5)
+    commit(broker, group, {TopicPartition(topic, 0): 2})
+
+    def row() -> dict[str, object]:
+        view = client.get("/api/graph").json()
+        (found,) = [g for g in view["groups"] if g["group"] == group and g["topic"] == topic]
+        return dict(found)
+
+    first = row()
+    assert (first["committed"], first["end"], first["lag"], first["pending"]) == (2, 5, 3, 3)
+    assert first["worker"] is None
+    produce(broker, topic, 4)
+    commit(broker, group, {TopicPartition(topic, 0): 6})
+    second = row()
+    assert (second["committed"], second["end"], second["lag"]) == (6, 9, 3)
+    rate = second["throughput"]
+    assert isinstance(rate, float) and rate > 0  # 4 records consumed since the previous sample
+
+    view = client.get("/api/graph").json()
+    edge = next(e for e in view["edges"] if e["id"] == "chains:tools.servers->chains")
+    assert edge["group"] == "arena-chains" and "lag" in edge and "throughput" in edge
+    assert {n["id"]: n["kind"] for n in view["nodes"]}["tool-index"] == "sink"
+
+
+# --- lake ----------------------------------------------------------------------------------------
+
+
+def test_lake_tables_and_query(client: TestClient, cfg: ArenaSettings) -> None:
+    write_chains(cfg, 3)
+    tables = {t["view"]: t for t in client.get("/api/lake/tables").json()}
+    assert tables["chains"]["rows"] == 3 and tables["chains"]["files"] == 1
+    assert tables["tools_raw_dlq"]["rows"] == 0  # every view, in the lake or not
+
+    sql = "select chain_id, server ->> '$.domain' as domain from chains order by chain_id"
+    result = client.post("/api/lake/query", json={"sql": sql}).json()
+    assert result["columns"] == ["chain_id", "domain"]
+    assert result["rows"] == [["chain-0", "travel"], ["chain-1", "travel"], ["chain-2", "travel"]]
+    assert result["truncated"] is False
+    cut = client.post("/api/lake/query", json={"sql": "select * from range(10)", "limit": 4}).json()
+    assert len(cut["rows"]) == 4 and cut["truncated"] is True
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"sql": "copy (select 1) to 'out.csv'"}, "only read-only queries"),
+        ({"sql": "select 1; select 2"}, "exactly one statement"),
+        ({"sql": "select * from read_csv('/etc/hostname')"}, "file system operations are disabled"),
+        ({"sql": "select * from no_such_view"}, "no_such_view"),
+        ({"sql": "selec 1"}, "syntax error"),
+        ({"sql": "select 1", "limit": 0}, "limit"),
+        ({"query": "select 1"}, "sql"),
+    ],
+)
+def test_bad_queries_get_a_clear_error(client: TestClient, body: dict[str, object], message: str) -> None:
+    resp = client.post("/api/lake/query", json=body)
+    assert resp.status_code == 400
+    assert message in resp.json()["error"]
+
+
+def test_a_runaway_query_is_interrupted(cfg: ArenaSettings) -> None:
+    with pytest.raises(UiError, match=r"query stopped after 0.5 s"):
+        run_query(cfg, "select count(*) from range(100000000000) a, range(100000) b", timeout_s=0.5)
+
+
+def test_ui_refuses_a_busy_port(cfg: ArenaSettings, broker: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(UiError, match=f"cannot listen on 127.0.0.1:{port}.*--port"):
+            serve(cfg, broker, host="127.0.0.1", port=port, say=print)
+
+
+def test_writes_need_json(client: TestClient) -> None:
+    resp = client.post(
+        "/api/lake/query", content=b'{"sql": "select 1"}', headers={"content-type": "text/plain"}
+    )
+    assert resp.status_code == 400 and "application/json" in resp.json()["error"]
+
+
+def test_loopback_only_host_header(cfg: ArenaSettings, broker: str) -> None:
+    app = create_app(cfg, broker, allowed_hosts=LOOPBACK_HOSTS)
+    with TestClient(app, base_url="http://127.0.0.1:8600") as ok:
+        assert ok.get("/").status_code == 200
+    with TestClient(app, base_url="http://rebound.example") as rebound:
+        assert rebound.get("/api/lake/tables").status_code == 400
+
+
+# --- dead letters --------------------------------------------------------------------------------
+
+
+def test_dead_letters_list_and_replay_once(client: TestClient, broker: str) -> None:
+    reason = uuid.uuid4().hex
+    raw = produce_dead_letter(broker, reason)
+    query = {"topic": f"{DLQ_SOURCE}.dlq", "reason": reason}
+    (row,) = client.get("/api/dlq", params=query).json()
+    assert (row["source_topic"], row["kind"], row["replayed"]) == (DLQ_SOURCE, "crash", False)
+    assert reason in row["reason"]
+
+    report = client.post("/api/dlq/replay", json=query).json()
+    assert (report["replayed"], report["skipped_already_replayed"], report["failed"]) == (1, 0, [])
+    (row,) = client.get("/api/dlq", params=query).json()
+    assert row["replayed"] is True
+    assert replayed_values(broker, row["key"]) == [raw]
+    again = client.post("/api/dlq/replay", json=query).json()
+    assert (again["replayed"], again["skipped_already_replayed"]) == (0, 1)
+
+    bad = client.post("/api/dlq/replay", json={"topic": "nope.dlq"})
+    assert bad.status_code == 400 and "no dead-letter topic" in bad.json()["error"]
+
+
+# --- training curves -----------------------------------------------------------------------------
+
+
+def test_training_curves_from_trainer_metrics(client: TestClient, broker: str) -> None:
+    run = f"ui-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=broker)
+    try:
+        for step in (2, 1, 3, 2):  # out of order, step 2 published twice (a resumed run): newest wins
+            value = TrainerMetrics(
+                run_id=run, step=step, metrics={"loss": 1.0 / step, "reward_mean": step / 10}
+            )
+            producer.send("trainer.metrics", value.model_dump_json().encode())
+        producer.send("trainer.metrics", b"not a metrics record")
+        producer.flush()
+    finally:
+        producer.close()
+    view = client.get("/api/training").json()
+    (series,) = [r for r in view["runs"] if r["run_id"] == run]
+    assert [p["step"] for p in series["points"]] == [1, 2, 3]
+    assert [p["metrics"]["loss"] for p in series["points"]] == [1.0, 0.5, 1.0 / 3]
+    assert view["metrics"][:2] == ["loss", "reward_mean"]
+    assert view["invalid"] >= 1
+    # the feed is incremental: a later step shows up on the next poll
+    producer = KafkaProducer(bootstrap_servers=broker)
+    try:
+        producer.send(
+            "trainer.metrics",
+            TrainerMetrics(run_id=run, step=4, metrics={"loss": 0.1}).model_dump_json().encode(),
+        )
+        producer.flush()
+    finally:
+        producer.close()
+    (series,) = [r for r in client.get("/api/training").json()["runs"] if r["run_id"] == run]
+    assert [p["step"] for p in series["points"]] == [1, 2, 3, 4]
+
+
+# --- trace ---------------------------------------------------------------------------------------
+
+
+def test_trace_of_a_record(client: TestClient, cfg: ArenaSettings) -> None:
+    from lake.catalog import Catalog, LineageEdge
+
+    chain, server = f"chain-{uuid.uuid4().hex}", f"server-{uuid.uuid4().hex}"
+    catalog = Catalog(cfg.catalog)
+    try:
+        catalog.record_lineage(
+            [
+                LineageEdge(
+                    child_key=chain,
+                    child_topic="chains",
+                    parent_key=server,
+                    stage="chains",
+                    stage_version="3",
+                )
+            ]
+        )
+    finally:
+        catalog.dispose()
+    report = client.get(f"/api/trace/{chain[:14]}").json()  # a unique prefix is enough
+    assert report["record"]["id"] == chain
+    assert [(e["parent"], e["child"], e["stage"]) for e in report["ancestors"]] == [(server, chain, "chains")]
+    missing = client.get("/api/trace/nothing-like-this-id")
+    assert missing.status_code == 400 and missing.json()["error"]
+    assert client.get(f"/api/trace/{chain}?depth=0").status_code == 400
