@@ -9,6 +9,7 @@ and a reason naming the file and entry, so nothing is lost.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,8 +63,9 @@ async def publish_tool_docs(
     *,
     progress: Callable[[int], None] | None = None,
 ) -> PublishReport:
-    """Load ``paths`` (never raises on bad input) and publish servers and dead letters."""
-    loaded = load_tool_docs(paths, options, progress=progress)
+    """Load ``paths`` (never raises on bad input; in a worker thread, big files take seconds) and
+    publish servers and dead letters."""
+    loaded = await asyncio.to_thread(load_tool_docs, paths, options, progress=progress)
     report = PublishReport(
         servers=loaded.servers, errors=loaded.errors, notices=loaded.notices, stats=loaded.stats
     )
