@@ -97,7 +97,7 @@ class Profile:
     max_seq_len: int = 2048
     temperature: float = 1.0
     mixing: str = "none"
-    k: int = 2
+    k: int = 4  # pass^4 needs 4 trials
     trials: int = 4
     ablation_trials: int = 2
     seed: int = 0
@@ -388,14 +388,55 @@ def grpo_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def evaluate_stage(settings: Any, folder: Path, *, k: int, trials: int, seed: int) -> dict[str, Any]:
+def tool_families(settings: Any) -> dict[str, str]:
+    """Held-out package id -> ``seen`` (every tool it needs is a tool of some train package: new
+    questions and data, tools trained on) or ``unseen`` (a tool family never seen in training)."""
+    from arena.records.envs import EnvPackage
+    from arena.records.tools import tool_name
+    from lake.env_packages import EnvPackageStore
+
+    store = EnvPackageStore(settings.catalog)
+    try:
+        train = [EnvPackage.model_validate_json(r.package) for r in store.rows("train")]
+        held = [EnvPackage.model_validate_json(r.package) for r in store.rows("heldout")]
+    finally:
+        store.dispose()
+    known = {tool_name(t) for p in train for t in p.tools}
+    return {p.env_id: "seen" if {tool_name(t) for t in p.tools} <= known else "unseen" for p in held}
+
+
+def family_figures(report: Any, families: dict[str, str], k: int, seed: int) -> dict[str, Any]:
+    """Per family (seen / unseen): mean F1 with its 95% bootstrap interval, pass@1 and pass^4."""
+    from trainer.evaluate import group_report
+
+    out: dict[str, Any] = {}
+    for family in ("seen", "unseen"):
+        cases = [c for c in report.cases if c.kind == "qa" and families.get(c.env_ref) == family]
+        if not cases:
+            out[family] = {"packages": 0, "f1": None, "f1_ci": None, "pass1": None, "pass4": None}
+            continue
+        g = group_report(family, cases, k, seed)
+        f1 = g.f1
+        out[family] = {
+            "packages": len(cases),
+            "f1": None if f1 is None else round(f1.mean, 4),
+            "f1_ci": None if f1 is None else [round(f1.ci_low, 4), round(f1.ci_high, 4)],
+            "pass1": round(g.pass_hat[1].mean, 4),
+            "pass4": round(g.pass_hat[4].mean, 4) if 4 in g.pass_hat else None,
+        }
+    return out
+
+
+def evaluate_stage(
+    settings: Any, folder: Path, *, k: int, trials: int, seed: int, families: dict[str, str] | None = None
+) -> dict[str, Any]:
     from trainer.evaluate import run_eval
 
     with contextlib.redirect_stdout(sys.stderr):  # run_eval's progress bar: keep stdout for the JSON
         report = run_eval(settings, str(folder), k=k, trials=trials, seed=seed)
     o = report.overall
 
-    def metric(m: Any) -> dict[str, float] | None:
+    def metric(m: Any) -> dict[str, Any] | None:
         return (
             None
             if m is None
@@ -403,6 +444,7 @@ def evaluate_stage(settings: Any, folder: Path, *, k: int, trials: int, seed: in
         )
 
     return {
+        **({"families": family_figures(report, families, k, seed)} if families is not None else {}),
         "packages": o.cases,
         "trials_per_package": report.trials,
         "trials": o.trials,
@@ -530,7 +572,10 @@ def _after_demo(
     )
     stages: dict[str, Any] = {}
     console.rule("eval: base")
-    stages["base"] = evaluate_stage(settings, base_dir, k=p.k, trials=p.trials, seed=p.seed)
+    families = tool_families(settings)
+    stages["base"] = evaluate_stage(
+        settings, base_dir, k=p.k, trials=p.trials, seed=p.seed, families=families
+    )
 
     # SFT.
     console.rule(f"SFT: {sft_steps} steps")
@@ -543,9 +588,9 @@ def _after_demo(
     sft_rows = step_metrics(settings, sft_run)
     losses = [r["loss"] for r in sft_rows if r["phase"] == "sft"]
     console.rule("eval: SFT")
-    stages["sft"] = evaluate_stage(settings, sft_dir, k=p.k, trials=p.trials, seed=p.seed) | {
-        "weights_step": sft_step
-    }
+    stages["sft"] = evaluate_stage(
+        settings, sft_dir, k=p.k, trials=p.trials, seed=p.seed, families=families
+    ) | {"weights_step": sft_step}
 
     # GRPO with the F1 reward from the SFT weights.
     runs: dict[str, dict[str, Any]] = {}
@@ -578,9 +623,9 @@ def _after_demo(
         }
         if reward == "f1":
             console.rule("eval: GRPO")
-            stages["grpo"] = evaluate_stage(settings, folder, k=p.k, trials=p.trials, seed=p.seed) | {
-                "weights_step": step
-            }
+            stages["grpo"] = evaluate_stage(
+                settings, folder, k=p.k, trials=p.trials, seed=p.seed, families=families
+            ) | {"weights_step": step}
     timings["grpo_and_ablations_s"] = round(sum(r["wall_s"] for r in runs.values()), 1)
 
     # Reward ablation: turns and tool calls of the rollouts (same number of steps for each reward)
@@ -675,7 +720,15 @@ def _after_demo(
             "temperature": p.temperature,
             **stages,
         },
+        # Held-out instances of tool families seen in training vs families never seen (issue 16):
+        # per stage mean F1 with its 95% bootstrap interval, pass@1 and pass^4 (None below 4 trials).
+        **{
+            family: {stage: stages[stage]["families"][family] for stage in ("base", "sft", "grpo")}
+            for family in ("seen", "unseen")
+        },
         "ordering": {
+            "seen_f1_sft_gt_base_ci_disjoint": _disjoint_above(stages, "sft", "base"),
+            "seen_f1_grpo_gt_sft_ci_disjoint": _disjoint_above(stages, "grpo", "sft"),
             "f1_base_lt_sft": order("base", "sft", "f1"),
             "f1_sft_lt_grpo": order("sft", "grpo", "f1"),
             "pass1_base_lt_sft": order("base", "sft", "pass^1"),
@@ -694,6 +747,12 @@ def _after_demo(
         "profile_knobs": asdict(p),
         "timings_s": timings | {"total_s": round(time.perf_counter() - started, 1)},
     }
+
+
+def _disjoint_above(stages: dict[str, Any], upper: str, lower: str) -> bool | None:
+    """Seen families: ``upper``'s F1 interval lies wholly above ``lower``'s (None without figures)."""
+    a, b = stages[upper]["families"]["seen"]["f1_ci"], stages[lower]["families"]["seen"]["f1_ci"]
+    return None if a is None or b is None else a[0] > b[1]
 
 
 def _torch_threads() -> int:

@@ -27,9 +27,10 @@ Set-up (not timed, shared by both sides):
 
 ``arena``
     The service's own GRPO path: ``trainer.episodes.Episodes.groups`` (per sample: its package from
-    the catalog, tools mixed in per ``--mixing``, G rollouts of ``trainer.rollout.rollout`` in fresh
-    ``QaEnvironment`` instances on the warm ``SandboxPool``, HF backend generation + log-probs, F1
-    reward from the environment), then ``trainer.learner.Learner.grpo_step`` (group advantages,
+    the catalog, tools mixed in per ``--mixing``, G rollouts each in fresh ``QaEnvironment``
+    instances on the warm ``SandboxPool``, all P x G of a round in one lockstep batch of
+    ``trainer.rollout.rollout_batch``: one batched HF generate per turn, then log-probs; F1 reward
+    from the environment), then ``trainer.learner.Learner.grpo_step`` (group advantages,
     clipped token-mean loss, AdamW step, weight sync). One step = one rollout round of P prompts x G
     and one update on all P groups: adaptive batch filling is left out (TRL has none), so groups with
     equal rewards are trained too (they contribute zero gradient, but the forward/backward runs).

@@ -150,6 +150,11 @@ def _check_trainer(r: dict[str, Any]) -> None:
 
 def _check_learning(r: dict[str, Any]) -> None:
     assert r["profile"] == "quick"
+    for family in ("seen", "unseen"):  # held-out instances of trained tool families, and new families
+        assert set(r[family]) == {"base", "sft", "grpo"}, family
+        for figures in r[family].values():
+            assert set(figures) >= {"f1", "f1_ci", "pass1", "pass4"}
+    assert sum(r[f]["base"]["packages"] for f in ("seen", "unseen")) == r["data"]["heldout_packages"]
     for stage in ("base", "sft", "grpo"):
         assert r["heldout_eval"][stage]["packages"] > 0, stage
     assert r["train"]["sft"]["steps"] > 0

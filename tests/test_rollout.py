@@ -73,27 +73,34 @@ class ScriptedBackend(Recorder):
         super().__init__()
         self.turns = [encode_segment(tokenizer, text + IM_END) for text in turns]
         self.logprob = logprob
+        self.batches = 0
 
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int
     ) -> list[Generation]:
-        (prompt,) = prompts
-        ids = self.turns[min(len(self.calls), len(self.turns) - 1)]
+        """A batch (a lockstep turn of several rollouts) gets the call's scripted turn in every row."""
+        ids = self.turns[min(self.batches, len(self.turns) - 1)]
+        self.batches += 1
         out = ids[:max_new_tokens]
-        gen = Generation(token_ids=out, logprobs=[self.logprob] * len(out), finished=len(out) == len(ids))
-        self.calls.append((prompt, max_new_tokens, seed, gen))
-        return [gen]
+        gens = []
+        for prompt in prompts:
+            gen = Generation(token_ids=out, logprobs=[self.logprob] * len(out), finished=len(out) == len(ids))
+            self.calls.append((prompt, max_new_tokens, seed, gen))
+            gens.append(gen)
+        return gens
 
     def load_weights(self, model: torch.nn.Module) -> None:
         return None
 
 
 class Recording(Recorder):
-    """The real backend, with its calls recorded."""
+    """The real backend, with its calls recorded (one entry per row of a batched call)."""
 
     def __init__(self, backend: HfBackend) -> None:
         super().__init__()
         self.backend = backend
+        self.batches: list[int] = []
+        """Rows of each call."""
 
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int
@@ -101,7 +108,8 @@ class Recording(Recorder):
         gens = self.backend.generate(
             prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
         )
-        self.calls.append((prompts[0], max_new_tokens, seed, gens[0]))
+        self.batches.append(len(prompts))
+        self.calls += [(p, max_new_tokens, seed, g) for p, g in zip(prompts, gens, strict=True)]
         return gens
 
     def load_weights(self, model: torch.nn.Module) -> None:
@@ -215,6 +223,7 @@ def test_qa_rollouts_run_their_calls_in_one_session_each_closed_at_the_end(tok: 
             g=3,
             seed=1,
             max_turns=2,
+            chunk=POOL.pool_size,  # lockstep batches no bigger than the pool: none waits for a session
         )
         assert len(counting.sessions) == 4 and counting.open == 0
         # A rollout that raises after its first call still frees its session.
@@ -357,8 +366,15 @@ def test_tiny_hf_backend_rollouts_stop_with_consistent_shapes(tiny: tuple[Any, T
     check(dialogue, backends[2], tok, exact=False)
     assert dialogue.turns >= 2 and dialogue.user_turns >= 1 and dialogue.stop == "user_stop"
     assert dialogue.reward == 0.0  # nothing was cancelled
-    for traj in first:  # the group's rollouts shared one recorder: pick each one's calls by seed
-        seeds = {derive_seed(traj.seed, "turn", t) for t in range(traj.turns)}
+    # The group's rollouts were batched: every call carried the live rollouts' turns as its rows.
+    assert backends[0].batches[0] == 2 and sum(backends[0].batches) == sum(t.turns for t in first)
+    for traj in first:  # each row belongs to the rollout whose sequence it continues
+        full = traj.prompt_ids + traj.response_ids
         mine = Recorder()
-        mine.calls = [c for c in backends[0].calls if c[2] in seeds]
+        mine.calls = [
+            c
+            for c in backends[0].calls
+            if full[: len(c[0])] == c[0]
+            and full[len(c[0]) : len(c[0]) + len(c[3].token_ids)] == c[3].token_ids
+        ]
         check(traj, mine, tok, exact=False)

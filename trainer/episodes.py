@@ -7,8 +7,10 @@ sample it is the instance's state machine with the user simulator in the
 loop: the gateway's ``user_simulator`` role, or the frozen SFT-tuned policy once
 the service has set one (``use_user_simulator``). Each trajectory runs in its
 own environment instance, which holds one sandbox session from its first
-tool call until its rollout ends (``rollout`` closes it): ``sandbox.pool_size``
-below the rollouts in flight makes the others wait for a slot.
+tool call until its rollout ends (``rollout`` closes it). All rollouts of a
+round are one lockstep batch (one batched generate call per turn), cut into
+chunks of ``sandbox.pool_size`` rollouts run one after another, so a batch never
+waits on the pool for a session its own members hold.
 Seeds derive from (global seed, step, round, sample, trajectory index), so a
 step redone after a crash rolls out the same trajectories.
 """
@@ -16,19 +18,20 @@ step redone after a crash rolls out the same trajectories.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from arena.config import ArenaSettings
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
-from environments.environment import environment_for
+from environments.environment import Environment, environment_for
 from environments.user_view import GatewayUserSimulator, UserSimulator
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from trainer.batching import Group
 from trainer.learner import Learner
 from trainer.mixing import ToolMixer, pool_from_store
-from trainer.rollout import derive_seed, rollout_group
+from trainer.rollout import RolloutJob, Trajectory, derive_seed, rollout_batch
 from trainer.rollout_log import rollout_line
 
 # Trajectory fields the update needs; messages and raw outputs stay out of the checkpointed buffer.
@@ -140,51 +143,86 @@ class Episodes:
     async def groups(
         self, samples: list[VerifiedSample], *, step: int, round_: int
     ) -> tuple[list[Group], dict[str, str]]:
-        """One group of G trajectories per usable sample, and why the others were skipped."""
-        skipped: dict[str, str] = {}
-        jobs = []
-        mixer = await asyncio.to_thread(self._mixer_for_now)  # once per round: new packages join the pool
-        for sample in samples:
-            prepared = await asyncio.to_thread(self._prepare, sample, mixer)
-            if isinstance(prepared, str):
-                skipped[sample.sample_id] = prepared
-                continue
-            jobs.append(self._group(sample, prepared, step=step, round_=round_))
-        return list(await asyncio.gather(*jobs)), skipped
+        """One group of G trajectories per usable sample, and why the others were skipped.
 
-    async def _group(
-        self, sample: VerifiedSample, env_kwargs: dict[str, Any], *, step: int, round_: int
-    ) -> Group:
+        Every rollout of the round -- G per sample, all samples -- is one lockstep batch
+        (``rollout_batch``): each turn of all of them is one batched generate call.
+        """
         assert self.pool is not None
         pool, cfg = self.pool, self.cfg
-        trajectories = await rollout_group(
+        skipped: dict[str, str] = {}
+        prepared: list[tuple[VerifiedSample, dict[str, Any]]] = []
+        mixer = await asyncio.to_thread(self._mixer_for_now)  # once per round: new packages join the pool
+        for sample in samples:
+            kwargs = await asyncio.to_thread(self._prepare, sample, mixer)
+            if isinstance(kwargs, str):
+                skipped[sample.sample_id] = kwargs
+            else:
+                prepared.append((sample, kwargs))
+        jobs = [
+            RolloutJob(
+                sample,
+                _env_factory(sample, pool, cfg.reward, kwargs),
+                derive_seed(
+                    derive_seed(self.settings.seed, "step", step, round_, sample.sample_id), "group", i
+                ),
+            )
+            for sample, kwargs in prepared
+            for i in range(cfg.group_size)
+        ]
+        trajectories = await rollout_batch(
             self.learner.backend,
             self.learner.tokenizer,
-            lambda: environment_for(sample, pool, mode=cfg.reward, **env_kwargs),
-            sample,
-            g=cfg.group_size,
-            seed=derive_seed(self.settings.seed, "step", step, round_, sample.sample_id),
+            jobs,
+            seed=derive_seed(self.settings.seed, "step", step, round_),
             max_turns=cfg.max_turns,
             max_seq_len=cfg.max_seq_len,
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
+            chunk=self.settings.sandbox.pool_size,  # one session per rollout: a batch never waits on the pool
         )
-        if sample.kind == "qa":
-            package = env_kwargs["package"]
-            own = {tool_name(t) for t in package.tools}  # as QaEnvironment tells mixed-in tools
-            mixed = [name for name in env_kwargs.get("extras") or {} if name not in own]
-            self.recorded += [
-                rollout_line(sample, t, mixed_tools=mixed, step=step, round_=round_, index=i)
-                for i, t in enumerate(trajectories)
-            ]
-        return Group(
-            sample_id=sample.sample_id,
-            rewards=[t.reward for t in trajectories],
-            rollouts=[t.model_dump(include=set(KEEP)) for t in trajectories],
-            born_step=step,
-        )
+        groups = []
+        for k, (sample, kwargs) in enumerate(prepared):
+            mine = trajectories[k * cfg.group_size : (k + 1) * cfg.group_size]
+            self._record(sample, kwargs, mine, step=step, round_=round_)
+            groups.append(
+                Group(
+                    sample_id=sample.sample_id,
+                    rewards=[t.reward for t in mine],
+                    rollouts=[t.model_dump(include=set(KEEP)) for t in mine],
+                    born_step=step,
+                )
+            )
+        return groups, skipped
+
+    def _record(
+        self,
+        sample: VerifiedSample,
+        env_kwargs: dict[str, Any],
+        trajectories: list[Trajectory],
+        *,
+        step: int,
+        round_: int,
+    ) -> None:
+        """Keep a QA group's trajectories as ``arena reward score`` lines (``take_recorded``)."""
+        if sample.kind != "qa":
+            return
+        package = env_kwargs["package"]
+        own = {tool_name(t) for t in package.tools}  # as QaEnvironment tells mixed-in tools
+        mixed = [name for name in env_kwargs.get("extras") or {} if name not in own]
+        self.recorded += [
+            rollout_line(sample, t, mixed_tools=mixed, step=step, round_=round_, index=i)
+            for i, t in enumerate(trajectories)
+        ]
 
     def take_recorded(self) -> list[dict[str, Any]]:
         """The recorded QA trajectories since the last call, in rollout order (then forgotten)."""
         taken, self.recorded = self.recorded, []
         return taken
+
+
+def _env_factory(
+    sample: VerifiedSample, pool: SandboxPool, reward: Any, env_kwargs: dict[str, Any]
+) -> Callable[[], Environment]:
+    """A fresh environment per rollout (``environment_for`` with the sample's prepared package)."""
+    return lambda: environment_for(sample, pool, mode=reward, **env_kwargs)

@@ -29,9 +29,15 @@ Decisions worth knowing:
   generated text; otherwise (invalid call blocks, odd spacing, garbage) the raw text is the
   content, so rendering the messages gives the generated ids again as long as the tokenizer's
   encoding of that text is the one the model sampled.
-- Generation on one backend is serialised (one call at a time per event loop: the HF backend
-  seeds torch's global RNG, vLLM's offline engine is not reentrant); sandbox and user-simulator
-  calls of concurrent rollouts overlap it.
+- Rollouts of a batch (``rollout_batch``: the G rollouts of a prompt, and every prompt of a
+  training round) generate in lockstep: once every live rollout of the batch waits for its next
+  turn, all of them are one batched ``generate`` call (rows in rollout order, the batch seeded from
+  the batch seed and its turn), while their tool and user steps run concurrently in between. So
+  the trajectories depend on the seed and the batch's composition, never on timing. A lone
+  ``rollout`` generates one turn per call, seeded by its own seed and turn.
+- Calls into one backend are serialised per event loop (the HF backend seeds torch's RNG, vLLM's
+  offline engine is not reentrant); one call carries a whole batch, so this never serialises the
+  rollouts of a batch.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import hashlib
+import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -62,7 +69,7 @@ from environments.render import (
 from environments.rewards import ToolResult
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine, Sequence
 
     from trainer.policy import Generation, RolloutBackend
 
@@ -157,6 +164,8 @@ def derive_seed(seed: int, *path: int | str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % (2**31 - 1)
 
 
+log = logging.getLogger("arena.rollout")
+
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Lock]] = (
     weakref.WeakKeyDictionary()
 )
@@ -165,6 +174,96 @@ _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.L
 def _generation_lock(backend: object) -> asyncio.Lock:
     locks = _locks.setdefault(asyncio.get_running_loop(), {})
     return locks.setdefault(id(backend), asyncio.Lock())
+
+
+async def _call_backend(
+    backend: RolloutBackend, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int
+) -> list[Generation]:
+    """One ``generate`` call, off the event loop, one at a time per backend."""
+    async with _generation_lock(backend):
+        return await asyncio.to_thread(
+            backend.generate, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+        )
+
+
+STALL_S = 60.0
+"""A lockstep batch whose waiting turns have not moved for this long goes out without the rest."""
+
+
+class _Lockstep:
+    """Batches the turns of a set of rollouts: a turn is generated once every live rollout waits.
+
+    ``generate`` parks a rollout's request; ``leave`` takes a finished (or failed) rollout out of
+    the set. When the waiting requests are all the live rollouts, they go out as one call, rows in
+    rollout order, seeded by ``derive_seed(seed, "turn", k)`` for the batch's k-th call. A batch
+    bigger than the sandbox pool could wait forever (a member waiting for a session the others
+    hold), so the callers cut batches to the pool's size; should one still stall for ``STALL_S``,
+    the waiting turns go out alone (logged: the composition then depends on timing).
+    """
+
+    def __init__(self, backend: RolloutBackend, live: int, *, temperature: float, seed: int) -> None:
+        self.backend = backend
+        self.live = live
+        self.temperature = temperature
+        self.seed = seed
+        self.calls = 0
+        self._waiting: dict[int, tuple[list[int], int, asyncio.Future[Generation]]] = {}
+        self._running: set[asyncio.Task[None]] = set()  # strong references: a bare task may be collected
+
+    async def generate(self, index: int, prompt: list[int], budget: int) -> Generation:
+        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self._waiting[index] = (prompt, budget, future)
+        self._maybe_dispatch()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), STALL_S)
+        except TimeoutError:
+            if self._waiting.get(index, (None, None, None))[2] is future:
+                log.warning(
+                    "lockstep batch stalled %.0f s with %d of %d rollouts waiting; generating them alone "
+                    "(cut batches to the sandbox pool's size)",
+                    STALL_S,
+                    len(self._waiting),
+                    self.live,
+                )
+                self._dispatch()
+            return await future
+
+    def leave(self) -> None:
+        self.live -= 1
+        self._maybe_dispatch()
+
+    def _maybe_dispatch(self) -> None:
+        if self._waiting and len(self._waiting) >= self.live:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        batch = [self._waiting[i] for i in sorted(self._waiting)]
+        self._waiting = {}
+        seed = derive_seed(self.seed, "turn", self.calls)
+        self.calls += 1
+        task = asyncio.get_running_loop().create_task(self._run(batch, seed))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, batch: list[tuple[list[int], int, asyncio.Future[Generation]]], seed: int) -> None:
+        try:
+            gens = await _call_backend(
+                self.backend,
+                [prompt for prompt, _, _ in batch],
+                max_new_tokens=max(budget for _, budget, _ in batch),
+                temperature=self.temperature,
+                seed=seed,
+            )
+        except BaseException as exc:  # every waiting rollout gets the failure, none hangs
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, _, future), gen in zip(batch, gens, strict=True):
+            if not future.done():
+                future.set_result(gen)
 
 
 class _Rollout:
@@ -182,8 +281,12 @@ class _Rollout:
         max_new_tokens: int,
         temperature: float,
         seed: int,
+        lockstep: _Lockstep | None = None,
+        index: int = 0,
     ) -> None:
         self.backend = backend
+        self.lockstep = lockstep
+        self.index = index
         self.tok = tokenizer
         self.env = env
         self.sample = sample
@@ -213,16 +316,17 @@ class _Rollout:
         """One assistant turn: sample it, close it, parse it."""
         run = self.run_
         budget = min(self.max_new_tokens, run.room())
-        async with _generation_lock(self.backend):
-            gen: Generation = (
-                await asyncio.to_thread(
-                    self.backend.generate,
-                    [run.prompt_ids + run.response_ids],
-                    max_new_tokens=budget,
-                    temperature=self.temperature,
-                    seed=derive_seed(self.seed, "turn", run.turns),
-                )
-            )[0]
+        context = run.prompt_ids + run.response_ids
+        if self.lockstep is not None:
+            gen = await self.lockstep.generate(self.index, context, budget)
+        else:
+            (gen,) = await _call_backend(
+                self.backend,
+                [context],
+                max_new_tokens=budget,
+                temperature=self.temperature,
+                seed=derive_seed(self.seed, "turn", run.turns),
+            )
         ids, logprobs = list(gen.token_ids[:budget]), list(gen.logprobs[:budget])
         run.generated(ids, logprobs)
         run.turns += 1
@@ -341,20 +445,53 @@ async def rollout(
     The episode is over afterwards: ``env`` is closed (its sandbox session and pool slot freed),
     whether the rollout finished or raised.
     """
-    try:
-        if max_turns < 1 or max_new_tokens < 1:
+    limits = _Limits(max_turns, max_seq_len, max_new_tokens, temperature)
+    return await _episode(backend, tokenizer, env, sample, limits, seed=seed)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_turns: int
+    max_seq_len: int
+    max_new_tokens: int
+    temperature: float
+
+    def check(self) -> None:
+        if self.max_turns < 1 or self.max_new_tokens < 1:
             raise ValueError("max_turns and max_new_tokens must be at least 1")
-        run = await _Rollout(
-            backend,
-            tokenizer,
-            env,
-            sample,
-            max_turns=max_turns,
-            max_seq_len=max_seq_len,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-        ).run()
+
+
+async def _episode(
+    backend: RolloutBackend,
+    tokenizer: Tokenizer,
+    env: Environment,
+    sample: VerifiedSample,
+    limits: _Limits,
+    *,
+    seed: int,
+    lockstep: _Lockstep | None = None,
+    index: int = 0,
+) -> Trajectory:
+    """One rollout from start to reward; ``env`` is closed at the end, and a lockstep left, whatever happens."""
+    try:
+        try:
+            limits.check()
+            run = await _Rollout(
+                backend,
+                tokenizer,
+                env,
+                sample,
+                max_turns=limits.max_turns,
+                max_seq_len=limits.max_seq_len,
+                max_new_tokens=limits.max_new_tokens,
+                temperature=limits.temperature,
+                seed=seed,
+                lockstep=lockstep,
+                index=index,
+            ).run()
+        finally:
+            if lockstep is not None:  # done generating (or failed): the batch's next turns go without it
+                lockstep.leave()
         assert run.stop is not None
         trajectory = Trajectory(
             sample_id=sample.sample_id,
@@ -380,6 +517,70 @@ async def rollout(
     return trajectory.model_copy(update={"reward": reward, "reward_parts": parts})
 
 
+@dataclass(frozen=True)
+class RolloutJob:
+    """One rollout of a batch: the sample, how to make its fresh environment, its seed."""
+
+    sample: VerifiedSample
+    make_env: Callable[[], Environment]
+    seed: int
+
+
+async def rollout_batch(
+    backend: RolloutBackend,
+    tokenizer: Tokenizer,
+    jobs: Sequence[RolloutJob],
+    *,
+    seed: int,
+    max_turns: int = 32,
+    max_seq_len: int = 8192,
+    max_new_tokens: int = 1024,
+    temperature: float = 1.0,
+    chunk: int | None = None,
+) -> list[Trajectory]:
+    """Roll every job out together, in lockstep: each turn of all live rollouts is one batched
+    ``generate`` call (seeded from ``seed``), their tool and user steps run concurrently.
+
+    ``chunk`` caps the rollouts in one lockstep batch; chunks run one after another. Give the
+    sandbox pool's size: each rollout holds one session until it ends, and a rollout waiting for a
+    free session would hold up its whole batch's next turn (with sessions held by that batch).
+    Results are in job order and depend only on the seeds and the batch's composition. Each rollout
+    closes its environment (one that never called holds no sandbox session, so none is left open
+    if a ``make_env`` raises part-way); a rollout that raises leaves the batch and the error is
+    raised once the others have finished.
+    """
+    limits = _Limits(max_turns, max_seq_len, max_new_tokens, temperature)
+    limits.check()
+    size = len(jobs) if chunk is None else max(1, chunk)
+    out: list[Trajectory] = []
+    for c, start in enumerate(range(0, len(jobs), size)):
+        part = jobs[start : start + size]
+        out += await _lockstep_batch(backend, tokenizer, part, limits, seed=derive_seed(seed, "chunk", c))
+    return out
+
+
+async def _lockstep_batch(
+    backend: RolloutBackend, tokenizer: Tokenizer, jobs: Sequence[RolloutJob], limits: _Limits, *, seed: int
+) -> list[Trajectory]:
+    lockstep = _Lockstep(backend, len(jobs), temperature=limits.temperature, seed=seed)
+    episodes: list[Coroutine[Any, Any, Trajectory]] = []
+    for i, job in enumerate(jobs):
+        try:
+            env = job.make_env()
+        except BaseException:
+            for episode in episodes:  # not started: their environments never opened a session
+                episode.close()
+            raise
+        episodes.append(
+            _episode(backend, tokenizer, env, job.sample, limits, seed=job.seed, lockstep=lockstep, index=i)
+        )
+    results = await asyncio.gather(*episodes, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return [r for r in results if isinstance(r, Trajectory)]
+
+
 async def rollout_group(
     backend: RolloutBackend,
     tokenizer: Tokenizer,
@@ -392,29 +593,19 @@ async def rollout_group(
     max_seq_len: int = 8192,
     max_new_tokens: int = 1024,
     temperature: float = 1.0,
+    chunk: int | None = None,
 ) -> list[Trajectory]:
-    """G rollouts of one sample, each in its own environment from ``make_env``, run concurrently.
-
-    Trajectory i uses seed ``derive_seed(seed, "group", i)``; generation is serialised per backend,
-    so the result does not depend on how the rollouts interleave. Each rollout closes its
-    environment (one that never called holds no sandbox session, so none is left open if
-    ``make_env`` raises part-way).
-    """
-    return list(
-        await asyncio.gather(
-            *(
-                rollout(
-                    backend,
-                    tokenizer,
-                    make_env(),
-                    sample,
-                    max_turns=max_turns,
-                    max_seq_len=max_seq_len,
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    seed=derive_seed(seed, "group", i),
-                )
-                for i in range(g)
-            )
-        )
+    """G rollouts of one sample in lockstep batches (``rollout_batch``; ``chunk``: at most this many
+    per batch, the sandbox pool's size); trajectory i has seed ``derive_seed(seed, "group", i)``."""
+    jobs = [RolloutJob(sample, make_env, derive_seed(seed, "group", i)) for i in range(g)]
+    return await rollout_batch(
+        backend,
+        tokenizer,
+        jobs,
+        seed=seed,
+        max_turns=max_turns,
+        max_seq_len=max_seq_len,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        chunk=chunk,
     )
