@@ -275,11 +275,8 @@ class _Rollout:
         tokenizer: Tokenizer,
         env: Environment,
         sample: VerifiedSample,
+        limits: _Limits,
         *,
-        max_turns: int,
-        max_seq_len: int,
-        max_new_tokens: int,
-        temperature: float,
         seed: int,
         lockstep: _Lockstep | None = None,
         index: int = 0,
@@ -290,16 +287,16 @@ class _Rollout:
         self.tok = tokenizer
         self.env = env
         self.sample = sample
-        self.max_turns = max_turns
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
+        self.max_turns = limits.max_turns
+        self.max_new_tokens = limits.max_new_tokens
+        self.temperature = limits.temperature
         self.seed = seed
         self.im_end = im_end_id(tokenizer)
         self.header = generation_header(tokenizer)
         self.suffix = turn_suffix_ids(tokenizer)
         messages = [dict(m) for m in sample.prompt]
         prompt = render(tokenizer, messages, env.tools).input_ids + self.header
-        self.run_ = _Run(messages=messages, prompt_ids=prompt, max_seq_len=max_seq_len)
+        self.run_ = _Run(messages=messages, prompt_ids=prompt, max_seq_len=limits.max_seq_len)
 
     async def run(self) -> _Run:
         state = State.GENERATE if self.run_.room() > 0 else self.run_.done("max_length")
@@ -445,7 +442,11 @@ async def rollout(
     The episode is over afterwards: ``env`` is closed (its sandbox session and pool slot freed),
     whether the rollout finished or raised.
     """
-    limits = _Limits(max_turns, max_seq_len, max_new_tokens, temperature)
+    try:
+        limits = _Limits(max_turns, max_seq_len, max_new_tokens, temperature)
+    except ValueError:
+        await env.close()
+        raise
     return await _episode(backend, tokenizer, env, sample, limits, seed=seed)
 
 
@@ -456,7 +457,7 @@ class _Limits:
     max_new_tokens: int
     temperature: float
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_new_tokens < 1:
             raise ValueError("max_turns and max_new_tokens must be at least 1")
 
@@ -475,19 +476,8 @@ async def _episode(
     """One rollout from start to reward; ``env`` is closed at the end, and a lockstep left, whatever happens."""
     try:
         try:
-            limits.check()
             run = await _Rollout(
-                backend,
-                tokenizer,
-                env,
-                sample,
-                max_turns=limits.max_turns,
-                max_seq_len=limits.max_seq_len,
-                max_new_tokens=limits.max_new_tokens,
-                temperature=limits.temperature,
-                seed=seed,
-                lockstep=lockstep,
-                index=index,
+                backend, tokenizer, env, sample, limits, seed=seed, lockstep=lockstep, index=index
             ).run()
         finally:
             if lockstep is not None:  # done generating (or failed): the batch's next turns go without it
@@ -550,7 +540,6 @@ async def rollout_batch(
     raised once the others have finished.
     """
     limits = _Limits(max_turns, max_seq_len, max_new_tokens, temperature)
-    limits.check()
     size = len(jobs) if chunk is None else max(1, chunk)
     out: list[Trajectory] = []
     for c, start in enumerate(range(0, len(jobs), size)):
