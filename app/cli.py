@@ -170,6 +170,18 @@ def topics_list(
 # --- workers ------------------------------------------------------------
 
 
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        min=0,
+        max=65535,
+        help="Serve Prometheus /metrics on this port (0: off; default ARENA_METRICS__PORT).",
+    ),
+]
+"""The ``--metrics-port`` option of `arena worker` and `arena train`."""
+
+
 @app.command("worker")
 def worker_cmd(
     stage: Annotated[
@@ -187,15 +199,7 @@ def worker_cmd(
             min=1, max=64, help="Processes per stage in its consumer group; they share its partitions."
         ),
     ] = 1,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            min=0,
-            max=65535,
-            help="Serve Prometheus /metrics on this port (0: off; default ARENA_METRICS__PORT).",
-        ),
-    ] = None,
+    metrics_port: MetricsPort = None,
 ) -> None:
     """Run stage workers (Faust, exactly-once) until stopped or drained."""
     from app.metrics_http import MetricsPortError, with_metrics_port
@@ -240,15 +244,7 @@ def train_cmd(
         bool, typer.Option("--resume", help="Fail unless the run has a checkpoint (it always resumes one).")
     ] = False,
     run: Annotated[str | None, typer.Option(help="Run name (default: ARENA_TRAIN__RUN).")] = None,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            min=0,
-            max=65535,
-            help="Serve Prometheus /metrics on this port (0: off; default ARENA_METRICS__PORT).",
-        ),
-    ] = None,
+    metrics_port: MetricsPort = None,
     preset: Annotated[
         str | None,
         typer.Option(
