@@ -1,0 +1,1 @@
+"""Public benchmarks: evaluate any OpenAI-compatible endpoint on tau2-bench and BFCL."""
