@@ -19,8 +19,10 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from app.cli_bench import decontam_app
 from app.cli_catalog import eigen_app, env_app, export_app, lake_app
 from app.cli_common import UserError, broker, console, err, ready_broker, settings
+from app.cli_domain import domain_app
 from app.cli_llm import llm_app
 from app.cli_ops import dlq_app, trace
 from app.cli_publish import publish_app
@@ -45,6 +47,8 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(llm_app, name="llm")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(reward_app, name="reward")
+app.add_typer(decontam_app, name="decontam")
+app.add_typer(domain_app, name="domain")
 app.command("trace")(trace)
 
 # --- stack --------------------------------------------------------------
@@ -317,14 +321,55 @@ def eval_cmd(
         int | None, typer.Option(min=1, help="Evaluate only the first N held-out packages and N instances.")
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Base seed of the trials and the bootstrap.")] = 0,
+    bench: Annotated[
+        str | None,
+        typer.Option(
+            help="A public benchmark instead of the held-out packages: 'bfcl' or 'tau2' (needs an "
+            "endpoint --model; --limit: items per category/domain)."
+        ),
+    ] = None,
+    domain: Annotated[
+        str | None, typer.Option(help="--bench tau2: the domain (airline, retail, telecom).")
+    ] = None,
+    category: Annotated[
+        str | None,
+        typer.Option(help="--bench bfcl: categories, comma-separated (default simple,multiple,parallel)."),
+    ] = None,
 ) -> None:
-    """pass^k and pass@k of a policy on the held-out qa packages and interactive instances, per domain."""
+    """pass^k and pass@k of a policy on the held-out qa packages and interactive instances, per domain.
+
+    With --bench, pass^k and pass@k of a served model per BFCL category or tau2 domain, scored by the
+    benchmark's own checker, with a do-nothing agent's score beside each.
+    """
     import tempfile
 
     from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
     from trainer.evaluate import report_table, run_eval
 
     cfg = settings()
+    if bench is not None:
+        from app.cli_bench import check_bench_options, print_bench, run_bench
+
+        url = check_bench_options(bench, model, domain, category)
+        n = trials if trials is not None else k
+        if n < k:
+            raise UserError(f"--trials {n} < --k {k} (fix: pass^k needs at least k trials per item)")
+        found = run_bench(
+            cfg,
+            bench,
+            url,
+            domain=domain,
+            category=category,
+            k=k,
+            trials=n,
+            limit=limit,
+            concurrency=concurrency,
+            seed=seed,
+        )
+        print_bench(found, as_json)
+        return
+    if domain is not None or category is not None:
+        raise UserError("--domain and --category go with --bench (fix: --bench tau2 or --bench bfcl)")
     if user not in ("gateway", "policy"):
         raise UserError(f"--user {user!r}: use 'gateway' or 'policy'")
     n = trials if trials is not None else k

@@ -20,7 +20,8 @@ lake_app = typer.Typer(no_args_is_help=True, help="Query and list the artifact l
 export_app = typer.Typer(no_args_is_help=True, help="Export training data from the lake.")
 env_app = typer.Typer(no_args_is_help=True, help="Inspect and re-verify environment packages.")
 eigen_app = typer.Typer(
-    no_args_is_help=True, help="EigenData self-evolution in the catalog: prompt sets, versions, critiques."
+    no_args_is_help=True,
+    help="EigenData self-evolution in the catalog: prompt sets, versions, critiques, evolution curves.",
 )
 
 PHASES = {1: "1 new", 2: "2 pilot", 3: "3 generating"}
@@ -106,11 +107,159 @@ def eigen_critiques(
         critique = row.critique_dict()
         scores = ", ".join(f"{k}={float(v):.2f}" for k, v in (critique.get("scores") or {}).items())
         applied = ", ".join(
-            f"{a['name']}={a.get('value')}" if "name" in a else f"{a.get('worker')}: {a.get('kind')}"
+            (f"{a['name']}={a.get('value')}" if "name" in a else f"{a.get('worker')}: {a.get('kind')}")
+            + (" (skipped: frozen)" if a.get("skipped") else "")
             for a in row.applied_list()
         )
         table.add_row(str(row.iteration), scores, "; ".join(critique.get("findings") or [])[:200], applied)
     console.print(table)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+CURVE_METRICS = (
+    ("infeasibility", "infeas.", "infeasibility"),
+    ("tool_call_validity", "validity", "validity"),
+    ("quality", "quality", "task quality"),
+    ("dialogue_first_pass_rate", "1st pass", "first dialogues passed"),
+    ("dialogue_pass_rate", "passed", "dialogues passed"),
+    ("dialogue_quality", "dlg qual.", "dialogue quality"),
+    ("verified_share", "verified", "verified share"),
+)
+"""The evolution-log metrics ``arena eigen curve`` shows: (PilotMetrics key, column title, curve label)."""
+WORKER_ABBREV = {
+    "RandomPool": "RP",
+    "UserIntent": "UI",
+    "TaskValidation": "TV",
+    "DialogSynthesis": "DS",
+    "TrajectoryValidation": "TrV",
+    "Modify": "Mod",
+    "VerificationFunction": "VF",
+}
+
+
+def sparkline(values: list[float | None], low: float = 0.0, high: float = 1.0) -> str:
+    """One character per value, ▁ (``low``) to █ (``high``); a space where there is no value."""
+    span = (high - low) or 1.0
+    out = []
+    for value in values:
+        if value is None:
+            out.append(" ")
+            continue
+        level = round((min(max(value, low), high) - low) / span * (len(SPARKS) - 1))
+        out.append(SPARKS[level])
+    return "".join(out)
+
+
+def _changed_prompts(rows: list[Any]) -> list[list[str]]:
+    """Per logged iteration: the worker roles whose prompt version differs from the iteration before."""
+    changed: list[list[str]] = []
+    before: dict[str, str] | None = None
+    last_run = None
+    for row in rows:
+        now = row.prompt_versions_dict()
+        if before is None or row.run != last_run:
+            changed.append([])
+        else:
+            changed.append(sorted(r for r in now if before.get(r) != now[r]))
+        before, last_run = now, row.run
+    return changed
+
+
+@eigen_app.command("curve")
+def eigen_curve(
+    set_id: Annotated[str, typer.Argument(help="Prompt set id.")],
+    run: Annotated[int | None, typer.Option("--run", help="Only this pilot run (default: all).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the log as JSON lines.")] = False,
+    prompts: Annotated[
+        bool, typer.Option("--prompts", help="Also print the lines each changed prompt gained or lost.")
+    ] = False,
+) -> None:
+    """The evolution log of a set: per pilot iteration, the workers run, the prompts changed, the metrics."""
+    store = _eigen_store(settings())
+    _known_set(store, set_id)
+    rows = store.iterations(set_id, run)
+    if not rows:
+        raise UserError(
+            f"prompt set {set_id!r} has no logged pilot iterations"
+            + (f" in run {run}" if run is not None else "")
+            + " (fix: pilot it, e.g. `arena publish domain`, then list runs with `arena eigen curve SET_ID`)"
+        )
+    changed = _changed_prompts(rows)
+    if as_json:
+        for row, roles in zip(rows, changed, strict=True):
+            print(
+                json.dumps(
+                    {
+                        "run": row.run,
+                        "iteration": row.iteration,
+                        "version": row.version,
+                        "workers": row.workers_list(),
+                        "frozen": row.frozen_list(),
+                        "prompt_versions": row.prompt_versions_dict(),
+                        "prompts_changed": roles,
+                        "calls": row.calls_dict(),
+                        "metrics": row.metrics_dict(),
+                    }
+                )
+            )
+        return
+    table = Table(
+        "run",
+        "iter",
+        "ver",
+        "workers run",
+        "prompts changed",
+        *(title for _, title, _ in CURVE_METRICS),
+        title=set_id,
+    )
+    for row, roles in zip(rows, changed, strict=True):
+        metrics = row.metrics_dict()
+        frozen = set(row.frozen_list())
+        workers = " ".join(WORKER_ABBREV.get(w, w) + ("*" if w in frozen else "") for w in row.workers_list())
+        cells = [f"{metrics[k]:.2f}" if k in metrics else "-" for k, _, _ in CURVE_METRICS]
+        shown = ", ".join(r.removeprefix("eigen_") for r in roles)
+        table.add_row(str(row.run), str(row.iteration), str(row.version), workers, shown, *cells)
+    console.print(table)
+    console.print(
+        "workers: " + ", ".join(f"{a} {w}" for w, a in WORKER_ABBREV.items()) + "; * prompts frozen"
+    )
+    for run_no in sorted({r.run for r in rows}):
+        series = [r.metrics_dict() for r in rows if r.run == run_no]
+        lines = [
+            f"  {label:<22} {sparkline([m.get(key) for m in series])}  "
+            + " ".join("-" if m.get(key) is None else f"{m[key]:.2f}" for m in series)
+            for key, _, label in CURVE_METRICS
+            if any(key in m for m in series)
+        ]
+        console.print(f"run {run_no} ({len(series)} iterations):\n" + "\n".join(lines))
+    if prompts:
+        _print_prompt_changes(settings(), rows, changed)
+
+
+def _print_prompt_changes(cfg: ArenaSettings, rows: list[Any], changed: list[list[str]]) -> None:
+    """Per iteration and changed worker role: the prompt lines added (+) and removed (-)."""
+    from lake.catalog import Catalog
+
+    ids = {v for row in rows for v in row.prompt_versions_dict().values()}
+    catalog = Catalog(cfg.catalog)
+    try:
+        texts = {k: v.text for k, v in catalog.prompt_versions_by_id(sorted(ids)).items()}
+    finally:
+        catalog.dispose()
+    for n, (row, roles) in enumerate(zip(rows, changed, strict=True)):
+        for role in roles:
+            before = rows[n - 1].prompt_versions_dict().get(role, "")
+            now = row.prompt_versions_dict()[role]
+            old, new = texts.get(before, "").splitlines(), texts.get(now, "").splitlines()
+            diff = [f"  + {line}" for line in new if line not in old] + [
+                f"  - {line}" for line in old if line not in new
+            ]
+            console.print(
+                f"run {row.run} iteration {row.iteration}: {role} {before} -> {now}",
+                markup=False,
+                soft_wrap=True,
+            )
+            console.print("\n".join(diff) or "  (same lines, reordered)", markup=False, soft_wrap=True)
 
 
 # --- export -------------------------------------------------------------

@@ -1,9 +1,10 @@
 """`arena demo`: the main job on the embedded default.
 
 Publishes the bundled sample tool docs (good servers, servers the gates
-reject, malformed files), one QA seed per built-in knowledge base and the
-built-in customer-service domain pack (EigenData phases 1-2 run here, phase 3
-seeds go to ``eigen.seeds``), runs every stage of the three tracks until
+reject, malformed files), one QA seed per built-in knowledge base and every
+built-in domain pack with synthesis declarations -- a retail order desk, a
+dual-control phone desk, a bank desk full of refusals (EigenData phases 1-2 run
+here, phase 3 seeds go to ``eigen.seeds``), runs every stage of the three tracks until
 drained, then prints what landed where and how to look at it.
 """
 
@@ -38,6 +39,7 @@ from producers.publish import publish
 from producers.publish_domain import publish_domain, resolve_pack
 from producers.publish_qa import publish_seeds
 from producers.publish_tools import outgoing, publish_tool_docs
+from streams.eigen.packs import builtin_packs
 
 EXAMPLE_QUERIES = (
     "select domain, count(*) as servers from tools_servers group by 1 order by 2 desc",
@@ -53,6 +55,7 @@ EXAMPLE_QUERIES = (
 
 MCP_PACKAGE = "arena.samples.mcp"
 DEMO_DOMAIN = "customer_service"
+"""The pack benchmarks publish alone; the demo publishes every one of ``demo_domains()``."""
 
 SIDE_TOPICS = [spec.name for spec in TOPICS.values() if spec.side_of is not None]
 
@@ -230,18 +233,24 @@ def run_demo(
     return 0
 
 
+def demo_domains() -> list[str]:
+    """The bundled domain packs the demo seeds: every one that declares its synthesis."""
+    return [name for name in builtin_packs() if resolve_pack(name).synthesis is not None]
+
+
 def _publish_domain(settings: ArenaSettings, bootstrap: str, console: Console) -> None:
-    """The built-in domain pack: EigenData phases 1-2 here, phase 3 seeds to ``eigen.seeds``."""
-    publication = asyncio.run(publish_domain(settings, bootstrap, resolve_pack(DEMO_DOMAIN)))
-    piloted = ", ".join(
-        f"{s.set_id} {'converged' if s.converged else 'not converged'} in {s.iterations}"
-        for s in publication.sets
-    )
-    console.print(
-        f"published domain pack {publication.domain!r}: {len(publication.sets)} prompt sets piloted "
-        f"({piloted} iterations; {publication.pilot_records} records to eigen.pilot.metrics), "
-        f"{publication.seeds} seeds to eigen.seeds"
-    )
+    """Every bundled domain pack: EigenData phases 1-2 here, phase 3 seeds to ``eigen.seeds``."""
+    for name in demo_domains():
+        publication = asyncio.run(publish_domain(settings, bootstrap, resolve_pack(name)))
+        piloted = ", ".join(
+            f"{s.set_id} {'converged' if s.converged else 'not converged'} in {s.iterations}"
+            for s in publication.sets
+        )
+        console.print(
+            f"published domain pack {publication.domain!r}: {len(publication.sets)} prompt sets piloted "
+            f"({piloted} iterations; {publication.pilot_records} records to eigen.pilot.metrics), "
+            f"{publication.seeds} seeds to eigen.seeds"
+        )
 
 
 def summarise(settings: ArenaSettings, console: Console) -> None:

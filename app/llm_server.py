@@ -9,10 +9,13 @@ role, requests in flight: now, most, and the time-weighted mean).
 
 The ``rules`` simulator needs a role's typed input, not a prompt. Arena's client names the role in
 ``response_format.json_schema.name`` and renders the input as JSON inside the role's template, so
-the server recovers both (``arena.llm.roles.registry``, ``Role.inputs_from``). Anything else sent
-to the rules model is answered 400 with what is missing. Other backends (``hf://``) answer any chat
-request from its messages. When a request offers ``tools`` and the answer carries ``tool_calls``
-(the agent roles), they come back as OpenAI ``tool_calls`` too.
+the server recovers both (``arena.llm.roles.registry``, ``Role.inputs_from``). A request to the
+rules model that names no role but offers ``tools`` (any OpenAI client's tool-calling chat: BFCL,
+tau2, an application) is answered by the ``agent_policy`` role, the lexical agent that reads only
+the messages and tool schemas. Anything else sent to the rules model is answered 400 with what is
+missing. Other backends (``hf://``) answer any chat request from its messages. When a request
+offers ``tools`` and the answer carries ``tool_calls`` (the agent roles), they come back as OpenAI
+``tool_calls`` too.
 
 Agent roles (``Role.agent``) are sent natively: the conversation as chat messages and ``tools``.
 Arena's client names the role in the ``X-Arena-Role`` header and the server recovers the typed
@@ -46,6 +49,7 @@ from arena.llm.budget import prompt_tokens
 from arena.llm.core import Backend, Completion, CompletionRequest, Role, Sampling, ToolCall, Undecidable
 from arena.llm.gateway import FEEDBACK_PREFIX
 from arena.llm.replies import as_text
+from arena.llm.roles.agent import AGENT_POLICY
 from arena.llm.roles.registry import ROLES
 
 ReplyStyle = Literal["plain", "real", "reasoning"]
@@ -138,17 +142,28 @@ def _json_schema(body: dict[str, Any]) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
+def _offers_tools(body: dict[str, Any]) -> bool:
+    """Whether ``body`` is a tool-calling chat: a non-empty ``tools`` list of function tools."""
+    tools = body.get("tools")
+    return isinstance(tools, list) and bool(tools) and all(isinstance(t, dict) for t in tools)
+
+
 def _role_of(body: dict[str, Any], needs_role: bool, named: str | None = None) -> Role[Any, Any]:
     if named in ROLES:
         return ROLES[named]
     name = _json_schema(body).get("name")
     if isinstance(name, str) and name in ROLES:
         return ROLES[name]
+    if needs_role and _offers_tools(body) and not name:
+        # Any OpenAI client's tool-calling chat (BFCL, tau2, an app): the lexical agent reads exactly
+        # the messages and tool schemas, so it needs no Arena role to answer one.
+        return AGENT_POLICY
     if needs_role:
         got = f"role {name!r} is unknown" if name else "no role named in response_format.json_schema.name"
         raise RequestError(
-            f"this model answers Arena's roles only ({got}); send requests through Arena's openai:// "
-            "client, or serve a model that reads chat messages (arena llm serve --llm hf:///path)"
+            f"this model answers Arena's roles, or a chat that offers tools, only ({got}, and no 'tools'); "
+            "send requests through Arena's openai:// client or offer tools, or serve a model that reads "
+            "chat messages (arena llm serve --llm hf:///path)"
         )
     return CHAT
 

@@ -199,6 +199,48 @@ class EigenSettings(Section):
     ]
 
 
+class UserSimSettings(Section):
+    """The simulated user's behaviours (EigenData §4.2), as rates; env vars ``ARENA_USER_SIM__<FIELD>``.
+
+    They apply wherever the simulated user plays: dialogue synthesis, interactive RL rollouts and
+    evaluation. Each draw is seeded (``seed``, the scenario, the request or tool), so a dialogue
+    replays identically. All 0 (the default): the user states every detail, never changes its
+    mind and enters every value right -- the behaviour accepted dialogues were measured with.
+    """
+
+    incomplete_info: Annotated[
+        float,
+        Field(
+            default=0.0,
+            ge=0,
+            le=1,
+            description="Chance that a request (and the opening's email) is stated without its identifiers "
+            "(ids, emails); the user gives them when the agent asks.",
+        ),
+    ]
+    goal_change: Annotated[
+        float,
+        Field(
+            default=0.0,
+            ge=0,
+            le=1,
+            description="Chance that a request is first stated with one number different, then changed on "
+            "the user's next reply ('Sorry, I changed my mind: ...').",
+        ),
+    ]
+    mistakes: Annotated[
+        float,
+        Field(
+            default=0.0,
+            ge=0,
+            le=1,
+            description="Chance that the user's first try of an in-app action mistypes a digit of a value "
+            "it enters; it reports the app's error and enters the right value when asked again.",
+        ),
+    ]
+    seed: Annotated[int, Field(default=0, ge=0, description="Seed of the behaviour draws.")]
+
+
 class SftSettings(Section):
     """Knobs of the SFT track (ASTRA §2.1); env vars ``ARENA_SFT__<FIELD>``."""
 
@@ -607,6 +649,13 @@ class ArenaSettings(BaseSettings):
     ]
     train: Annotated[
         TrainSettings, Field(default_factory=TrainSettings, description="Training-service knobs.")
+    ]
+    user_sim: Annotated[
+        UserSimSettings,
+        Field(
+            default_factory=UserSimSettings,
+            description="Simulated-user behaviour rates (synthesis, RL rollouts, evaluation).",
+        ),
     ]
     sandbox: Annotated[
         SandboxSettings,

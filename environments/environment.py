@@ -62,10 +62,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from arena.llm.core import Sampling
 from arena.llm.gateway import Gateway
-from arena.llm.roles.user_sim import DialogueMessage, UserSignal
+from arena.llm.roles.user_sim import DialogueMessage, UserAction, UserActionResult, UserBehaviour, UserSignal
 from arena.records.eigen import CallRecord
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
+from environments.render import ToolCall
 from environments.rewards import RewardMode, ToolResult, f1_reward, reward_value
 from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
 from sandbox.env_runtime import EnvSession, Runner, load_package, output_text
@@ -342,6 +343,30 @@ class InteractiveSpec(BaseModel):
         description="OpenAI specs of tools only the user can call (dual control), implemented in code.",
     )
     max_user_turns: Annotated[int, Field(ge=1, le=64, description="Most user replies per dialogue.")] = 16
+    known_info: dict[str, Any] = Field(
+        default_factory=dict, description="What the simulated user knows (identity, ids, codes), as facts."
+    )
+    persona: str = Field(default="", description="Who the simulated user is and how they write.")
+    user_plan: list[UserAction] = Field(
+        default_factory=list,
+        description="The user's own in-app actions with the values it would enter; empty: the user-actor "
+        "calls of the instance's reference_calls, when it has them.",
+    )
+
+    def planned_actions(self) -> list[UserAction]:
+        """``user_plan``, else the user's calls among the reference calls (an ``build_instance`` extra)."""
+        if self.user_plan:
+            return list(self.user_plan)
+        reference = (self.model_extra or {}).get("reference_calls") or []
+        return [
+            UserAction(name=str(c["name"]), arguments=dict(c.get("arguments") or {}))
+            for c in reference
+            if isinstance(c, dict) and c.get("actor") == "user" and c.get("name")
+        ]
+
+
+MAX_USER_STEPS = 3
+"""Asks of the user simulator per reply: acting (user-tool calls, no message), then reporting."""
 
 
 class Verdict(BaseModel):
@@ -435,9 +460,11 @@ class InteractiveEnvironment:
         sampling: Sampling | None = None,
         timeout_s: float | None = None,
         max_output_chars: int = MAX_OUTPUT_CHARS,
+        behaviour: UserBehaviour | None = None,
     ) -> None:
         """``user``: the user simulator; a ``Gateway`` means its ``user_simulator`` role (with
-        ``sampling``), as before simulators were pluggable."""
+        ``sampling``), as before simulators were pluggable. ``behaviour``: the simulated user's
+        behaviour rates (``[user_sim]`` settings; default all off)."""
         if sample.kind != "interactive":
             raise ValueError(f"InteractiveEnvironment needs an interactive sample, got {sample.kind!r}")
         self.sample = sample
@@ -465,6 +492,9 @@ class InteractiveEnvironment:
         ]
         """The dialogue as the user saw it: messages, and the user tools run with each user turn."""
         self.user_replies = 0
+        self.behaviour = behaviour or UserBehaviour()
+        self.user_actions: list[UserActionResult] = []
+        """The user's tool calls and what each returned (the simulator reports them)."""
         self.signal: UserSignal | None = None
         """The user's last control signal (None until the user has replied)."""
 
@@ -574,6 +604,11 @@ class InteractiveEnvironment:
             goal_actions=self.spec.goal_actions,
             completed_actions=self.completed_actions,
             user_tools=self.spec.user_tools,
+            known_info=self.spec.known_info,
+            persona=self.spec.persona,
+            planned_actions=self.spec.planned_actions(),
+            own_actions=self.user_actions,
+            behaviour=self.behaviour,
             turns=self.view,
             turn=self.user_replies,
             max_turns=self.spec.max_user_turns,
@@ -583,8 +618,11 @@ class InteractiveEnvironment:
         """Ask the user simulator; its user-tool calls run first; a control signal ends the dialogue.
 
         The user's tool calls run even on the turn that ends the dialogue (a user body lists the
-        tools it ran before its message and marker). A user out of replies (``max_user_turns``)
-        stops without being asked, whatever simulator it is.
+        tools it ran before its message and marker). A simulator that returns calls with no
+        message is asked again with their outputs (``UserContext.own_actions``), at most
+        ``MAX_USER_STEPS`` times per reply, so it can report what it saw: the same exchange as the
+        EigenData dialogue loop's. A reply that still has no message stops the dialogue. A user
+        out of replies (``max_user_turns``) stops without being asked, whatever simulator it is.
         """
         if self.signal not in (None, "continue"):
             return None
@@ -592,15 +630,36 @@ class InteractiveEnvironment:
         if self.user_replies >= self.spec.max_user_turns:
             self.signal = "stop"
             return None
-        turn = await self.user.reply(self.user_context())
-        for action in turn.actions:
-            await self._execute(action.name, dict(action.arguments), "user")
-        self.signal = turn.signal
-        if turn.signal != "continue":
+        actions: list[ToolCall] = []
+        for _ in range(MAX_USER_STEPS):
+            turn = await self.user.reply(self.user_context())
+            for action in turn.actions:
+                await self._user_action(action)
+            actions.extend(turn.actions)
+            if turn.signal != "continue" or turn.message.strip() or not turn.actions:
+                break
+        self.signal = turn.signal if turn.message.strip() or turn.signal != "continue" else "stop"
+        if self.signal != "continue":
             return None
         self.user_replies += 1
-        self.view.append(ViewTurn(role="user", text=turn.message, actions=turn.actions))
+        self.view.append(ViewTurn(role="user", text=turn.message, actions=actions))
         return turn.message
+
+    async def _user_action(self, action: ToolCall) -> None:
+        """Run one user-tool call; the user sees its output (or error) on its next ask."""
+        observation = await self._execute(action.name, dict(action.arguments), "user")
+        output: Any = observation.text
+        with contextlib.suppress(ValueError):
+            output = json.loads(observation.text)
+        self.user_actions.append(
+            UserActionResult(
+                name=action.name,
+                arguments=dict(action.arguments),
+                ok=observation.ok,
+                output=output,
+                turn=self.user_replies,
+            )
+        )
 
     async def verdict(self) -> Verdict | str:
         """Run ``verify`` on (initial state, current state, calls); an error text when it cannot.
@@ -649,6 +708,7 @@ def environment_for(
     mode: RewardMode = "f1",
     sampling: Sampling | None = None,
     timeout_s: float | None = None,
+    behaviour: UserBehaviour | None = None,
 ) -> QaEnvironment | InteractiveEnvironment:
     """A fresh environment instance for ``sample`` (qa: needs its package; interactive: a user
     simulator, or a gateway whose ``user_simulator`` role plays the user; ``user`` wins)."""
@@ -661,4 +721,6 @@ def environment_for(
         raise ValueError(
             f"interactive sample {sample.sample_id} needs a user simulator (or an LLM gateway) for its user"
         )
-    return InteractiveEnvironment(sample, runner, simulator, sampling=sampling, timeout_s=timeout_s)
+    return InteractiveEnvironment(
+        sample, runner, simulator, sampling=sampling, timeout_s=timeout_s, behaviour=behaviour
+    )

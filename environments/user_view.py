@@ -27,7 +27,14 @@ from pydantic import BaseModel, Field
 
 from arena.llm.core import InvalidOutput, Sampling
 from arena.llm.gateway import Gateway
-from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInput
+from arena.llm.roles.user_sim import (
+    USER_SIMULATOR,
+    DialogueMessage,
+    UserAction,
+    UserActionResult,
+    UserBehaviour,
+    UserSimInput,
+)
 from environments.render import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, parse_assistant
 
 Signal = Literal["continue", "stop", "transfer", "out_of_scope"]
@@ -151,11 +158,21 @@ class UserContext(BaseModel):
     turns: Annotated[
         list[ViewTurn], Field(description="The visible dialogue so far; the last turn is the agent's.")
     ]
+    known_info: dict[str, Any] = Field(default_factory=dict, description="What the user knows.")
+    persona: str = Field(default="", description="Who the user is and how they write.")
+    planned_actions: list[UserAction] = Field(
+        default_factory=list, description="In-app actions the user expects to take, with their values."
+    )
+    own_actions: list[UserActionResult] = Field(
+        default_factory=list,
+        description="The user's tool calls so far with their outputs (this turn's: just run, to report).",
+    )
+    behaviour: UserBehaviour = Field(default_factory=UserBehaviour, description="Behaviour rates.")
     turn: Annotated[int, Field(ge=0, description="User replies given so far (the opening excluded).")]
     max_turns: Annotated[int, Field(ge=1, description="Most user replies before the user gives up.")] = 16
 
     def sim_input(self) -> UserSimInput:
-        """The gateway role's input (it sees messages only, not the user's past tool calls)."""
+        """The gateway role's input: the messages, and its own tool calls with their outputs."""
         return UserSimInput(
             instructions=self.instructions,
             requirements=self.requirements,
@@ -163,6 +180,11 @@ class UserContext(BaseModel):
             completed_actions=self.completed_actions,
             dialogue=[DialogueMessage(role=t.role, content=t.text) for t in self.turns],
             user_tools=self.user_tools,
+            known_info=self.known_info,
+            persona=self.persona,
+            planned_actions=self.planned_actions,
+            own_actions=self.own_actions,
+            behaviour=self.behaviour,
             turn=self.turn,
             max_turns=self.max_turns,
         )

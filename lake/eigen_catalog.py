@@ -7,6 +7,10 @@
 - ``eigen_param_versions``: every version of a set's parameters and prompts (version 1 from
   phase 1, one more per applied critique), with the iteration and the reason.
 - ``eigen_critiques``: the Judge's critique of each pilot iteration and the updates applied.
+- ``eigen_pilot_iterations``: the evolution log, one row per pilot iteration of a set (per pilot
+  run: a set re-piloted after drift gets a new run): the parameter version it ran with, the
+  workers the plan ran and those whose prompts were frozen, the prompt version of every worker
+  role, the calls made per role and the iteration's metrics (``PilotMetrics.metrics``).
 - ``eigen_packs``: every published domain pack (its JSON, keyed by content hash); stages load the
   pack a work item names from here, so a pack edited after publishing never mixes into old items.
 - ``eigen_audits``: phase-3 audit entries, one per (set, stage, item): the per-item figures the
@@ -106,6 +110,41 @@ class CritiqueRow(SQLModel, table=True):
         return list(json.loads(self.applied or "[]"))
 
 
+class PilotIterationRow(SQLModel, table=True):
+    """One pilot iteration of a set: what ran, with which prompts, and what it measured."""
+
+    __tablename__ = "eigen_pilot_iterations"
+    __table_args__ = (UniqueConstraint("set_id", "run", "iteration", name="uq_eigen_pilot_iteration"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    set_id: str = Field(index=True)
+    run: int = Field(description="Pilot run of the set (1 for phase 2, more after drift re-pilots).")
+    iteration: int
+    version: int = Field(description="Parameter version of the set the batch ran with.")
+    workers: str = Field(default="[]", sa_type=Text, description="Workers the plan ran, in order (JSON).")
+    frozen: str = Field(default="[]", sa_type=Text, description="Planned workers whose prompts were frozen.")
+    prompt_versions: str = Field(default="{}", sa_type=Text, description="Worker role -> prompt version id.")
+    calls: str = Field(default="{}", sa_type=Text, description="Worker role -> gateway calls made.")
+    metrics: str = Field(default="{}", sa_type=Text, description="The iteration's PilotMetrics.metrics.")
+    rationale: str = Field(default="", sa_type=Text, description="The Planner's rationale for the plan.")
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+
+    def workers_list(self) -> list[str]:
+        return [str(w) for w in json.loads(self.workers or "[]")]
+
+    def frozen_list(self) -> list[str]:
+        return [str(w) for w in json.loads(self.frozen or "[]")]
+
+    def prompt_versions_dict(self) -> dict[str, str]:
+        return {str(k): str(v) for k, v in json.loads(self.prompt_versions or "{}").items()}
+
+    def calls_dict(self) -> dict[str, int]:
+        return {str(k): int(v) for k, v in json.loads(self.calls or "{}").items()}
+
+    def metrics_dict(self) -> dict[str, float]:
+        return {str(k): float(v) for k, v in json.loads(self.metrics or "{}").items()}
+
+
 class PackRow(SQLModel, table=True):
     """One published domain pack."""
 
@@ -152,6 +191,7 @@ _TABLES = [
     PromptSetRow.__table__,  # type: ignore[attr-defined]
     ParamVersionRow.__table__,  # type: ignore[attr-defined]
     CritiqueRow.__table__,  # type: ignore[attr-defined]
+    PilotIterationRow.__table__,  # type: ignore[attr-defined]
     PackRow.__table__,  # type: ignore[attr-defined]
     AuditRow.__table__,  # type: ignore[attr-defined]
     InstanceRow.__table__,  # type: ignore[attr-defined]
@@ -302,6 +342,57 @@ class EigenCatalog:
         stmt = select(CritiqueRow).order_by(col(CritiqueRow.set_id), col(CritiqueRow.iteration))
         if set_id is not None:
             stmt = stmt.where(CritiqueRow.set_id == set_id)
+        with self._session() as session:
+            return list(session.exec(stmt).all())
+
+    # Evolution log -------------------------------------------------------
+    def next_pilot_run(self, set_id: str) -> int:
+        """The number of the set's next pilot run (1 + the last one logged)."""
+        stmt = select(PilotIterationRow.run).where(PilotIterationRow.set_id == set_id)
+        with self._session() as session:
+            runs = list(session.exec(stmt).all())
+        return max(runs, default=0) + 1
+
+    def record_iteration(
+        self,
+        set_id: str,
+        *,
+        run: int,
+        iteration: int,
+        version: int,
+        workers: list[str],
+        frozen: list[str],
+        prompt_versions: dict[str, str],
+        metrics: dict[str, float],
+        calls: dict[str, int] | None = None,
+        rationale: str = "",
+    ) -> bool:
+        """Log one pilot iteration; False when that (run, iteration) was logged already (a replay)."""
+        row = {
+            "set_id": set_id,
+            "run": run,
+            "iteration": iteration,
+            "version": version,
+            "workers": _json(workers),
+            "frozen": _json(frozen),
+            "prompt_versions": _json(prompt_versions),
+            "calls": _json(calls or {}),
+            "metrics": _json(metrics),
+            "rationale": rationale,
+            "created_at": _now(),
+        }
+        table = PilotIterationRow.__table__  # type: ignore[attr-defined]
+        return insert_ignore(self.engine, table, [row], ["set_id", "run", "iteration"]) == 1
+
+    def iterations(self, set_id: str, run: int | None = None) -> list[PilotIterationRow]:
+        """The set's evolution log, by run then iteration (one run only when ``run`` is given)."""
+        stmt = (
+            select(PilotIterationRow)
+            .where(PilotIterationRow.set_id == set_id)
+            .order_by(col(PilotIterationRow.run), col(PilotIterationRow.iteration))
+        )
+        if run is not None:
+            stmt = stmt.where(PilotIterationRow.run == run)
         with self._session() as session:
             return list(session.exec(stmt).all())
 

@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 # verl in a second virtualenv: tests/test_verl_parity.py compares the GRPO math with verl's core_algos.
 bash scripts/install_verl.sh
+# bfcl-eval in a third: `arena eval --bench bfcl` runs its checkers there (tests/test_bfcl.py).
+bash scripts/install_bfcl.sh
+# tau2-bench in a fourth: tests/test_tau2.py imports its domains, gold replay vs tau2's own evaluator.
+bash scripts/install_tau2.sh
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   echo "installing Debian's PostgreSQL server for the catalog tests"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

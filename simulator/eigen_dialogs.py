@@ -1,32 +1,36 @@
 """Rules TrajectoryAgent and TrajectoryValidation (EigenData §4.2 DialogSynthesis / validation).
 
-``eigen_trajectory_agent`` is a deliberate, policy-following order-desk agent for domains with the
-customer-service tools (``find_user_by_email``, ``get_order_details``, ...; others get
-``Undecidable``). It re-derives everything from its input each step -- the requests in the user
-messages, the facts in its tool results, the customer's in-app actions -- and does the first thing
-still missing, in this order:
+``eigen_trajectory_agent`` is a deliberate, policy-following agent for any pack that declares
+its synthesis (``TrajectoryAgentInput.synthesis``, else the bundled pack with the same agent
+tools; neither: ``Undecidable``). It stands in for an LLM: it reads the pack's declarations (how
+customers are found, the entities, what each user tool is for, the task templates) and uses the
+pack's policy rules as its understanding of the policy, but it states only facts from tool
+outputs, app events and user messages. It re-derives everything from its input each step and does
+the first thing still missing, in this order:
 
-1. identify: ``find_user_by_email`` with the email the user gave, then ``get_user_details``;
-2. read before write: ``get_order_details`` for every order a request names (an order named by a
-   product is found with ``list_user_orders`` + ``get_order_details``);
-3. decide each request from what it read and the policy: allowed, refused (with the rule's
-   reason: status, return window, address-change limit, credit cap, wrong account) or transfer
-   (a refund above 500 USD: ``transfer_to_human``);
-4. for allowed requests: ``send_verification_code``, ask the user to confirm the code (and to
-   upload damage photos before a refund) in the app, propose the writes ("Shall I proceed with:
-   ...?") and run each one only once the user's last message said yes to that very proposal and
-   the identity (and damage report) is confirmed;
-5. report what the writes returned (ids and amounts from their outputs), refusals once, and ask
-   whether there is anything else.
+1. identify: the declared lookup tool with the value the user gave (an email, say), then the
+   details tool;
+2. understand: each user sentence that reads back as one of the task templates' requirements is a
+   request (the template's placeholders give its arguments);
+3. read before write: the entity a request names, with its read tool (and the records it refers
+   to); then fill the template's calls from what it read and what the user said;
+4. decide each request under the policy: a missing or foreign entity is refused; the policy rules
+   run on what it read (a rule that needs data it has not seen stays silent) and a broken rule
+   refuses the request, citing the rule;
+5. for allowed requests: start the identity check (when declared), ask the user for the in-app
+   actions the requests need (``user_action_requests``, every argument pre-filled, the code the
+   user supplies), propose the writes ("Shall I proceed with: ...?") and run each only once the
+   user's last message said yes to that very proposal, the identity is confirmed and the user
+   actions before it in the template are done;
+6. report what the writes returned, refusals once, and ask whether there is anything else.
 
-Every fact it states comes from a tool output, a user message or the input's date.
 ``eigen_trajectory_validation`` turns the checks' findings into the appendix verdict with the
 paper's rule (critical issue or 2+ Poor dimensions: FAIL).
 """
 
 from __future__ import annotations
 
-import datetime
+import functools
 import json
 import random
 import re
@@ -47,78 +51,73 @@ from arena.llm.roles.eigen_dialogs import (
     TrajectoryValidationInput,
     TrajectoryVerdict,
 )
+from arena.llm.roles.eigen_spec import (
+    MissingValue,
+    SynthesisSpec,
+    TaskTemplate,
+    builtin_declarations,
+    context_of,
+    fill,
+    nest,
+    requirement_pattern,
+)
 
-REQUIRED_TOOLS = ("find_user_by_email", "get_user_details", "get_order_details", "send_verification_code")
-BEFORE_SHIPMENT = ("pending", "processing")
-RETURN_WINDOW_DAYS = 30
-MAX_REFUND = 500.0
-MONTHLY_CREDIT_CAP = 50.0
-EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
-ORDER_RE = re.compile(r"\bO-\d+\b")
-ITEM_RE = re.compile(r"\((I-\d+)\)")
-AMOUNT_RE = re.compile(r"(\d+(?:\.\d+)?)\s*USD")
 YES_RE = re.compile(r"^\W*(?:yes|yeah|yep|sure|ok(?:ay)?|please (?:go ahead|do)|go ahead|confirmed?)\b", re.I)
-SENTENCE_RE = re.compile(r"(?<=[.!?])\s+")
-ADDRESS_RE = re.compile(r"\bto (?P<line1>\d+ [^,]+), (?P<city>[A-Za-z .'-]+?) (?P<zip>\d{5})\b")
-BY_ITEM_RE = re.compile(r"my order with the (?P<item>.+?)(?= to \d|;|,|\.\s|\.$| arrived)")
+FREE_TEXT = ("reason", "description", "summary", "note")
+"""Arguments whose wording is the agent's own (never compared to a template's)."""
+CLOSING = "Is there anything else I can help you with?"
 
 
 @dataclass
 class Request:
-    kind: str
+    template: TaskTemplate
+    captured: dict[str, str]
     sentence: str
-    order_id: str | None = None
-    item_name: str | None = None
-    item_id: str | None = None
-    amount: float | None = None
-    address: dict[str, str] = field(default_factory=dict)
-    reason: str = "no_longer_needed"
 
 
 @dataclass
 class Decision:
     request: Request
-    verdict: str  # "allow" | "refuse" | "transfer"
+    verdict: str  # "allow" | "refuse"
     note: str = ""
-    call: AgentToolCall | None = None
+    calls: list[AgentToolCall] = field(default_factory=list)
+    actors: list[str] = field(default_factory=list)
     describe: str = ""
-    order: dict[str, Any] | None = None
-    line: dict[str, Any] | None = None
 
 
-def parse_requests(text: str) -> list[Request]:
-    """Requests stated in one user message, one per sentence at most."""
+@functools.lru_cache(maxsize=64)
+def _patterns(requirement: str) -> tuple[re.Pattern[str], dict[str, str]]:
+    return requirement_pattern(requirement)
+
+
+def parse_requests(texts: list[str], spec: SynthesisSpec) -> list[Request]:
+    """The requests the user messages state: each match of a template's requirement, once."""
     found: list[Request] = []
-    for sentence in SENTENCE_RE.split(text):
-        low = sentence.casefold()
-        orders = ORDER_RE.findall(sentence)
-        by_item = BY_ITEM_RE.search(sentence)
-        items = ITEM_RE.findall(sentence)
-        amounts = AMOUNT_RE.findall(sentence)
-        base: dict[str, Any] = {
-            "sentence": sentence.strip(),
-            "order_id": orders[0] if orders else None,
-            "item_name": by_item.group("item").strip() if by_item and not orders else None,
-            "item_id": items[0] if items else None,
-            "amount": float(amounts[0]) if amounts else None,
-        }
-        if "store credit" in low and "instead" not in low:
-            found.append(Request(kind="issue_store_credit", **base))
-        elif "damaged" in low and "refund" in low:
-            found.append(Request(kind="issue_refund", **base))
-        elif re.search(r"\breturn\b", low):
-            found.append(Request(kind="return_items", **base))
-        elif re.search(r"\bship\b", low) and (match := ADDRESS_RE.search(sentence)):
-            address = {"line1": match["line1"], "city": match["city"], "zip_code": match["zip"]}
-            found.append(Request(kind="update_order_address", address=address, **base))
-        elif re.search(r"\bcancel\b", low):
-            reason = "no_longer_needed"
-            if "mistake" in low:
-                reason = "ordered_by_mistake"
-            elif "cheaper" in low:
-                reason = "found_cheaper"
-            found.append(Request(kind="cancel_order", reason=reason, **base))
+    seen: set[str] = set()
+    for text in texts:
+        flat = " ".join(text.split())
+        for template in spec.templates:
+            pattern, groups = _patterns(" ".join(template.requirement.split()))
+            for match in pattern.finditer(flat):
+                captured = {path: match.group(g) for g, path in groups.items()}
+                key = template.kind + json.dumps(captured, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(Request(template, captured, match.group(0)))
     return found
+
+
+@functools.lru_cache(maxsize=16)
+def _rules(policy_source: str) -> list[tuple[str, str, Callable[..., Any]]]:
+    """(name, description, function) of every ``rule_*`` of the policy code."""
+    namespace: dict[str, Any] = {"__name__": "eigen_agent_policy"}
+    exec(compile(policy_source, "policy.py", "exec"), namespace)
+    rules = []
+    for name, value in namespace.items():
+        if name.startswith("rule_") and callable(value):
+            doc = (value.__doc__ or "").strip().splitlines()
+            rules.append((name.removeprefix("rule_"), doc[0] if doc else name, value))
+    return rules
 
 
 class _View:
@@ -179,300 +178,301 @@ def _call(name: str, **arguments: Any) -> AgentStep:
     return AgentStep(think=f"I need {name} now.", tool_calls=[AgentToolCall(name=name, arguments=arguments)])
 
 
-def _money(value: Any) -> str:
-    return f"{float(value):.2f} USD"
+def _declarations(inputs: TrajectoryAgentInput, view: _View) -> tuple[SynthesisSpec, str]:
+    if inputs.synthesis is not None:
+        return inputs.synthesis, inputs.policy_source
+    bundled = builtin_declarations(view.tools)
+    if bundled is None:
+        raise Undecidable("the rules trajectory agent needs the pack's synthesis declarations")
+    return bundled
 
 
-def _decide(view: _View, request: Request, user_id: str, profile: dict[str, Any]) -> Decision | AgentStep:
-    """Read what the request needs (an AgentStep to run first) and decide it under the policy."""
-    if request.kind == "issue_store_credit":
-        amount = float(request.amount or 0.0)
-        balance = float(profile.get("store_credit_balance") or 0.0)
-        left = round(MONTHLY_CREDIT_CAP - balance, 2)
-        if amount <= 0 or amount > left + 1e-9:
-            note = (
-                f"I cannot add {_money(amount)} of store credit: goodwill credit is capped at "
-                f"{_money(MONTHLY_CREDIT_CAP)} per customer per month, and your account already shows "
-                f"{_money(balance)}."
-            )
-            return Decision(request, "refuse", note=note)
-        call = AgentToolCall(
-            name="issue_store_credit",
-            arguments={
-                "user_id": user_id,
-                "amount": amount,
-                "reason": "goodwill for the trouble with my orders",
-            },
-        )
-        return Decision(
-            request, "allow", call=call, describe=f"add {_money(amount)} of store credit to your account"
-        )
-    order_id = request.order_id
-    if order_id is None and request.item_name:
-        listing = view.ok_value("list_user_orders", user_id=user_id)
-        if listing is None:
-            if "list_user_orders" not in view.tools:
-                return Decision(request, "refuse", note="Could you tell me the order id?")
-            return _call("list_user_orders", user_id=user_id)
-        for row in listing if isinstance(listing, list) else []:
-            oid = row.get("order_id")
-            got = view.result("get_order_details", order_id=oid)
+def _coerce(value: Any, schema: dict[str, Any]) -> Any:
+    """A value read from a message, typed as the tool's JSON schema says."""
+    kind = schema.get("type")
+    try:
+        if kind == "number" and isinstance(value, str):
+            return float(value.replace(",", ""))
+        if kind == "integer" and isinstance(value, str | float):
+            return int(float(value))
+        if kind == "boolean" and isinstance(value, str):
+            return value.strip().casefold() in ("true", "yes", "on", "1")
+    except ValueError:
+        return value
+    if kind == "array" and isinstance(value, list):
+        return [_coerce(v, schema.get("items") or {}) for v in value]
+    return value
+
+
+class _Agent:
+    """One step of the agent: its view of the dialogue and the pack's declarations."""
+
+    def __init__(self, inputs: TrajectoryAgentInput) -> None:
+        self.inputs = inputs
+        self.view = _View(inputs)
+        self.spec, policy = _declarations(inputs, self.view)
+        self.rules = _rules(policy) if policy else []
+        self.schemas = {
+            t["function"]["name"]: t["function"].get("parameters", {}).get("properties", {})
+            for t in [*inputs.tools, *inputs.user_tools]
+        }
+        self.customer_id = ""
+        self.profile: dict[str, Any] = {}
+        self.known: dict[str, Any] = {"today": inputs.today}
+
+    def arguments(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        props = self.schemas.get(name, {})
+        return {k: _coerce(v, props.get(k) or {}) for k, v in arguments.items()}
+
+    def read(self, entity_collection: str, entity_id: str) -> tuple[bool, Any] | AgentStep | None:
+        """The record's read result, a step reading it, or None (no read tool)."""
+        entity = self.spec.entity(entity_collection)
+        if entity is None or not entity.read_tool:
+            return None
+        got = self.view.result(entity.read_tool, **{entity.id_field: entity_id})
+        if got is None:
+            return _call(entity.read_tool, **{entity.id_field: entity_id})
+        if got[0] and isinstance(got[1], dict):
+            self.known.setdefault(entity_collection, {})[entity_id] = got[1]
+        return got
+
+    def decide(self, request: Request) -> Decision | AgentStep:
+        """Read what the request needs (a step to run first) and decide it under the policy."""
+        template = request.template
+        captured = nest(request.captured)
+        record: dict[str, Any] | None = None
+        subject = ""
+        entity = self.spec.entity(template.entity)
+        if template.entity is not None and entity is not None:
+            entity_id = str(request.captured.get(entity.id_field) or "")
+            if not entity_id:
+                return Decision(request, "refuse", note=f"Which {entity.noun} do you mean?")
+            subject = f" for {entity.noun} {entity_id}"
+            got = self.read(entity.collection, entity_id)
+            if isinstance(got, AgentStep):
+                return got
             if got is None:
-                return _call("get_order_details", order_id=oid)
-            if got[0] and any(request.item_name == i.get("name") for i in got[1].get("items", [])):
-                order_id = oid
-                break
-        if order_id is None:
-            note = f"I could not find an order with the {request.item_name} on your account."
-            return Decision(request, "refuse", note=note)
-    assert order_id is not None
-    got = view.result("get_order_details", order_id=order_id)
-    if got is None:
-        return _call("get_order_details", order_id=order_id)
-    ok, order = got
-    if not ok or not isinstance(order, dict):
-        return Decision(request, "refuse", note=f"I could not find an order {order_id}.")
-    if order.get("user_id") != user_id:
-        return Decision(
-            request, "refuse", note=f"Order {order_id} is not on your account, so I cannot change it."
-        )
-    status = str(order.get("status"))
-    today = view.inputs.today
-    age = None
-    if order.get("delivered_on") and today:
-        age = (datetime.date.fromisoformat(today) - datetime.date.fromisoformat(order["delivered_on"])).days
-    open_items = [i for i in order.get("items", []) if i.get("status", "ordered") == "ordered"]
-    line = None
-    if request.item_id or request.item_name:
-        line = next(
-            (
-                i
-                for i in open_items
-                if i.get("item_id") == request.item_id or i.get("name") == request.item_name
-            ),
-            None,
-        )
-    if request.kind == "cancel_order":
-        if status not in BEFORE_SHIPMENT:
-            note = f"Order {order_id} is {status}, so I cannot cancel it: only pending or processing orders can be cancelled."
-            return Decision(request, "refuse", note=note, order=order)
-        call = AgentToolCall(name="cancel_order", arguments={"order_id": order_id, "reason": request.reason})
-        what = (
-            f"cancel order {order_id} (total {_money(order['total'])}, refunded to {order['payment_method']})"
-        )
-        return Decision(request, "allow", call=call, describe=what, order=order)
-    if request.kind == "update_order_address":
-        if status not in BEFORE_SHIPMENT:
-            note = f"Order {order_id} is {status}, so its shipping address can no longer change."
-            return Decision(request, "refuse", note=note, order=order)
-        if int(order.get("address_change_count") or 0) >= 1:
-            note = f"The address of order {order_id} was already changed once, the most our policy allows."
-            return Decision(request, "refuse", note=note, order=order)
-        address = request.address
-        call = AgentToolCall(name="update_order_address", arguments={"order_id": order_id, **address})
-        what = f"ship order {order_id} to {address['line1']}, {address['city']} {address['zip_code']}"
-        return Decision(request, "allow", call=call, describe=what, order=order)
-    if request.kind == "return_items":
-        if status != "delivered" or age is None or age > RETURN_WINDOW_DAYS:
-            when = f"delivered {age} days ago" if age is not None else status
-            note = f"Order {order_id} is {when}; returns are only possible within {RETURN_WINDOW_DAYS} days of delivery."
-            return Decision(request, "refuse", note=note, order=order)
-        if line is None:
-            return Decision(
-                request,
-                "refuse",
-                note=f"I could not find that item among the open items of order {order_id}.",
+                record = {**captured, entity.id_field: entity_id}
+            elif not got[0] or not isinstance(got[1], dict):
+                return Decision(request, "refuse", note=f"I could not find {entity.noun} {entity_id}.")
+            else:
+                record = got[1]
+                owner = entity.owner_field
+                if owner and record.get(owner) not in (None, self.customer_id):
+                    note = f"{entity.noun.capitalize()} {entity_id} is not on your account, so I cannot change it."
+                    return Decision(request, "refuse", note=note)
+                for ref_field, collection in entity.references.items():
+                    if record.get(ref_field):
+                        related = self.read(collection, str(record[ref_field]))
+                        if isinstance(related, AgentStep):
+                            return related
+        context = context_of(template, record, self.profile, self.inputs.today, {})
+        if context is None:
+            return Decision(request, "refuse", note=f"I could not find what you describe{subject}.")
+        context = {**captured, **context, "customer": {**captured.get("customer", {}), **self.profile}}
+        try:
+            calls = [
+                AgentToolCall(name=c.name, arguments=self.arguments(c.name, fill(c.arguments, context)))
+                for c in template.calls
+            ]
+            describe = (
+                str(fill(template.confirm, context)) if template.confirm else template.summary + subject
             )
-        call = AgentToolCall(
-            name="return_items",
-            arguments={"order_id": order_id, "item_ids": [line["item_id"]], "reason": "no_longer_needed"},
-        )
-        what = (
-            f"return the {line['name']} ({line['item_id']}) of order {order_id} for {_money(line['price'])}"
-        )
-        return Decision(request, "allow", call=call, describe=what, order=order, line=line)
-    if request.kind == "issue_refund":
-        if line is None:
-            return Decision(
-                request,
-                "refuse",
-                note=f"I could not find that item among the open items of order {order_id}.",
+        except MissingValue:
+            return Decision(request, "refuse", note=f"I need more details to help with that{subject}.")
+        actors: list[str] = [c.actor for c in template.calls]
+        for call, actor in zip(calls, actors, strict=True):
+            if actor != "agent":
+                continue
+            broken = self.broken_rule(call)
+            if broken:
+                note = f"I am sorry, I cannot do that{subject}: {broken}"
+                return Decision(request, "refuse", note=note)
+        return Decision(request, "allow", calls=calls, actors=actors, describe=describe)
+
+    def broken_rule(self, call: AgentToolCall) -> str | None:
+        """The description of a policy rule ``call`` would break on what the agent has read."""
+        record = {
+            "name": call.name,
+            "arguments": call.arguments,
+            "actor": "agent",
+            "ok": True,
+            "changed_state": True,
+        }
+        for _name, description, rule in self.rules:
+            try:
+                message = rule(
+                    json.loads(json.dumps(self.known)), dict(record), json.loads(json.dumps(self.known))
+                )
+            except Exception:
+                continue  # the rule needs data the agent has not seen
+            if message:
+                return description
+        return None
+
+    def done(self, decision: Decision, index: int) -> bool:
+        call, actor = decision.calls[index], decision.actors[index]
+        if actor == "user":
+            wanted = {k: v for k, v in call.arguments.items() if k not in FREE_TEXT}
+            return self.view.app_ok(call.name, **wanted)
+        key = {
+            k: v for k, v in call.arguments.items() if k not in FREE_TEXT and not isinstance(v, list | dict)
+        }
+        return self.view.result(call.name, **key) is not None
+
+    def next_step(self, decision: Decision) -> int | None:
+        return next((n for n in range(len(decision.calls)) if not self.done(decision, n)), None)
+
+    def step(self) -> AgentStep:
+        inputs, view, c = self.inputs, self.view, self.spec.customer
+        if not view.user_texts:
+            raise Undecidable("the agent speaks after the user")
+        values = [m for text in view.user_texts for m in re.findall(c.lookup_pattern, text)]
+        if not values:
+            return AgentStep(
+                think="I must identify the customer first.", message=f"I can help with that. What is {c.ask}?"
             )
-        amount = float(request.amount if request.amount is not None else line["price"])
-        left = float(order["total"]) - float(order.get("refunded_total") or 0.0)
-        if amount > float(line["price"]) + 1e-9 or amount > left + 1e-9:
-            note = f"I can refund at most the item's price, {_money(line['price'])}, for the {line['name']}."
-            return Decision(request, "refuse", note=note, order=order)
-        if amount > MAX_REFUND:
-            return Decision(
-                request,
-                "transfer",
-                note=f"A refund of {_money(amount)} is above the {_money(MAX_REFUND)} I may issue.",
-                order=order,
+        value = values[-1]
+        found = view.result(c.lookup_tool, **{c.lookup_argument: value})
+        if found is None:
+            return _call(c.lookup_tool, **{c.lookup_argument: value})
+        if not found[0] or not isinstance(found[1], dict) or c.id_field not in found[1]:
+            return AgentStep(
+                think="No such account.",
+                message=f"I could not find an account with {value}. Could you check it?",
             )
-        call = AgentToolCall(
-            name="issue_refund",
-            arguments={"order_id": order_id, "amount": amount, "reason": f"damaged item {line['name']}"},
+        self.customer_id = str(found[1][c.id_field])
+        self.profile = dict(found[1])
+        if c.details_tool:
+            profile = view.ok_value(c.details_tool, **{c.id_field: self.customer_id})
+            if profile is None:
+                return _call(c.details_tool, **{c.id_field: self.customer_id})
+            if isinstance(profile, dict):
+                self.profile = {**self.profile, **profile}
+        self.known[c.collection] = {self.customer_id: self.profile}
+
+        decisions: list[Decision] = []
+        for request in parse_requests(view.user_texts, self.spec):
+            decided = self.decide(request)
+            if isinstance(decided, AgentStep):
+                return decided
+            decisions.append(decided)
+        earlier = " ".join(
+            str(m.get("content") or "") for m in inputs.messages if m.get("role") == "assistant"
         )
-        what = f"refund {_money(amount)} for the damaged {line['name']} of order {order_id} to {order['payment_method']}"
-        return Decision(request, "allow", call=call, describe=what, order=order, line=line)
-    raise Undecidable(f"no handling for {request.kind!r}")
+        notes = [d.note for d in decisions if d.verdict != "allow" and d.note and d.note not in earlier]
+        pending = [d for d in decisions if d.verdict == "allow" and self.next_step(d) is not None]
+        if pending:
+            return self.act(pending, notes)
+        return self.report(notes)
 
-
-def _report(name: str, args: dict[str, Any], value: Any) -> str:
-    if not isinstance(value, dict):
-        return f"The {name.replace('_', ' ')} did not go through: {value}."
-    if name == "cancel_order":
-        return f"Order {value['order_id']} is now cancelled; refund {value['refund_id']} of {_money(value['refund'])} goes back to your original payment method."
-    if name == "update_order_address":
-        a = value["shipping_address"]
-        return f"Order {value['order_id']} will now ship to {a['line1']}, {a['city']} {a['zip_code']}."
-    if name == "return_items":
-        return f"The return of {', '.join(value['returned'])} from order {value['order_id']} is registered; refund {value['refund_id']} of {_money(value['refund'])} goes to your original payment method."
-    if name == "issue_refund":
-        return f"Refund {value['refund_id']} of {_money(value['amount'])} on order {args.get('order_id')} goes to {value['method']}."
-    if name == "issue_store_credit":
-        return f"I added the store credit ({value['credit_id']}); your balance is now {_money(value['balance'])}."
-    if name == "transfer_to_human":
-        return f"I am transferring you to a human agent (ticket {value['ticket_id']}); they will take it from here."
-    return f"The {name.replace('_', ' ')} went through."
-
-
-def trajectory_agent(inputs: BaseModel, rng: random.Random) -> AgentStep:
-    assert isinstance(inputs, TrajectoryAgentInput)
-    view = _View(inputs)
-    missing = [t for t in REQUIRED_TOOLS if t not in view.tools]
-    if missing:
-        raise Undecidable(f"the rules trajectory agent needs the tools {missing}")
-    if not view.user_texts:
-        raise Undecidable("the agent speaks after the user")
-    emails = [m for text in view.user_texts for m in EMAIL_RE.findall(text)]
-    if not emails:
-        return AgentStep(
-            think="I must identify the customer first.",
-            message="I can help with that. What is the email address on your account?",
+    def act(self, pending: list[Decision], notes: list[str]) -> AgentStep:
+        view, c = self.view, self.spec.customer
+        writes_left = any(
+            d.actors[n] == "agent" for d in pending for n in range(self.next_step(d) or 0, len(d.calls))
         )
-    email = emails[-1]
-    found = view.result("find_user_by_email", email=email)
-    if found is None:
-        return _call("find_user_by_email", email=email)
-    if not found[0] or not isinstance(found[1], dict):
-        return AgentStep(
-            think="No such account.",
-            message=f"I could not find an account with the email {email}. Could you check it?",
-        )
-    user_id = str(found[1]["user_id"])
-    profile = view.ok_value("get_user_details", user_id=user_id)
-    if profile is None:
-        return _call("get_user_details", user_id=user_id)
-
-    requests = [r for text in view.user_texts for r in parse_requests(text)]
-    decisions: list[Decision] = []
-    for request in requests:
-        decided = _decide(view, request, user_id, profile)
-        if isinstance(decided, AgentStep):
-            return decided
-        decisions.append(decided)
-
-    def executed(call: AgentToolCall) -> bool:
-        key = {k: v for k, v in call.arguments.items() if k in ("order_id", "user_id")}
-        return view.result(call.name, **key) is not None
-
-    earlier = " ".join(str(m.get("content") or "") for m in inputs.messages if m.get("role") == "assistant")
-    notes = [d.note for d in decisions if d.verdict != "allow" and d.note and d.note not in earlier]
-    transfer = next((d for d in decisions if d.verdict == "transfer"), None)
-    if (
-        transfer is not None
-        and "transfer_to_human" in view.tools
-        and view.result("transfer_to_human", user_id=user_id) is None
-    ):
-        return _call(
-            "transfer_to_human", user_id=user_id, summary=f"{transfer.request.sentence} {transfer.note}"
-        )
-    pending = [d for d in decisions if d.verdict == "allow" and d.call is not None and not executed(d.call)]
-    verified = view.app_ok("confirm_identity_code", user_id=user_id)
-    if pending:
-        sent = view.ok_value("send_verification_code", user_id=user_id)
-        if sent is None and not verified:
-            return _call("send_verification_code", user_id=user_id)
-        said_yes = bool(YES_RE.search(view.last_user))
+        verified = not c.confirm_tool or view.app_ok(c.confirm_tool, **{c.id_field: self.customer_id})
+        if writes_left and c.verify_tool and not verified:
+            if view.result(c.verify_tool, **{c.id_field: self.customer_id}) is None:
+                return _call(c.verify_tool, **{c.id_field: self.customer_id})
+        said_yes = any(YES_RE.search(s) for s in re.split(r"(?<=[.!?])\s+", view.last_user))
         for decision in pending:
-            assert decision.call is not None
-            ready = verified and said_yes and decision.describe in view.last_assistant
-            if decision.call.name == "issue_refund":
-                ready = ready and view.app_ok("report_damage", order_id=decision.call.arguments["order_id"])
-            if ready:
+            n = self.next_step(decision)
+            assert n is not None
+            if (
+                decision.actors[n] == "agent"
+                and verified
+                and said_yes
+                and decision.describe in view.last_assistant
+            ):
                 return AgentStep(
-                    think=f"Identity verified and the customer agreed to: {decision.describe}.",
-                    tool_calls=[decision.call],
+                    think=f"Identity checked and the customer agreed to: {decision.describe}.",
+                    tool_calls=[decision.calls[n]],
                 )
         parts = list(notes)
         asks: list[AgentToolCall] = []
-        if not verified:
-            parts.append(
-                f"To verify your identity I sent a one-time code to your phone ({sent.get('sent_to') if isinstance(sent, dict) else 'on file'}); please enter it in the app."
-            )
-            asks.append(AgentToolCall(name="confirm_identity_code", arguments={"user_id": user_id}))
+        if writes_left and c.confirm_tool and not verified:
+            ask = self.spec.user_actions.get(c.confirm_tool, c.confirm_tool.replace("_", " "))
+            parts.append(f"To verify your identity, please {ask}.")
+            asks.append(AgentToolCall(name=c.confirm_tool, arguments={c.id_field: self.customer_id}))
         for decision in pending:
-            assert decision.call is not None
-            oid = decision.call.arguments.get("order_id")
-            if decision.call.name == "issue_refund" and not view.app_ok("report_damage", order_id=oid):
-                line = decision.line or {}
-                parts.append(f"Please upload photos of the damaged {line.get('name')} in the app first.")
-                asks.append(
-                    AgentToolCall(
-                        name="report_damage", arguments={"order_id": oid, "item_id": line.get("item_id")}
-                    )
-                )
-        parts.append("Shall I proceed with: " + "; and ".join(d.describe for d in pending) + "?")
+            n = self.next_step(decision)
+            assert n is not None
+            if decision.actors[n] == "user":
+                call = decision.calls[n]
+                ask = self.spec.user_actions.get(call.name, call.name.replace("_", " "))
+                try:
+                    ask = str(fill(ask, call.arguments))
+                except MissingValue:
+                    pass  # an instruction naming what the call does not carry stays as written
+                parts.append(f"Please {ask}.")
+                asks.append(call)
+        proposals = [d.describe for d in pending if "agent" in d.actors[self.next_step(d) or 0 :]]
+        if proposals:
+            parts.append("Shall I proceed with: " + "; and ".join(proposals) + "?")
+        else:
+            parts.append("Shall I guide you through the next step after that?")
         return AgentStep(
-            think="Every request was checked against the policy; I confirm the writes before making them.",
+            think="Every request was checked against the policy; I ask for the customer's actions and confirm writes first.",
             message=" ".join(parts),
             user_action_requests=asks,
         )
-    # Nothing left to do: report the writes made since the last message, and refusals.
-    reports: list[str] = []
-    seen_text = False
-    for message in reversed(inputs.messages):
-        if message.get("role") == "assistant" and message.get("content") and not message.get("tool_calls"):
-            seen_text = True
-            break
-    last_text = (
-        max(
+
+    def report(self, notes: list[str]) -> AgentStep:
+        """Nothing left to do: report the writes and user actions since the last message, and refusals."""
+        messages = self.inputs.messages
+        last_text = max(
             (
                 n
-                for n, m in enumerate(inputs.messages)
+                for n, m in enumerate(messages)
                 if m.get("role") == "assistant" and m.get("content") and not m.get("tool_calls")
             ),
             default=-1,
         )
-        if seen_text
-        else -1
-    )
-    ids: dict[str, tuple[str, dict[str, Any]]] = {}
-    for n, message in enumerate(inputs.messages):
-        if message.get("role") == "assistant":
-            for call in message.get("tool_calls") or []:
-                fn = call.get("function", {})
-                ids[str(call.get("id"))] = (str(fn.get("name")), json.loads(fn.get("arguments") or "{}"))
-        if n > last_text and message.get("role") == "tool":
-            name, args = ids.get(str(message.get("tool_call_id")), ("", {}))
-            if name in (
-                "cancel_order",
-                "update_order_address",
-                "return_items",
-                "issue_refund",
-                "issue_store_credit",
-                "transfer_to_human",
-            ):
-                content = str(message.get("content") or "")
-                value = json.loads(content) if not content.startswith("error:") else content
-                reports.append(_report(name, args, value))
-    text = " ".join(reports + notes)
-    if transfer is not None and view.result("transfer_to_human", user_id=user_id) is not None:
-        return AgentStep(think="Transferred.", message=text or "A human agent will take it from here.")
-    closing = "Is there anything else I can help you with?"
-    return AgentStep(think="All requests are handled.", message=f"{text} {closing}".strip())
+        helpers = {self.spec.customer.verify_tool, *self.spec.helper_tools}
+        reads = set(self.spec.read_tools)
+        names: dict[str, str] = {}
+        reports: list[str] = []
+        for n, message in enumerate(messages):
+            if message.get("role") == "assistant":
+                for call in message.get("tool_calls") or []:
+                    names[str(call.get("id"))] = str(call.get("function", {}).get("name"))
+            if n <= last_text or message.get("role") != "tool":
+                continue
+            name = names.get(str(message.get("tool_call_id")), "")
+            if not name or name in reads or name in helpers:
+                continue
+            content = str(message.get("content") or "")
+            what = name.replace("_", " ")
+            if content.startswith("error:"):
+                reports.append(f"The {what} did not go through ({content.removeprefix('error:').strip()}).")
+                continue
+            try:
+                value = json.loads(content)
+            except ValueError:
+                value = content
+            shown = ""
+            if isinstance(value, dict):
+                shown = "; ".join(
+                    f"{k.replace('_', ' ')}: {v}"
+                    for k, v in value.items()
+                    if isinstance(v, str | int | float)
+                )
+            reports.append(f"Done: {what} went through" + (f" ({shown})." if shown else "."))
+        fixed = [
+            e
+            for e in self.inputs.app_events
+            if e.after_message > last_text and e.ok and e.name in self.spec.user_actions
+        ]
+        if fixed and not reports and self.spec.customer.confirm_tool not in {e.name for e in fixed}:
+            reports.append("Thank you, that completes the steps on your side.")
+        text = " ".join(reports + notes)
+        return AgentStep(think="All requests are handled.", message=f"{text} {CLOSING}".strip())
+
+
+def trajectory_agent(inputs: BaseModel, rng: random.Random) -> AgentStep:
+    assert isinstance(inputs, TrajectoryAgentInput)
+    return _Agent(inputs).step()
 
 
 def trajectory_validation(inputs: BaseModel, rng: random.Random) -> TrajectoryVerdict:

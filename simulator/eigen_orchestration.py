@@ -4,16 +4,27 @@ Deterministic given the role input and the rng (seeded by the backend from the i
 
 - ``eigen_planner``: the standard seven-worker workflow of §4.2 as a DAG (each worker reads the
   artifacts of the ones before it); VerificationFunction is skipped when only SFT data is asked.
+  Replanning from a ``PlanReview``: Modify is dropped when no item of the last batch needed repair
+  and put back when some did; RandomPool and UserIntent are frozen (``evolve=False``) while the
+  tasks meet the infeasibility and validity targets, so the dialogue workers evolve against fixed
+  tasks, and thawed when they stop meeting them.
 - ``eigen_prompt_engineer``: a new set picks, with the rng, a diversity focus (``AXES``: a
   task-kind mix, a persona mix, a difficulty pattern) that no earlier set's summary names, narrows
   the generator parameters to it and writes every worker's prompt from its base prompt + the focus
-  + the domain's tools and rules + the earlier sets' summaries (to avoid). A revision keeps the
-  focus and rewrites the guidance section of every prompt from the Judge's edits.
+  + the domain's tools and rules + the earlier sets' summaries (to avoid) -- one prompt per
+  prompted role of every planned worker (``PROMPTED_ROLES``). A revision keeps the focus and
+  rewrites the guidance section of exactly the prompts ``worker_guidance`` names.
 - ``eigen_judge``: scores the four axes from the batch metrics and derives the updates from the
   measured failure shares: tasks failing on missing resources lower ``error_prone_parameters``,
   on policy violations (or contradictions) lower ``policy_pressure`` -- each by the ratio of the
   target share to the observed one, at least 40% --, schema errors become negative examples for
-  UserIntent, and low coverage widens ``task_kinds``.
+  UserIntent, and low coverage widens ``task_kinds``. Each sampled failing artifact becomes an
+  edit for the role its diagnosis blames (``failure_edits``): dialogue schema / grounding / policy
+  / unmet-goal findings the TrajectoryAgent, premature endings and unrealistic user turns the user
+  simulator, goals the tools refused in a dialogue the UserIntent and TaskValidation prompts,
+  failures that survived Modify rounds the Modify prompt, and dialogues the verification function
+  rejected after TrajectoryValidation passed them the TrajectoryValidation prompt. Only roles in
+  ``workers`` get edits.
 """
 
 from __future__ import annotations
@@ -24,17 +35,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from arena.llm.roles.eigen import GOAL_TEMPLATES
+from arena.llm.roles.eigen import template_kinds
 from arena.llm.roles.eigen_orchestration import (
     EIGEN_JUDGE,
     EIGEN_PLANNER,
     EIGEN_PROMPT_ENGINEER,
+    PROMPTED_ROLES,
     WORKERS,
     Critique,
     CritiqueScores,
+    FailureSample,
     GenerationRequest,
     JudgeInput,
     ParamUpdate,
+    PlanReview,
     PromptEdit,
     PromptEngineerInput,
     PromptSetDraft,
@@ -67,15 +81,66 @@ _IO: dict[str, tuple[list[str], list[str], list[str]]] = {
 }
 
 
-def planner(inputs: BaseModel, rng: random.Random) -> WorkflowPlan:
-    assert isinstance(inputs, GenerationRequest)
-    sft_only = set(inputs.outputs) == {"sft"}
+def _plan_of(names: set[str], evolve: dict[str, bool], rationale: str) -> WorkflowPlan:
+    """The workers named, in the standard order, each depending on the present ones it reads."""
     workers = []
     for name, role in WORKERS:
-        if name == "VerificationFunction" and sft_only:
+        if name not in names:
             continue
         reads, writes, deps = _IO[name]
-        workers.append(WorkerNode(name=name, role=role, inputs=reads, outputs=writes, depends_on=deps))
+        workers.append(
+            WorkerNode(
+                name=name,
+                role=role,
+                inputs=reads,
+                outputs=writes,
+                depends_on=[d for d in deps if d in names],
+                evolve=evolve.get(name, True),
+            )
+        )
+    plan = WorkflowPlan(workers=workers, rationale=rationale)
+    plan.check()
+    return plan
+
+
+def _replan(review: PlanReview) -> WorkflowPlan:
+    previous, t = review.plan, review.targets
+    names = set(previous.names)
+    evolve = {w.name: w.evolve for w in previous.workers}
+    notes: list[str] = []
+    if "Modify" in names and review.needed_repair == 0:
+        names.discard("Modify")
+        notes.append(f"no item of iteration {review.iteration} needed repair: Modify skipped")
+    elif "Modify" not in names and review.needed_repair > 0:
+        names.add("Modify")
+        notes.append(
+            f"{review.needed_repair} item(s) of iteration {review.iteration} needed repair: Modify back"
+        )
+    # Unmeasured infeasibility (no TaskValidation) is no evidence the tasks are fine: nothing freezes.
+    tasks_ok = (
+        review.infeasibility is not None
+        and review.infeasibility <= t.max_infeasibility
+        and review.tool_call_validity >= t.min_validity
+    )
+    for name in ("RandomPool", "UserIntent"):
+        if evolve.get(name, True) == tasks_ok:
+            evolve[name] = not tasks_ok
+            notes.append(
+                f"tasks {'meet' if tasks_ok else 'miss'} the targets (infeasibility "
+                f"{'unmeasured' if review.infeasibility is None else f'{review.infeasibility:.2f}'}, "
+                f"validity {review.tool_call_validity:.2f}): "
+                f"{name} prompts {'frozen' if tasks_ok else 'evolving again'}"
+            )
+    rationale = "; ".join(notes) if notes else f"plan kept after iteration {review.iteration}"
+    return _plan_of(names, evolve, rationale)
+
+
+def planner(inputs: BaseModel, rng: random.Random) -> WorkflowPlan:
+    assert isinstance(inputs, GenerationRequest)
+    if inputs.review is not None:
+        return _replan(inputs.review)
+    sft_only = set(inputs.outputs) == {"sft"}
+    names = {name for name, _ in WORKERS if not (name == "VerificationFunction" and sft_only)}
     rationale = (
         f"Standard EigenData workflow for {inputs.domain.name} ({inputs.size} instances, "
         f"{inputs.difficulty} difficulty, diversity over {inputs.diversity})"
@@ -85,9 +150,7 @@ def planner(inputs: BaseModel, rng: random.Random) -> WorkflowPlan:
             else "; verification functions as RL rewards."
         )
     )
-    plan = WorkflowPlan(workers=workers, rationale=rationale)
-    plan.check()
-    return plan
+    return _plan_of(names, {}, rationale)
 
 
 # --------------------------------------------------------------------------- Prompt Engineer
@@ -151,13 +214,23 @@ def prompt_engineer(inputs: BaseModel, rng: random.Random) -> PromptSetDraft:
     assert isinstance(inputs, PromptEngineerInput)
     domain = inputs.domain
     tools = {t.name for t in domain.tools}
-    available = [k for k in GOAL_TEMPLATES if k in tools]
+    available = template_kinds(domain)
     earlier_ids = [e.set_id for e in inputs.earlier]
-    if inputs.current:  # revision: keep the focus, rewrite the guidance section
-        prompts = [
-            WorkerPrompt(worker=p.worker, system=_with_guidance(p.system, inputs.guidance))
-            for p in inputs.current
-        ]
+    if inputs.current:  # revision: keep the focus, rewrite the guidance section of the prompts named
+        if inputs.worker_guidance:
+            prompts = [
+                WorkerPrompt(
+                    worker=p.worker, system=_with_guidance(p.system, inputs.worker_guidance[p.worker])
+                )
+                if p.worker in inputs.worker_guidance
+                else p
+                for p in inputs.current
+            ]
+        else:
+            prompts = [
+                WorkerPrompt(worker=p.worker, system=_with_guidance(p.system, inputs.guidance))
+                for p in inputs.current
+            ]
         focus = inputs.focus or "revised"
         return PromptSetDraft(
             focus=focus,
@@ -198,12 +271,13 @@ def prompt_engineer(inputs: BaseModel, rng: random.Random) -> PromptSetDraft:
     base = {p.worker: p.system for p in inputs.base_prompts}
     prompts = [
         WorkerPrompt(
-            worker=w.role,
-            system=_with_guidance(base.get(w.role) or _generic_prompt(w.name, w.role), [])
+            worker=role,
+            system=_with_guidance(base.get(role) or _generic_prompt(w.name, role), [])
             + section
             + (GUIDANCE_HEADER + "".join(f"\n- {g}" for g in inputs.guidance) if inputs.guidance else ""),
         )
         for w in inputs.plan.workers
+        for role in PROMPTED_ROLES.get(w.name, (w.role,))
     ]
     summary = (
         f"Focus: {axis['focus']} ({axis['text']}); personas {', '.join(persona_roles)}; "
@@ -237,13 +311,124 @@ CONSTRAINTS = {
 MIN_CUT = 0.4
 """A knob the Judge lowers drops by at least this fraction."""
 
+AGENT, USER, TASK_CHECK, MODIFY, DIALOG_CHECK = (
+    "eigen_trajectory_agent",
+    "user_simulator",
+    "eigen_task_validation",
+    "eigen_modify",
+    "eigen_trajectory_validation",
+)
+DIALOG_EDITS: dict[str, tuple[str, str, str]] = {
+    "schema": (AGENT, "negative_example", "Never call a tool like this ({what}); follow its schema exactly."),
+    "grounding": (AGENT, "negative_example", "State only what a tool returned; not like this: {what}."),
+    "policy": (AGENT, "add_constraint", "Check the policy before every write; this broke it: {what}."),
+    "must_not": (
+        AGENT,
+        "add_constraint",
+        "Refuse what the policy forbids and never take an action the customer did not ask for.",
+    ),
+    "goal": (
+        AGENT,
+        "add_constraint",
+        "Carry out every action the customer asks for and confirm it from the tool output before closing.",
+    ),
+    "early_end": (
+        USER,
+        "add_constraint",
+        "Do not end the conversation while an action you asked for is still undone; ask about it again.",
+    ),
+    "user_realism": (
+        USER,
+        "style",
+        "Write a new message each turn in the persona's own words; never paste the private instructions.",
+    ),
+    "agent_realism": (AGENT, "style", "Do not repeat a message or a call; move the conversation forward."),
+}
+"""Diagnosis kind -> (the role blamed, the edit kind, the edit text; ``{what}`` is the finding)."""
+
+
+def _dialog_kind(category: str, diagnosis: str, end_signal: str) -> list[str]:
+    """The ``DIALOG_EDITS`` kinds a failing dialogue's finding of ``category`` calls for."""
+    text = diagnosis.lower()
+    if category == "goal":
+        if "must-not" in text or "not asked for" in text:
+            return ["must_not"]
+        return ["goal", "early_end"] if end_signal in ("stop", "transfer", "out_of_scope") else ["goal"]
+    if category == "realism":
+        return ["agent_realism"] if "assistant" in text else ["user_realism"]
+    return [category] if category in DIALOG_EDITS else []
+
+
+def _refused_goal(failure: FailureSample) -> str | None:
+    """A failed call of a goal function, when the dialogue's unmet goal is one the tools refused."""
+    for reason in failure.diagnosis:
+        if "not achieved" not in reason:
+            continue
+        for call in failure.failed_calls:
+            if call.split(":", 1)[0] in reason:
+                return call
+    return None
+
+
+def failure_edits(failures: list[FailureSample]) -> list[PromptEdit]:
+    """The per-role prompt edits the sampled failing artifacts call for (module docstring)."""
+    edits: list[PromptEdit] = []
+    for failure in failures:
+        first = failure.diagnosis[0] if failure.diagnosis else failure.stage
+        if failure.stage == "trajectory_validation":
+            for category, reason in zip(failure.categories, failure.diagnosis, strict=False):
+                for kind in _dialog_kind(category, reason, failure.end_signal):
+                    role, edit_kind, text = DIALOG_EDITS[kind]
+                    edits.append(PromptEdit(worker=role, kind=edit_kind, text=text.format(what=reason[:160])))  # type: ignore[arg-type]
+            refused = _refused_goal(failure)
+            if refused is not None:  # an infeasible task reached the dialogue: its writer and its checker
+                edits.append(
+                    PromptEdit(
+                        worker="eigen_user_intent",
+                        kind="negative_example",
+                        text=f"Write only goals the tools can carry out on this state; not like this: {refused[:160]}",
+                    )
+                )
+                edits.append(
+                    PromptEdit(
+                        worker=TASK_CHECK,
+                        kind="add_constraint",
+                        text="Probe every goal call on the current state and mark the task INFEASIBLE when "
+                        f"the tools refuse one; a passed task failed in its dialogue on: {refused[:160]}",
+                    )
+                )
+        elif failure.stage == "verification":
+            edits.append(
+                PromptEdit(
+                    worker=DIALOG_CHECK,
+                    kind="add_constraint",
+                    text="Pass a dialogue only when its calls leave the state the task asks for; the "
+                    f"verification function rejected one you passed: {first[:160]}",
+                )
+            )
+        if failure.repair_rounds > 0 and not failure.repaired and failure.stage != "verification":
+            edits.append(
+                PromptEdit(
+                    worker=MODIFY,
+                    kind="add_constraint",
+                    text="A repair must remove the cause the validator named (drop or rewrite the goal "
+                    f"it blames), not reword it; still failing after {failure.repair_rounds} round(s): "
+                    f"{first[:120]}",
+                )
+            )
+    return edits
+
 
 def judge(inputs: BaseModel, rng: random.Random) -> Critique:
     assert isinstance(inputs, JudgeInput)
     m, t, params = inputs.metrics, inputs.targets, inputs.params
+    # Without TaskValidation (infeasibility unmeasured) the dialogues are the executability evidence.
+    infeasibility = m.infeasibility if m.infeasibility is not None else 0.0
+    executed = m.verified_share if m.verified_share is not None else m.dialogue_pass_rate
+    executability = 1.0 - m.infeasibility if m.infeasibility is not None else float(executed or 0.0)
     calls_fill = min(1.0, m.mean_required_calls / max(1, params.max_calls))
     scores = CritiqueScores(
-        executability=round(1.0 - m.infeasibility, 4),
+        executability=round(executability, 4),
         tool_correctness=round(m.tool_call_validity, 4),
         trajectory_coherence=round(m.quality, 4),
         difficulty_coverage=round(0.5 * m.coverage + 0.5 * calls_fill, 4),
@@ -251,11 +436,11 @@ def judge(inputs: BaseModel, rng: random.Random) -> Critique:
     findings: list[str] = []
     updates: dict[str, ParamUpdate] = {}
     edits: list[PromptEdit] = []
-    feasible_enough = m.infeasibility <= t.max_infeasibility
+    feasible_enough = infeasibility <= t.max_infeasibility
     valid_enough = m.tool_call_validity >= t.min_validity
     if not feasible_enough:
         findings.append(
-            f"infeasibility {m.infeasibility:.2f} above target {t.max_infeasibility:.2f}: "
+            f"infeasibility {infeasibility:.2f} above target {t.max_infeasibility:.2f}: "
             + ", ".join(f"{c} {s:.2f}" for c, s in sorted(m.failure_shares.items()) if s > 0)
         )
         target = t.max_infeasibility / 2
@@ -311,14 +496,30 @@ def judge(inputs: BaseModel, rng: random.Random) -> Critique:
                 text="Write every requirement in the persona's tone, with rubrics and hidden subgoals.",
             )
         )
-    converged = feasible_enough and valid_enough
-    if converged:
+    from_failures = failure_edits(inputs.failures)
+    for stage in sorted({f.stage for f in inputs.failures}):
+        shown = [f for f in inputs.failures if f.stage == stage]
+        findings.append(
+            f"{len(shown)} sampled {stage} failure(s), e.g. {'; '.join(shown[0].diagnosis[:2])[:200]}"
+        )
+    dialogues_ok = m.dialogue_pass_rate is None or m.dialogue_pass_rate >= t.min_dialogue_pass_rate
+    if not dialogues_ok:
+        findings.append(f"dialogue pass rate {m.dialogue_pass_rate:.2f} below {t.min_dialogue_pass_rate:.2f}")
+    converged = feasible_enough and valid_enough and dialogues_ok
+    if converged:  # the rates are on target: only what the sampled failures show is still worth an edit
         findings.append("every target met")
+        edits, updates = [], {}
+    edits += from_failures
+    allowed = set(inputs.workers)
+    if allowed:  # frozen or unplanned workers get no edits; the generator knobs are RandomPool's
+        edits = [e for e in edits if e.worker in allowed]
+        if "eigen_random_pool" not in allowed:
+            updates = {}
     return Critique(
         scores=scores,
         findings=findings,
-        param_updates=[] if converged else list(updates.values()),
-        prompt_edits=[] if converged else edits,
+        param_updates=list(updates.values()),
+        prompt_edits=list({(e.worker, e.text): e for e in edits}.values()),
         converged=converged,
     )
 

@@ -1,6 +1,6 @@
 """The EigenData track end to end on the real stack, from the session's `arena demo` run.
 
-The demo publishes the built-in customer_service pack (`arena publish domain`: phases 1-2 in
+The demo publishes every bundled domain pack (`arena publish domain`: phases 1-2 in
 the CLI process, phase-3 seeds to eigen.seeds) and runs the five EigenData stages as workers,
 which between them run the seven workers of §4.2. The checks read the committed topics, the lake
 and the catalog, and run every generated verification function again in a sandbox.
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from app.demo import demo_domains
 from arena.config import ArenaSettings
 from arena.records.eigen import (
     DialogPayload,
@@ -34,7 +35,7 @@ from lake.eigen_catalog import EigenCatalog
 from producers.publish import publish
 from producers.publish_domain import SEEDS_TOPIC
 from sandbox import SandboxPool
-from streams.eigen.items import make_item
+from streams.eigen.items import load_prompt_set, make_item
 from streams.eigen.packs import builtin_pack_path, load_pack
 from streams.eigen.verification import replay_reference
 from streams.runtime import Emit
@@ -77,7 +78,7 @@ def test_every_stage_hands_typed_items_to_the_next(demo_run: Demo, verified: lis
         assert found, f"nothing reached {name}"
         for item in found:
             assert isinstance(item.payload, model)  # each stage's payload is its typed model
-            assert item.domain == "customer_service"
+            assert item.domain in demo_domains()  # the demo publishes every bundled pack
             by_id[item.item_id] = item
     # Lineage: every verified instance leads back, stage by stage, to a published seed.
     for item in verified:
@@ -88,7 +89,8 @@ def test_every_stage_hands_typed_items_to_the_next(demo_run: Demo, verified: lis
         assert len({c.prompt_set for c in chain}) == 1
     # The demo's seeds are the phase-3 seeds `arena publish domain` sent, spread over the sets.
     seeds = items(demo_run, SEEDS_TOPIC)
-    assert len({s.prompt_set for s in seeds}) == 2
+    for domain in demo_domains():  # two prompt sets per pack (ARENA_EIGEN__PROMPT_SETS default)
+        assert len({s.prompt_set for s in seeds if s.domain == domain}) == 2
 
 
 def test_the_seven_workers_left_their_marks(demo_run: Demo, verified: list[EigenItem[Any]]) -> None:
@@ -121,13 +123,19 @@ def test_the_seven_workers_left_their_marks(demo_run: Demo, verified: list[Eigen
 
 def test_every_verification_function_runs_in_the_sandbox(verified: list[EigenItem[Any]]) -> None:
     instances = [i.payload.instance for i in verified]
+    domains = [i.domain for i in verified]
+    for item in verified:  # published only after the mutation gate passed it (in the sandbox)
+        gate = item.payload.verdict["mutation_gate"]
+        assert gate["passed"] and gate["perturbations"] >= 5 and not gate["wrong"]
 
     async def scenario(pool: SandboxPool) -> list[tuple[bool, bool]]:
         out = []
-        for inst in instances:
+        for inst, domain in zip(instances, domains, strict=True):
             calls = inst["reference_calls"]
             # The reference outcome passes; the untouched database (nothing done) does not.
-            ok = await pool.run(verify_program(inst["verify"], inst["initial_state"], _final(inst), calls))
+            ok = await pool.run(
+                verify_program(inst["verify"], inst["initial_state"], _final(inst, domain), calls)
+            )
             idle = await pool.run(
                 verify_program(inst["verify"], inst["initial_state"], inst["initial_state"], [])
             )
@@ -143,10 +151,10 @@ def test_every_verification_function_runs_in_the_sandbox(verified: list[EigenIte
     assert sandboxed(scenario) == [(True, False)] * len(instances)
 
 
-def _final(instance: dict[str, Any]) -> dict[str, Any]:
+def _final(instance: dict[str, Any], domain: str) -> dict[str, Any]:
     """The reference final state, replayed from the instance's reference calls."""
     _, final = replay_reference(
-        load_pack(builtin_pack_path()), instance["initial_state"], instance["reference_calls"]
+        load_pack(builtin_pack_path(domain)), instance["initial_state"], instance["reference_calls"]
     )
     return final
 
@@ -163,7 +171,7 @@ def test_outputs_feed_the_trainer_and_hold_out_a_split(
     assert {s.sample_id for s in interactive} == train  # held-out instances are never published
     for sample in interactive:
         spec = sample.reward_spec
-        assert sample.domain == "customer_service" and sample.tools
+        assert sample.domain in demo_domains() and sample.tools
         assert {"initial_state", "code", "verify", "user_instructions", "user_tools"} <= set(spec)
     catalog = EigenCatalog(ArenaSettings(home=demo_run.home).catalog)
     try:
@@ -178,11 +186,11 @@ def test_outputs_feed_the_trainer_and_hold_out_a_split(
     assert len([s for s in eigen if s.role_target == "agent"]) == len(train)
     users = [s for s in eigen if s.role_target == "user"]
     assert len(users) == len(train)
-    for sample in users:
-        last = sample.messages[-1]
+    for user_sample in users:
+        last = user_sample.messages[-1]
         assert last["role"] == "user" and parse_user_turn(last["content"]).signal == "stop"
         assert MARKERS["stop"] in last["content"]
-        assert all(m["role"] != "tool" for m in sample.messages)  # the user never sees tool output
+        assert all(m["role"] != "tool" for m in user_sample.messages)  # the user never sees tool output
 
 
 def test_pilot_metrics_reach_the_lake_and_versions_the_catalog(demo_run: Demo) -> None:
@@ -210,8 +218,22 @@ def test_pilot_metrics_reach_the_lake_and_versions_the_catalog(demo_run: Demo) -
 
 
 def test_unrepairable_task_is_rejected_in_the_stream_after_three_rounds(demo_run: Demo) -> None:
-    """A task whose customer does not exist: the probe says why, Modify cannot fix it, 3 rounds."""
-    source = items(demo_run, "eigen.intents")[0]
+    """A task whose customer does not exist: the probe says why, Modify cannot fix it, 3 rounds.
+
+    Only when the intent's prompt set runs Modify: a set whose workflow dropped it (the Planner
+    saw no task needing repair in the pilot) rejects after its first verdict, 0 rounds.
+    """
+    catalog = EigenCatalog(ArenaSettings(home=demo_run.home).catalog)
+    runs_modify = {}
+    for intent in items(demo_run, "eigen.intents"):
+        if intent.prompt_set not in runs_modify:
+            current, _ = asyncio.run(load_prompt_set(catalog, intent.prompt_set))
+            runs_modify[intent.prompt_set] = current.plan.runs("Modify")
+    source = next(
+        (i for i in items(demo_run, "eigen.intents") if runs_modify[i.prompt_set]),
+        items(demo_run, "eigen.intents")[0],
+    )
+    rounds = 3 if runs_modify[source.prompt_set] else 0
     body = source.payload
     ghost = body.intent.model_copy(
         update={"known_info": {**body.intent.known_info, "email": "nobody@example.com"}}
@@ -230,7 +252,9 @@ def test_unrepairable_task_is_rejected_in_the_stream_after_three_rounds(demo_run
     rejected = [json.loads(r.value) for r in read_all(demo_run.bootstrap, "eigen.intents.rejected")]
     mine = [r for r in rejected if r["subject"] == item.item_id]
     assert len(mine) == 1, rejected
-    assert mine[0]["gate"] == "task_validation" and mine[0]["details"]["rounds"] == 3
-    assert "3 repair round" in mine[0]["reason"] and "nobody@example.com" in mine[0]["reason"]
+    assert mine[0]["gate"] == "task_validation" and mine[0]["details"]["rounds"] == rounds
+    assert "nobody@example.com" in mine[0]["reason"]
+    if rounds:
+        assert "3 repair round" in mine[0]["reason"]
     tasks = [json.loads(r.value) for r in read_all(demo_run.bootstrap, "eigen.tasks")]
     assert all(t["parent_id"] != item.item_id for t in tasks)

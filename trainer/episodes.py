@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from arena.config import ArenaSettings
+from arena.llm.roles.user_sim import user_behaviour
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
 from environments.environment import Environment, environment_for
@@ -124,7 +125,7 @@ class Episodes:
     def _prepare(self, sample: VerifiedSample, mixer: ToolMixer | None) -> dict[str, Any] | str:
         """Keyword arguments for ``environment_for``, or why the sample cannot be rolled out."""
         if sample.kind == "interactive":
-            return {"user": self.user_simulator()}
+            return {"user": self.user_simulator(), "behaviour": user_behaviour(self.settings)}
         package = self._package(sample.env_ref)
         if package is None:
             return f"package {sample.env_ref} is not in the catalog"

@@ -44,6 +44,7 @@ from rich.table import Table
 
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
+from arena.llm.roles.user_sim import UserBehaviour, user_behaviour
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.tool_reward import answer_in
 from lake.eigen_catalog import EigenCatalog
@@ -421,13 +422,19 @@ def heldout_instances(settings: ArenaSettings | EigenCatalog) -> list[VerifiedSa
 
 
 def interactive_cases(
-    samples: Sequence[VerifiedSample], runner: Runner, user: UserSimulator, *, timeout_s: float | None = None
+    samples: Sequence[VerifiedSample],
+    runner: Runner,
+    user: UserSimulator,
+    *,
+    timeout_s: float | None = None,
+    behaviour: UserBehaviour | None = None,
 ) -> list[EvalCase]:
-    """One case per held-out instance: a fresh ``InteractiveEnvironment`` per trial, ``user`` as the user."""
+    """One case per held-out instance: a fresh ``InteractiveEnvironment`` per trial, ``user`` as the
+    user (with ``behaviour``'s rates; default all off)."""
     from environments.environment import InteractiveEnvironment
 
     def factory(sample: VerifiedSample) -> Callable[[], Any]:
-        return lambda: InteractiveEnvironment(sample, runner, user, timeout_s=timeout_s)
+        return lambda: InteractiveEnvironment(sample, runner, user, timeout_s=timeout_s, behaviour=behaviour)
 
     return [EvalCase(sample=s, make_env=factory(s)) for s in samples]
 
@@ -595,7 +602,7 @@ async def _evaluate_held_out(
             else:
                 gateway = open_gateway(settings)
                 simulator = GatewayUserSimulator(gateway)
-            cases += interactive_cases(plan.instances, pool, simulator)
+            cases += interactive_cases(plan.instances, pool, simulator, behaviour=user_behaviour(settings))
         with Progress(
             TextColumn("eval"),
             BarColumn(),

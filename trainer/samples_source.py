@@ -8,20 +8,25 @@ also committed to the trainer's consumer group after each checkpoint so
 ``arena lag`` shows how far training got; they are never read back.
 
 A record that does not decode goes to ``<topic>.dlq`` with the reason and
-counts as taken, so a bad record is neither lost nor retried forever.
+counts as taken, so a bad record is neither lost nor retried forever. A record the
+``screen`` turns down (``trainer.decontam``: a near-duplicate of a benchmark test item)
+goes to ``<topic>.rejected`` with the reason and counts as taken too.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from pydantic import BaseModel
 
+from arena.hashing import content_hash
+from arena.records.common import Rejection
 from arena.topics import topic
 from lake.store import ClaimCheck
 from streams.runtime import Emit, dead_letter_key, decode_async, encode, encode_claimed
@@ -30,6 +35,9 @@ T = TypeVar("T", bound=BaseModel)
 
 STAGE = "trainer"
 STAGE_VERSION = "1"
+
+Screen = Callable[[str, BaseModel], dict[str, Any] | None]
+"""(topic, sample) -> None to train on it, else the ``Rejection`` fields (gate, subject, reason, details)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class SampleSource(Generic[T]):
         offsets: dict[int, int] | None = None,
         poll_ms: int = 500,
         claims: ClaimCheck | None = None,
+        screen: Screen | None = None,
     ) -> None:
         self.name = name
         self.spec = topic(name)
@@ -68,6 +77,9 @@ class SampleSource(Generic[T]):
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self.dead_letters = 0
+        self._screen = screen
+        self.screened_out = 0
+        """Samples the screen sent to ``<topic>.rejected`` instead of training."""
 
     async def start(self, producer: AIOKafkaProducer) -> None:
         self._producer = producer
@@ -154,6 +166,12 @@ class SampleSource(Generic[T]):
             self.dead_letters += 1
             return None
         assert decoded.record is not None
+        if self._screen is not None and (why := self._screen(self.name, decoded.record)) is not None:
+            rejection = Rejection(stage=STAGE, topic=self.name, source_key=key, **why)
+            rejection_key = content_hash([key, rejection.gate, rejection.subject])
+            await self._send(Emit(self.spec.rejected, rejection_key, rejection, (key,)))
+            self.screened_out += 1
+            return None
         return Taken(decoded.record, key, raw.partition, raw.offset)  # type: ignore[arg-type]
 
     async def _send(self, emit: Emit) -> None:

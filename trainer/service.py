@@ -60,6 +60,7 @@ from lake.store import ClaimCheck, open_store
 from streams.runtime import Emit, encode
 from trainer.batching import BatchFiller, Group, is_valid
 from trainer.checkpoint import Checkpoints, StepRecord
+from trainer.decontam import trainer_screen
 from trainer.episodes import Episodes
 from trainer.learner import Learner
 from trainer.policy import HfBackend
@@ -218,8 +219,11 @@ class TrainerService:
         self.producer = producer
         group = self.cfg.group_id
         claims = ClaimCheck.from_settings(self.settings)  # large samples travel as claims to the lake
+        screen = trainer_screen(self.settings.home)  # once `arena decontam index` ran: no benchmark twins
         self.sources = {
-            name: SampleSource(self.bootstrap, name, group_id=group, offsets=offsets.get(name), claims=claims)
+            name: SampleSource(
+                self.bootstrap, name, group_id=group, offsets=offsets.get(name), claims=claims, screen=screen
+            )
             for name in ("samples.sft", "samples.verified")
         }
         status = "failed"

@@ -13,12 +13,14 @@ requirements and goal actions). The dialogue's database lives in one sandbox ses
 whole dialogue (``STATE`` bound from the initial state, the pack's tools loaded; see ``load_tools``
 and ``call_tool``), and every agent and user tool call is a call in it (a failing call leaves the
 database as it was); the final state is read from it at the end, and the session is closed however
-the dialogue ended. The agent acts until it sends a message; the user answers, first running its
-user-tool calls. Dual-control fill-in: when the agent asked for in-app actions
-(``user_action_requests``) and the simulator made no tool call (the rules simulator never does),
-the user performs the requested action if it can -- with the arguments the intent plans for it
-(a goal's user call), else the pre-filled ones completed from ``known_info`` (the code on the
-phone).
+the dialogue ended. The agent acts until it sends a message; the user answers. Dual control: only
+the simulator acts for the user (nothing here fills in the user's actions). It sees the agent's
+in-app requests (``user_action_requests``, as ``action_requests``), what the user knows
+(``known_info``) and means to enter (the intent's user calls, as ``planned_actions``); when it
+returns user-tool calls with no message, they run and it is asked again with their outputs
+(``own_actions``) -- at most ``MAX_USER_STEPS`` asks per reply -- so its message reports what the
+app showed. This is the same exchange as in RL rollouts and evaluation
+(``environments.environment.InteractiveEnvironment.user_turn``).
 
 Why a dialogue ended (``Dialog.end_signal``, an ``arena.records.eigen.EndSignal``):
 
@@ -55,7 +57,15 @@ from arena.llm.roles.eigen_dialogs import (
     TrajectoryAgentInput,
     dialog_system_message,
 )
-from arena.llm.roles.user_sim import USER_SIMULATOR, DialogueMessage, UserSimInput, UserTurn
+from arena.llm.roles.user_sim import (
+    USER_SIMULATOR,
+    DialogueMessage,
+    UserAction,
+    UserActionResult,
+    UserBehaviour,
+    UserSimInput,
+    UserTurn,
+)
 from arena.records.eigen import Dialog, DialogCall, EndSignal
 from environments.environment import MAX_OUTPUT_CHARS, argument_error
 from sandbox.env_runtime import EnvSession, Runner
@@ -66,6 +76,8 @@ log = logging.getLogger(__name__)
 
 MAX_TURNS = 12
 MAX_AGENT_STEPS = 12
+MAX_USER_STEPS = 3
+"""Asks of the user simulator per reply: acting (tool calls, no message), then reporting."""
 
 
 def system_message(pack: DomainPack, state: Mapping[str, Any]) -> str:
@@ -81,10 +93,24 @@ def user_instructions(intent: UserIntent) -> str:
     )
 
 
-def opening_message(intent: UserIntent) -> str:
+def opening_message(intent: UserIntent, behaviour: UserBehaviour | None = None) -> str:
+    """The reason for the call, with the email unless the user withholds it (``incomplete_info``)."""
     email = intent.known_info.get("email")
     text = intent.reason_for_call.strip()
+    rules = behaviour or UserBehaviour()
+    if rules.happens(rules.incomplete_info, user_instructions(intent), "incomplete_info", "opening"):
+        return text
     return f"{text} My email is {email}." if email and email not in text else text
+
+
+def planned_actions(intent: UserIntent) -> list[UserAction]:
+    """The user's own calls the intent plans (the values the user would enter in the app)."""
+    return [
+        UserAction(name=call.name, arguments=call.arguments)
+        for goal in intent.goals
+        for call in goal.calls
+        if call.actor == "user"
+    ]
 
 
 def goal_actions(intent: UserIntent) -> list[str]:
@@ -94,31 +120,6 @@ def goal_actions(intent: UserIntent) -> list[str]:
             if call.actor == "agent" and call.name not in names:
                 names.append(call.name)
     return names
-
-
-def _fill_in(intent: UserIntent, request: AgentToolCall, specs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Arguments the user can give ``request`` (None: the user cannot perform it)."""
-    spec = specs.get(request.name)
-    if spec is None:
-        return None
-    for goal in intent.goals:
-        for call in goal.calls:
-            if call.actor == "user" and call.name == request.name:
-                if all(
-                    call.arguments.get(k) == v for k, v in request.arguments.items() if k in call.arguments
-                ):
-                    return {**request.arguments, **call.arguments}
-    arguments = dict(request.arguments)
-    for name in spec["function"]["parameters"].get("required", []):
-        if arguments.get(name) is not None:
-            continue
-        known = intent.known_info.get(name) or next(
-            (v for k, v in intent.known_info.items() if k.endswith(name)), None
-        )
-        if known is None:
-            return None
-        arguments[name] = known
-    return arguments
 
 
 # --------------------------------------------------------------------------- a pack's tools in a session
@@ -362,8 +363,10 @@ class DialogLoop:
         max_agent_steps: int = MAX_AGENT_STEPS,
         sampling: Sampling | None = None,
         timeout_s: float | None = None,
+        behaviour: UserBehaviour | None = None,
     ) -> None:
         self.pack = pack
+        self.behaviour = behaviour or UserBehaviour()
         self.intent = intent
         self.gateway = gateway
         self.max_turns = max_turns
@@ -374,7 +377,7 @@ class DialogLoop:
         self.initial = copy.deepcopy(self.session.initial)
         self.instructions = user_instructions(intent)
         self.goals = goal_actions(intent)
-        opening = opening_message(intent)
+        opening = opening_message(intent, self.behaviour)
         self.run_ = _Run(
             messages=[
                 {"role": "system", "content": system_message(pack, state)},
@@ -383,6 +386,8 @@ class DialogLoop:
             dialogue=[DialogueMessage(role="user", content=opening)],
         )
         self.path: list[DialogState] = []
+        self.own_actions: list[UserActionResult] = []
+        """The user's tool calls so far and what they returned (the simulator's ``own_actions``)."""
 
     async def run(self) -> Dialog:
         """The dialogue; its sandbox session is closed when it ends, whatever ended it."""
@@ -429,6 +434,10 @@ class DialogLoop:
             user_tools=self.pack.user_tools,
             messages=run.messages,
             app_events=run.events,
+            # the rules stand-in's reading of the pack (never sent to a model): packs outside the
+            # bundled folder need it
+            synthesis=self.pack.synthesis,
+            policy_source=self.pack.policy_source,
         )
         answer = await self.gateway.call(EIGEN_TRAJECTORY_AGENT, inputs, self.sampling)
         step = answer.output
@@ -476,8 +485,16 @@ class DialogLoop:
         run = self.run_
         if run.turns >= self.max_turns:
             return run.done("max_turns")
+        index = len(run.messages)
         try:
-            turn = await self._ask_user()
+            for _ in range(MAX_USER_STEPS):
+                turn = await self._ask_user()
+                for action in turn.tool_calls:
+                    await self._act(action, index)
+                if turn.message.strip() or turn.signal != "continue":
+                    break
+            else:
+                raise _UserFailed(f"user simulator acted {MAX_USER_STEPS} times without a message")
         except _UserFailed as exc:
             log.warning("dialogue for %r ended on a user-simulator error: %s", self.intent.objective, exc)
             return run.done("user_error", str(exc))
@@ -485,22 +502,25 @@ class DialogLoop:
             if turn.message.strip():
                 run.messages.append({"role": "user", "content": turn.message})
             return run.done(turn.signal)
-        index = len(run.messages)
-        for action in self._app_actions(turn):
-            done = await self.session.execute(action.name, action.arguments, "user", index)
-            run.events.append(
-                AppEvent(
-                    name=done.name,
-                    arguments=done.arguments,
-                    ok=done.ok,
-                    output=done.output,
-                    after_message=index,
-                )
-            )
         run.messages.append({"role": "user", "content": turn.message})
         run.dialogue.append(DialogueMessage(role="user", content=turn.message))
         run.turns += 1
         return DialogState.AGENT
+
+    async def _act(self, action: UserAction, index: int) -> None:
+        """Run one user-tool call in the dialogue's session: the agent sees it as an app event, the
+        user what it returned (``own_actions``)."""
+        done = await self.session.execute(action.name, dict(action.arguments), "user", index)
+        self.run_.events.append(
+            AppEvent(
+                name=done.name, arguments=done.arguments, ok=done.ok, output=done.output, after_message=index
+            )
+        )
+        self.own_actions.append(
+            UserActionResult(
+                name=done.name, arguments=done.arguments, ok=done.ok, output=done.output, turn=self.run_.turns
+            )
+        )
 
     async def _ask_user(self) -> UserTurn:
         """The ``user_simulator`` role's next move; ``_UserFailed`` when it gave none to use."""
@@ -512,6 +532,12 @@ class DialogLoop:
             completed_actions=[c.name for c in self.session.calls if c.actor == "agent" and c.changed_state],
             dialogue=run.dialogue,
             user_tools=self.pack.user_tools,
+            known_info=self.intent.known_info,
+            persona=f"{self.intent.persona.role} ({self.intent.persona.tone})",
+            planned_actions=planned_actions(self.intent),
+            action_requests=[UserAction(name=r.name, arguments=r.arguments) for r in run.requests],
+            own_actions=self.own_actions,
+            behaviour=self.behaviour,
             turn=run.turns,
             max_turns=self.max_turns,
         )
@@ -522,16 +548,6 @@ class DialogLoop:
         if turn.signal == "continue" and not turn.message.strip() and not turn.tool_calls:
             raise _UserFailed("user simulator reply unusable: continue with no message and no tool call")
         return turn
-
-    def _app_actions(self, turn: UserTurn) -> list[AgentToolCall]:
-        """The user's tool calls, else the in-app actions the agent asked for that the user can perform."""
-        actions = [AgentToolCall(name=a.name, arguments=a.arguments) for a in turn.tool_calls]
-        if not actions:
-            for request in self.run_.requests:
-                filled = _fill_in(self.intent, request, self.session.specs["user"])
-                if filled is not None:
-                    actions.append(AgentToolCall(name=request.name, arguments=filled))
-        return actions
 
 
 async def synthesize_dialog(
@@ -545,6 +561,7 @@ async def synthesize_dialog(
     max_agent_steps: int = MAX_AGENT_STEPS,
     sampling: Sampling | None = None,
     timeout_s: float | None = None,
+    behaviour: UserBehaviour | None = None,
 ) -> Dialog:
     """One dialogue on ``state`` for ``intent`` (see the module docstring)."""
     loop = DialogLoop(
@@ -557,5 +574,6 @@ async def synthesize_dialog(
         max_agent_steps=max_agent_steps,
         sampling=sampling,
         timeout_s=timeout_s,
+        behaviour=behaviour,
     )
     return await loop.run()

@@ -51,6 +51,7 @@ from arena.llm.roles.eigen_dialogs import (
     TrajectoryValidationInput,
     TrajectoryVerdict,
 )
+from arena.llm.roles.user_sim import UserBehaviour
 from arena.records.eigen import Dialog, DialogVerdict
 from environments.environment import argument_error
 from sandbox.env_runtime import Runner
@@ -63,8 +64,21 @@ from streams.eigen.packs import DomainPack
 from streams.eigen.verification import policy_check
 from streams.eigen.workers import modify_task
 
-HELPER_WRITES = ("send_verification_code", "add_order_note", "transfer_to_human")
-"""State-changing agent tools that are never an unasked-for action."""
+
+def helper_writes(pack: DomainPack) -> set[str]:
+    """State-changing agent tools that are never an unasked-for action: the identity check's and
+    the declared helpers (notes, transfers)."""
+    spec = pack.synthesis
+    if spec is None:
+        return set()
+    return {*(t for t in (spec.customer.verify_tool,) if t), *spec.helper_tools}
+
+
+def id_arguments(pack: DomainPack) -> set[str]:
+    """Arguments that name a record (the customer's and the entities' id fields)."""
+    return pack.synthesis.id_fields() if pack.synthesis is not None else {"user_id"}
+
+
 ID_RE = re.compile(r"\b[A-Z]{1,3}-\d{2,}\b")
 MONEY_RE = re.compile(r"(\d+(?:\.\d+)?)\s*USD|\$\s?(\d+(?:\.\d+)?)")
 DATE_RE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
@@ -238,14 +252,13 @@ def _goal_issues(pack: DomainPack, intent: UserIntent, dialog: Dialog) -> list[D
                     )
                 )
     planned = [c for g in intent.goals for c in g.calls]
+    helpers, ids = helper_writes(pack), id_arguments(pack)
     for done in ran:
-        if done.actor != "agent" or not done.changed_state or done.name in HELPER_WRITES:
+        if done.actor != "agent" or not done.changed_state or done.name in helpers:
             continue
         if not any(
             p.name == done.name
-            and _matches(
-                {k: v for k, v in p.arguments.items() if k in ("order_id", "user_id")}, done.arguments
-            )
+            and _matches({k: v for k, v in p.arguments.items() if k in ids}, done.arguments)
             for p in planned
         ):
             what = f"{done.name}({json.dumps(done.arguments, sort_keys=True)})"
@@ -470,6 +483,7 @@ async def validate_with_dialog_repair(
     max_rounds: int = 3,
     max_turns: int = MAX_TURNS,
     timeout_s: float | None = None,
+    behaviour: UserBehaviour | None = None,
 ) -> DialogOutcome:
     """Judge; while it fails and fewer than ``max_rounds`` rounds were done, repair and re-synthesize.
 
@@ -513,4 +527,5 @@ async def validate_with_dialog_repair(
             max_turns=max_turns,
             sampling=Sampling(seed=rounds),
             timeout_s=timeout_s,
+            behaviour=behaviour,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from arena.llm.roles.eigen_dialogs import EIGEN_TRAJECTORY_AGENT
-from arena.llm.roles.user_sim import USER_SIMULATOR
+from arena.llm.roles.user_sim import USER_SIMULATOR, user_behaviour
 from arena.records.eigen import DialogPayload, EigenDialog, EigenTask
 from streams.eigen.dialog_loop import synthesize_dialog
 from streams.eigen.items import lineage_of, make_item, open_item
@@ -28,10 +28,11 @@ async def handle(record: EigenTask, ctx: Context) -> Sequence[Emit]:
         work.pack,
         task.intent,
         work.state,
-        gateway_for(ctx.settings),
+        work.prompt_set.gateway(gateway_for(ctx.settings)),  # agent and user with the set's prompts
         await sandbox_pool_for(ctx.settings),
         max_turns=ctx.settings.eigen.max_turns,
         timeout_s=ctx.settings.sandbox.timeout_s,
+        behaviour=user_behaviour(ctx.settings),
     )
     body = DialogPayload(
         scenario=task.scenario, intent=task.intent, task_repair_rounds=task.repair_rounds, dialog=dialog

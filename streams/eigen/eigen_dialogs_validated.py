@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from arena.llm.roles.eigen import EIGEN_MODIFY
 from arena.llm.roles.eigen_dialogs import EIGEN_TRAJECTORY_VALIDATION
+from arena.llm.roles.user_sim import user_behaviour
 from arena.records.eigen import EigenDialog, EigenValidated, ValidatedPayload
 from streams.eigen.audit import record_and_audit
 from streams.eigen.dialogs import validate_with_dialog_repair
@@ -35,11 +36,12 @@ async def handle(record: EigenDialog, ctx: Context) -> Sequence[Emit]:
         body.intent,
         body.dialog,
         work.state,
-        gateway_for(ctx.settings),
+        work.prompt_set.gateway(gateway_for(ctx.settings)),  # every role with the set's prompt
         await sandbox_pool_for(ctx.settings),
-        max_rounds=ctx.settings.eigen.max_repair_rounds,
+        max_rounds=ctx.settings.eigen.max_repair_rounds if work.prompt_set.plan.runs("Modify") else 0,
         max_turns=ctx.settings.eigen.max_turns,
         timeout_s=ctx.settings.sandbox.timeout_s,
+        behaviour=user_behaviour(ctx.settings),
     )
     ratings = outcome.verdict.ratings
     await record_and_audit(

@@ -17,14 +17,13 @@ from arena.llm.roles.eigen import (
     EIGEN_USER_INTENT,
     EntityRef,
     RandomPoolInput,
-    UserIntentInput,
 )
 from arena.llm.routing import budget_for
 from arena.records.eigen import EigenIntent, EigenSeed, IntentPayload
 from streams.eigen.audit import repilot
 from streams.eigen.evolution import PILOT_TOPIC, pilot_key
 from streams.eigen.items import lineage_of, make_item, open_item
-from streams.eigen.workers import domain_summary, entities_within, entity_refs, state_slice
+from streams.eigen.workers import domain_summary, entities_within, entity_refs, user_intent_input
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
 
@@ -65,7 +64,7 @@ async def handle(record: EigenSeed, ctx: Context) -> Sequence[Emit]:
         domain=domain, seed=scenario.seed, params=prompt_set.params, entities=entities
     )
     draw = (await gateway.call(pool_role, draw_input)).output
-    intent_input = UserIntentInput(draw=draw, domain=domain, records=state_slice(state, draw))
+    intent_input = await asyncio.to_thread(user_intent_input, pack, state, draw, domain)
     intent = (await gateway.call(prompt_set.role(EIGEN_USER_INTENT), intent_input)).output
     body = IntentPayload(
         scenario=scenario.model_copy(update={"set_version": prompt_set.version}),

@@ -30,11 +30,12 @@ async def handle(record: EigenIntent, ctx: Context) -> Sequence[Emit]:
     body, pack, state = work.body, work.pack, work.state
     outcome = await validate_with_repair(
         body.intent,
-        gateway=gateway_for(ctx.settings),
+        gateway=work.prompt_set.gateway(gateway_for(ctx.settings)),  # every role with the set's prompt
         runner=await sandbox_pool_for(ctx.settings),
         pack=pack,
         state=state,
-        max_rounds=ctx.settings.eigen.max_repair_rounds,
+        # the set's workflow decides whether Modify repairs an infeasible task
+        max_rounds=ctx.settings.eigen.max_repair_rounds if work.prompt_set.plan.runs("Modify") else 0,
         timeout_s=ctx.settings.sandbox.timeout_s,
     )
     await record_and_audit(

@@ -3,7 +3,9 @@
 From an accepted dialogue: the reference calls (every agent and user call that ran, replayed from
 the seeded database with the pack's tools) and the reference final state give the generated
 ``verify(initial_state, final_state, calls)`` (``streams.eigen.verification``). It is run in the
-sandbox on the dialogue's own final state and call log, which it must pass; the instance is then
+sandbox on the dialogue's own final state and call log, which it must pass, then through the
+mutation gate (``streams.eigen.mutation``: correct variants pass, every perturbation of the reference
+fails, the pack's policy embedded unchanged), which rejects a weakened verifier; the instance is then
 catalogued with its split (content hash mod ``envs.heldout_k``, bucket 0 held out for
 ``arena eval``). Training-split instances go out as
 
@@ -27,15 +29,19 @@ from environments.environment import read_verdict, verify_program
 from environments.render import ToolCall
 from environments.user_view import MARKERS, Signal, ViewTurn, user_view_messages
 from lake.env_packages import split_of
+from sandbox.env_runtime import Runner
 from streams.eigen.dialog_loop import user_instructions
 from streams.eigen.items import load_pack, make_item
+from streams.eigen.mutation import GateReport, gate_cases, gate_program, judge, policy_integrity
 from streams.eigen.packs import DomainPack
-from streams.eigen.verification import build_instance, interactive_sample
+from streams.eigen.verification import build_instance, interactive_sample, replay_reference
 from streams.resources import eigen_store_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"
 GATE = "verification"
+GATE_CHUNK = 8
+"""Mutation-gate cases per sandbox run (each run gets the sandbox's usual timeout)."""
 SOURCE = "eigen"
 
 
@@ -119,6 +125,13 @@ async def handle(record: EigenValidated, ctx: Context) -> Sequence[Emit]:
             else f"the verifier fails its own dialogue: {verdict.components}"
         )
         return [ctx.reject(GATE, record.item_id, reason, record=record.model_dump(mode="json"))]
+    report = await mutation_gate(pack, instance, pool, ctx.settings.sandbox.timeout_s)
+    if not report.passed:
+        reason = f"the mutation gate rejects the verification function: {report.reason}"
+        details = {"mutation_gate": report.model_dump(mode="json")}
+        return [
+            ctx.reject(GATE, record.item_id, reason, details=details, record=record.model_dump(mode="json"))
+        ]
     instance.update({"prompt_set": record.prompt_set, "item_id": record.item_id})
     split = split_of(instance["instance_id"], ctx.settings.envs.heldout_k)
     sample = _sample(pack, instance, dialog, split, record.item_id)
@@ -136,7 +149,7 @@ async def handle(record: EigenValidated, ctx: Context) -> Sequence[Emit]:
         instance=instance,
         sample_id=sample.sample_id,
         split=split,
-        verdict=verdict.model_dump(mode="json"),
+        verdict={**verdict.model_dump(mode="json"), "mutation_gate": report.model_dump(mode="json")},
     )
     item = make_item(EigenVerified, record, verified, domain=pack.name, prompt_set=record.prompt_set)
     emits = [Emit("eigen.verified", item.item_id, item, (ctx.source_key,))]
@@ -147,6 +160,37 @@ async def handle(record: EigenValidated, ctx: Context) -> Sequence[Emit]:
         Emit("samples.sft", s.sample_id, s, (item.item_id,)) for s in sft_samples(body, pack, item.item_id)
     ]
     return emits
+
+
+async def mutation_gate(
+    pack: DomainPack, instance: dict[str, Any], pool: Runner, timeout_s: float
+) -> GateReport:
+    """The mutation gate (``streams.eigen.mutation``) on an instance's verifier, its cases run in the sandbox.
+
+    The cases come from the reference trajectory alone (replayed with the pack's tools here); the
+    verifier must pass the correct ones and fail every perturbation, and embed the pack's policy
+    unchanged. A verifier whose checks were weakened is rejected before anything is published.
+    """
+    problem = policy_integrity(instance["verify"], pack)
+    if problem:
+        return GateReport(
+            passed=False, cases=0, perturbations=0, wrong=[], reason=f"policy integrity: {problem}"
+        )
+    initial = instance["initial_state"]
+    records, final = await asyncio.to_thread(replay_reference, pack, initial, instance["reference_calls"])
+    cases = await asyncio.to_thread(gate_cases, pack, initial, records, final)
+    outcomes: list[bool] = []
+    for start in range(0, len(cases), GATE_CHUNK):  # each sandbox run a verify's timeout's worth
+        chunk = cases[start : start + GATE_CHUNK]
+        result = await pool.run(
+            gate_program(instance["verify"], initial, final, records, chunk), timeout_s=timeout_s
+        )
+        if not result.ok or not isinstance(result.return_value, list):
+            error = (result.error or "no outcomes")[:300]
+            reason = f"the gate run failed on cases {start}-{start + len(chunk) - 1}: {error}"
+            return GateReport(passed=False, cases=len(cases), perturbations=0, wrong=[], reason=reason)
+        outcomes += [bool(v) for v in result.return_value]
+    return judge(cases, outcomes)
 
 
 def _sample(

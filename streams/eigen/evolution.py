@@ -5,17 +5,25 @@
   Engineer (``eigen_prompt_engineer``), each conditioned on the summaries of all earlier sets; every
   worker prompt is registered in the catalog (``Catalog.register_prompt``: versions queryable per
   role), every set in ``lake.eigen_catalog`` (parameter version 1).
-- Phase 2, ``pilot(set, ...)``: up to 16 iterations; each draws a small batch with the set's
-  prompts and parameters (RandomPool -> UserIntent -> the TaskValidation probe in the sandbox, from
-  ``streams.eigen.workers``) and measures the INFEASIBLE share before repair, tool-call validity
-  (the share of the intent's must-have functions that exist and whose goal / plan calls are
-  schema-valid), task quality (richness of the spec) and its change. A ``PilotMetrics`` per
-  iteration is returned (and handed to ``publish``, e.g. a producer of ``eigen.pilot.metrics``).
-  It stops once infeasibility <= threshold, validity >= threshold and quality is stable; otherwise,
-  with ``evolve``, the Judge (``eigen_judge``) critiques the batch, its parameter updates are
-  applied and the Prompt Engineer revises the prompts with its edits (critique, new prompt
-  versions and the new parameter version recorded in the catalog). With ``evolve=False`` nothing
-  changes between iterations.
+- Phase 2, ``pilot(set, ...)``: up to 16 iterations; each runs a small batch through the workers
+  the set's plan names (``streams.eigen.pilot_chain.run_item``: RandomPool -> UserIntent ->
+  TaskValidation (+ Modify) -> DialogSynthesis -> TrajectoryValidation (+ Modify) ->
+  VerificationFunction), every LLM worker with the set's prompt for it, and measures the
+  INFEASIBLE share before repair, tool-call validity (the share of the intent's must-have
+  functions that exist and whose goal / plan calls are schema-valid), task quality (richness of
+  the spec) and its change, the dialogue pass rate and quality, the verified share (items that
+  ended as a verified instance) and the calls made per worker role (which workers ran). A
+  ``PilotMetrics`` per iteration is returned (and handed to ``publish``, e.g. a producer of
+  ``eigen.pilot.metrics``) and logged in the catalog's evolution log
+  (``EigenCatalog.record_iteration``: plan, prompt version per worker, metrics). It stops once
+  infeasibility <= threshold, validity >= threshold, the dialogue pass rate >= threshold and
+  quality is stable; otherwise, with ``evolve``, the Judge (``eigen_judge``) critiques the batch's
+  metrics and a sample of its failing tasks / dialogues with the validators' and verifier's
+  diagnosis, proposing edits per worker role; the Planner replans from that review (``replan``:
+  which workers run next, which workers' prompts may evolve); parameter updates apply while
+  RandomPool evolves, and the Prompt Engineer rewrites exactly the prompts of the evolving workers
+  that got edits (critique, new prompt versions, plan and parameter version recorded in the
+  catalog). With ``evolve=False`` nothing changes between iterations.
 - Phase 3, ``detect_drift(history)``: reasons a set in large-scale generation should go back to
   phase 2 (rising repair rounds, new schema errors, falling quality / realism); ``audit`` does it.
 """
@@ -32,48 +40,41 @@ from pydantic import BaseModel, Field
 
 from arena.config import EigenSettings
 from arena.hashing import content_hash
-from arena.llm.core import InvalidOutput, Role, Undecidable
+from arena.llm.core import Role
 from arena.llm.gateway import Gateway, PromptCatalog
 from arena.llm.roles.eigen import (
-    EIGEN_RANDOM_POOL,
     EIGEN_ROLES,
-    EIGEN_USER_INTENT,
-    GOAL_TEMPLATES,
     PoolParams,
-    RandomPoolInput,
     TaskVerdict,
     UserIntent,
-    UserIntentInput,
+    template_kinds,
 )
+from arena.llm.roles.eigen_dialogs import EIGEN_DIALOG_ROLES
 from arena.llm.roles.eigen_orchestration import (
     EIGEN_JUDGE,
     EIGEN_PLANNER,
     EIGEN_PROMPT_ENGINEER,
+    PROMPTED_ROLES,
     BatchMetrics,
     Critique,
     GenerationRequest,
     JudgeInput,
     ParamUpdate,
     PilotThresholds,
+    PlanReview,
     PromptEngineerInput,
     PromptSetSummary,
     WorkerPrompt,
     WorkflowPlan,
 )
+from arena.llm.roles.user_sim import USER_SIMULATOR
 from arena.records.eigen import PilotMetrics
 from environments.environment import argument_error
 from lake.eigen_catalog import EigenCatalog
 from sandbox.env_runtime import Runner
 from streams.eigen.packs import DomainPack
-from streams.eigen.workers import (
-    MAX_ROUNDS,
-    domain_summary,
-    entity_refs,
-    state_slice,
-    static_problems,
-    validate_task,
-    validate_with_repair,
-)
+from streams.eigen.pilot_chain import BatchResult, PromptedGateway, run_item, sample_failures
+from streams.eigen.workers import domain_summary, static_problems
 
 __all__ = [
     "MAX_PILOT_ITERATIONS",
@@ -81,6 +82,7 @@ __all__ = [
     "BatchResult",
     "PilotResult",
     "PromptSet",
+    "PromptedGateway",
     "audit",
     "detect_drift",
     "make_prompt_sets",
@@ -88,13 +90,18 @@ __all__ = [
     "pilot",
     "pilot_key",
     "plan_workflow",
+    "replan",
     "thresholds_from",
+    "workers_run",
 ]
 
 MAX_PILOT_ITERATIONS = 16
 """Most self-evolution iterations per prompt set (§4.4 phase 2)."""
 PILOT_TOPIC = "eigen.pilot.metrics"
-_KNOWN_ROLES: dict[str, Role[Any, Any]] = {r.name: r for r in EIGEN_ROLES}
+_KNOWN_ROLES: dict[str, Role[Any, Any]] = {
+    r.name: r for r in (*EIGEN_ROLES, *EIGEN_DIALOG_ROLES, USER_SIMULATOR)
+}
+"""Every role a prompt set can carry a prompt for (``PROMPTED_ROLES``), with its default prompt."""
 
 Publish = Callable[[PilotMetrics], Awaitable[None] | None]
 
@@ -114,14 +121,23 @@ class PromptSet(BaseModel):
         default_factory=dict, description="Worker role -> prompt version id."
     )
     guidance: list[str] = Field(default_factory=list, description="Prompt edits applied so far.")
+    worker_guidance: dict[str, list[str]] = Field(
+        default_factory=dict, description="Worker role -> the prompt edits applied to its prompt so far."
+    )
     parent: str | None = None
     conditioned_on: list[str] = Field(default_factory=list)
     version: int = 1
 
     def role(self, base: Role[Any, Any]) -> Role[Any, Any]:
-        """``base`` with this set's prompt for it (the role name, and so the rule, stays)."""
+        """``base`` with this set's prompt for it (the role name, and so the rule, stays).
+
+        ``gateway`` below does this for every call a worker makes."""
         system = self.prompts.get(base.name)
         return base if system is None else dataclasses.replace(base, system=system)
+
+    def gateway(self, gateway: Gateway) -> PromptedGateway:
+        """``gateway`` calling every role with this set's prompt for it: hand it to any worker function."""
+        return PromptedGateway(gateway, self.prompts)
 
     def summary_for_later(self) -> PromptSetSummary:
         return PromptSetSummary(
@@ -139,6 +155,11 @@ def _prompt_text(role_name: str, system: str) -> str:
     if known is not None:
         return dataclasses.replace(known, system=system).prompt_text
     return f"{system}\n---\n{{input}}"
+
+
+def _defaults(roles: Mapping[str, Any]) -> dict[str, str]:
+    """The default prompt of each of ``roles`` (a set written before its worker was planned has none)."""
+    return {r: _KNOWN_ROLES[r].system for r in roles if r in _KNOWN_ROLES}
 
 
 def _register(catalog: PromptCatalog | None, prompts: Mapping[str, str]) -> dict[str, str]:
@@ -195,7 +216,8 @@ async def make_prompt_sets(
         raise ValueError("k must be at least 1")
     plan = plan or await plan_workflow(gateway, pack, state)
     domain = domain_summary(pack, state)
-    base = [WorkerPrompt(worker=r.name, system=r.system) for r in EIGEN_ROLES]
+    roles = [r for w in plan.workers for r in PROMPTED_ROLES.get(w.name, ()) if r in _KNOWN_ROLES]
+    base = [WorkerPrompt(worker=r, system=_KNOWN_ROLES[r].system) for r in roles]
     sets: list[PromptSet] = []
     for position in range(k):
         inputs = PromptEngineerInput(
@@ -247,16 +269,6 @@ async def make_prompt_sets(
 # --------------------------------------------------------------------------- phase 2: measuring
 
 
-class BatchResult(BaseModel):
-    """One generated task of a pilot batch and what validation said."""
-
-    seed: int
-    intent: UserIntent | None = None
-    verdict: TaskVerdict | None = Field(default=None, description="The first verdict (before repair).")
-    repair_rounds: int | None = None
-    error: str | None = Field(default=None, description="Why no intent came (generation failure).")
-
-
 def _validity(pack: DomainPack, intent: UserIntent, verdict: TaskVerdict | None) -> float:
     """Share of must-have functions that exist and whose goal / plan calls are schema-valid."""
     specs = {s["function"]["name"]: s for s in pack.agent_tools + pack.user_tools}
@@ -287,26 +299,52 @@ def _quality(intent: UserIntent, params: PoolParams) -> float:
     return sum(checks) / len(checks)
 
 
-def measure_batch(pack: DomainPack, params: PoolParams, results: Sequence[BatchResult]) -> BatchMetrics:
-    """The batch's metrics (see the module docstring)."""
-    done = [r for r in results if r.intent is not None and r.verdict is not None]
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _dialogue_metrics(results: Sequence[BatchResult]) -> dict[str, Any]:
+    """Dialogue pass rate and quality (mean dimension score) over the items that got a verdict."""
+    judged = [r.dialog_verdict for r in results if r.dialog_verdict is not None]
+    scores = [_mean([d.score for d in v.ratings.values()]) for v in judged]
+    return {
+        "dialogues": sum(1 for r in results if r.dialog is not None),
+        "dialogue_pass_rate": _mean([1.0 if v.passed else 0.0 for v in judged]),
+        "dialogue_first_pass_rate": _mean(
+            [1.0 if r.first_dialog_passed else 0.0 for r in results if r.first_dialog_passed is not None]
+        ),
+        "dialogue_quality": _mean([s for s in scores if s is not None]),
+    }
+
+
+def measure_batch(
+    pack: DomainPack, params: PoolParams, results: Sequence[BatchResult], plan: WorkflowPlan | None = None
+) -> BatchMetrics:
+    """The batch's metrics (see the module docstring); ``plan`` says which workers ran."""
+    done = [r for r in results if r.intent is not None]
+    validated = [r for r in done if r.verdict is not None]
     size = len(done)
-    available = [k for k in GOAL_TEMPLATES if k in set(pack.agent_tool_names)]
+    available = template_kinds(domain_summary(pack))  # the pack's declared goal kinds
     seen = sorted({g.kind for r in done if r.intent for g in r.intent.goals})
-    infeasible = [r for r in done if r.verdict and r.verdict.status == "INFEASIBLE"]
+    infeasible = [r for r in validated if r.verdict and r.verdict.status == "INFEASIBLE"]
     shares: dict[str, float] = {}
     examples: list[str] = []
     for r in infeasible:
         assert r.verdict is not None
         for category in sorted({f.category for f in r.verdict.failure_reasons}):
-            shares[category] = shares.get(category, 0.0) + 1.0 / max(1, size)
+            shares[category] = shares.get(category, 0.0) + 1.0 / max(1, len(validated))
         examples += r.verdict.reasons[:1]
     schema_errors = sorted({p for r in done if r.intent for p in static_problems(pack, r.intent)})
     rounds = [r.repair_rounds for r in done if r.repair_rounds is not None]
+    stages: dict[str, int] = {}
+    for r in results:
+        if r.failed_at is not None:
+            stages[r.failed_at] = stages.get(r.failed_at, 0) + 1
+    verifying = plan is None or plan.runs("VerificationFunction")
     return BatchMetrics(
         size=size,
         generation_failures=len(results) - size,
-        infeasibility=len(infeasible) / size if size else 1.0,
+        infeasibility=len(infeasible) / len(validated) if validated else (None if size else 1.0),
         failure_shares={c: round(s, 4) for c, s in shares.items()},
         tool_call_validity=(
             sum(_validity(pack, r.intent, r.verdict) for r in done if r.intent) / size if size else 0.0
@@ -321,55 +359,68 @@ def measure_batch(pack: DomainPack, params: PoolParams, results: Sequence[BatchR
         mean_repair_rounds=sum(rounds) / len(rounds) if rounds else None,
         schema_errors=schema_errors[:10],
         examples=examples[:3],
+        **_dialogue_metrics(results),
+        verified_share=(
+            sum(1 for r in results if r.verified) / len(results)
+            if verifying and any(r.dialog is not None for r in results)
+            else None
+        ),
+        needed_repair=sum(1 for r in done if r.needed_repair),
+        repaired=sum(
+            1
+            for r in done
+            if r.needed_repair and r.task_accepted is not False and r.dialogue_passed is not False
+        ),
+        failures_by_stage=stages,
     )
 
 
-async def _one(
-    seed: int,
-    prompt_set: PromptSet,
-    *,
-    gateway: Gateway,
-    runner: Runner,
-    pack: DomainPack,
-    state: Mapping[str, Any],
-    repair: bool,
-    timeout_s: float | None,
-) -> BatchResult:
-    domain = domain_summary(pack, state)
-    try:
-        draw = (
-            await gateway.call(
-                prompt_set.role(EIGEN_RANDOM_POOL),
-                RandomPoolInput(
-                    domain=domain, seed=seed, params=prompt_set.params, entities=entity_refs(state)
-                ),
-            )
-        ).output
-        intent = (
-            await gateway.call(
-                prompt_set.role(EIGEN_USER_INTENT),
-                UserIntentInput(draw=draw, domain=domain, records=state_slice(state, draw)),
-            )
-        ).output
-    except (Undecidable, InvalidOutput) as exc:
-        return BatchResult(seed=seed, error=f"{type(exc).__name__}: {exc}")
-    if repair:
-        outcome = await validate_with_repair(
-            intent,
-            gateway=gateway,
-            runner=runner,
-            pack=pack,
-            state=state,
-            max_rounds=MAX_ROUNDS,
-            timeout_s=timeout_s,
-        )
-        return BatchResult(
-            seed=seed, intent=intent, verdict=outcome.verdicts[0], repair_rounds=outcome.rounds
-        )
-    verdict = await validate_task(
-        intent, gateway=gateway, runner=runner, pack=pack, state=state, timeout_s=timeout_s
-    )
-    return BatchResult(seed=seed, intent=intent, verdict=verdict)
+def workers_run(plan: WorkflowPlan, repair: bool = True) -> list[str]:
+    """The workers a pilot batch runs under ``plan`` (``repair=False``: never Modify)."""
+    return [w for w in plan.names if repair or w != "Modify"]
+
+
+def _values(
+    batch: BatchMetrics,
+    current: PromptSet,
+    previous: BatchMetrics | None,
+    calls: Mapping[str, int],
+    ran: Sequence[str],
+) -> dict[str, float]:
+    """The ``PilotMetrics`` of one iteration: batch figures, changes, knobs, calls per worker role."""
+    values: dict[str, float] = {
+        "tool_call_validity": round(batch.tool_call_validity, 4),
+        "quality": round(batch.quality, 4),
+        "quality_change": round(abs(batch.quality - previous.quality), 4) if previous is not None else 0.0,
+        "coverage": round(batch.coverage, 4),
+        "mean_required_calls": round(batch.mean_required_calls, 4),
+        "size": float(batch.size),
+        "generation_failures": float(batch.generation_failures),
+        "schema_errors": float(len(batch.schema_errors)),
+        "param_version": float(current.version),
+        "error_prone_parameters": current.params.error_prone_parameters,
+        "policy_pressure": current.params.policy_pressure,
+        "dialogues": float(batch.dialogues),
+        "needed_repair": float(batch.needed_repair),
+        "repaired": float(batch.repaired),
+        "workers_run": float(len(ran)),
+    }
+    for key in (
+        "infeasibility",
+        "dialogue_pass_rate",
+        "dialogue_first_pass_rate",
+        "dialogue_quality",
+        "verified_share",
+    ):
+        value = getattr(batch, key)
+        if value is not None:
+            values[key] = round(float(value), 4)
+    values.update({f"failure_{c}": s for c, s in batch.failure_shares.items()})
+    values.update({f"failed_at_{stage}": float(n) for stage, n in batch.failures_by_stage.items()})
+    values.update({f"calls_{role}": float(n) for role, n in sorted(calls.items())})
+    if batch.mean_repair_rounds is not None:
+        values["repair_rounds"] = round(batch.mean_repair_rounds, 4)
+    return values
 
 
 # --------------------------------------------------------------------------- phase 2: the loop
@@ -381,11 +432,17 @@ class PilotResult(BaseModel):
     prompt_set: PromptSet
     metrics: list[PilotMetrics]
     critiques: list[Critique] = Field(default_factory=list)
+    plans: list[WorkflowPlan] = Field(default_factory=list, description="The plan each iteration ran.")
     converged: bool = False
 
     @property
     def infeasibility(self) -> list[float]:
-        return [m.metrics["infeasibility"] for m in self.metrics]
+        """Per iteration that measured it (one whose plan ran TaskValidation)."""
+        return [m.metrics["infeasibility"] for m in self.metrics if "infeasibility" in m.metrics]
+
+    def series(self, key: str) -> list[float | None]:
+        """One metric over the iterations (None where an iteration has none)."""
+        return [m.metrics.get(key) for m in self.metrics]
 
 
 def _apply_updates(params: PoolParams, updates: Sequence[ParamUpdate]) -> PoolParams:
@@ -397,12 +454,20 @@ def _apply_updates(params: PoolParams, updates: Sequence[ParamUpdate]) -> PoolPa
     return PoolParams.model_validate(merged)
 
 
-def _converged(metrics: BatchMetrics, previous_quality: float | None, t: PilotThresholds) -> bool:
-    if metrics.infeasibility > t.max_infeasibility or metrics.tool_call_validity < t.min_validity:
+def _converged(metrics: BatchMetrics, previous: BatchMetrics | None, t: PilotThresholds) -> bool:
+    """§4.4 phase 2: tasks feasible, calls valid, dialogues passing, and quality stable."""
+    if metrics.infeasibility is not None and metrics.infeasibility > t.max_infeasibility:
+        return False
+    if metrics.tool_call_validity < t.min_validity:
+        return False
+    if metrics.dialogue_pass_rate is not None and metrics.dialogue_pass_rate < t.min_dialogue_pass_rate:
         return False
     if t.max_quality_change is None:
         return True
-    return previous_quality is not None and abs(metrics.quality - previous_quality) <= t.max_quality_change
+    if previous is None or abs(metrics.quality - previous.quality) > t.max_quality_change:
+        return False
+    now, before = metrics.dialogue_quality, previous.dialogue_quality
+    return now is None or before is None or abs(now - before) <= t.max_quality_change
 
 
 async def _publish(publish: Publish | None, record: PilotMetrics) -> None:
@@ -411,6 +476,13 @@ async def _publish(publish: Publish | None, record: PilotMetrics) -> None:
     result = publish(record)
     if inspect.isawaitable(result):
         await result
+
+
+def _check_plan(plan: WorkflowPlan) -> None:
+    missing = [w for w in ("RandomPool", "UserIntent") if not plan.runs(w)]
+    if missing:
+        raise ValueError(f"the workflow plan lacks {missing}: a pilot needs tasks to work on")
+    plan.check()
 
 
 async def pilot(
@@ -425,33 +497,42 @@ async def pilot(
     thresholds: PilotThresholds | None = None,
     evolve: bool = True,
     seed: int = 0,
-    repair: bool = False,
+    repair: bool = True,
     catalog: PromptCatalog | None = None,
     store: EigenCatalog | None = None,
     publish: Publish | None = None,
     timeout_s: float | None = None,
 ) -> PilotResult:
-    """Phase 2 on one prompt set (see the module docstring); batch ``i`` uses seeds ``seed + i * batch_size ...``."""
+    """Phase 2 on one prompt set (see the module docstring); batch ``i`` uses seeds ``seed + i * batch_size ...``.
+
+    ``repair=False`` never runs Modify, whatever the plan says.
+    """
     if not 1 <= iterations <= MAX_PILOT_ITERATIONS:
         raise ValueError(f"iterations must be within 1..{MAX_PILOT_ITERATIONS}")
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     t = thresholds or PilotThresholds()
     current = prompt_set.model_copy(deep=True)
+    _check_plan(current.plan)
+    run = 0
     if store is not None:
         await asyncio.to_thread(store.set_phase, current.set_id, 2)
+        run = await asyncio.to_thread(store.next_pilot_run, current.set_id)
     records: list[PilotMetrics] = []
     critiques: list[Critique] = []
-    previous_quality: float | None = None
+    plans: list[WorkflowPlan] = []
+    previous: BatchMetrics | None = None
     converged = False
     for iteration in range(iterations):
         seeds = [seed + iteration * batch_size + j for j in range(batch_size)]
+        prompted = current.gateway(gateway)
         results = await asyncio.gather(
             *(
-                _one(
+                run_item(
                     s,
-                    current,
-                    gateway=gateway,
+                    plan=current.plan,
+                    params=current.params,
+                    gateway=prompted,
                     runner=runner,
                     pack=pack,
                     state=state,
@@ -461,118 +542,221 @@ async def pilot(
                 for s in seeds
             )
         )
-        batch = measure_batch(pack, current.params, results)
-        values: dict[str, float] = {
-            "infeasibility": round(batch.infeasibility, 4),
-            "tool_call_validity": round(batch.tool_call_validity, 4),
-            "quality": round(batch.quality, 4),
-            "quality_change": round(abs(batch.quality - previous_quality), 4)
-            if previous_quality is not None
-            else 0.0,
-            "coverage": round(batch.coverage, 4),
-            "mean_required_calls": round(batch.mean_required_calls, 4),
-            "size": float(batch.size),
-            "generation_failures": float(batch.generation_failures),
-            "schema_errors": float(len(batch.schema_errors)),
-            "param_version": float(current.version),
-            "error_prone_parameters": current.params.error_prone_parameters,
-            "policy_pressure": current.params.policy_pressure,
-        }
-        values.update({f"failure_{c}": s for c, s in batch.failure_shares.items()})
-        if batch.mean_repair_rounds is not None:
-            values["repair_rounds"] = round(batch.mean_repair_rounds, 4)
-        record = PilotMetrics(prompt_set=current.set_id, iteration=iteration, metrics=values)
+        plans.append(current.plan)
+        batch = measure_batch(pack, current.params, results, current.plan)
+        record = PilotMetrics(
+            prompt_set=current.set_id,
+            iteration=iteration,
+            metrics=_values(batch, current, previous, prompted.calls, workers_run(current.plan, repair)),
+        )
         records.append(record)
         await _publish(publish, record)
-        if _converged(batch, previous_quality, t):
+        if store is not None:
+            await asyncio.to_thread(
+                _log_iteration, store, current, run, iteration, record, prompted.calls, repair
+            )
+        if _converged(batch, previous, t):
             converged = True
             break
-        previous_quality = batch.quality
+        previous = batch
         if not evolve or iteration == iterations - 1:
             continue
         judged = JudgeInput(
-            set_id=current.set_id, iteration=iteration, params=current.params, metrics=batch, targets=t
+            set_id=current.set_id,
+            iteration=iteration,
+            params=current.params,
+            metrics=batch,
+            targets=t,
+            failures=sample_failures(list(results)),
+            workers=[r for w in current.plan.workers for r in PROMPTED_ROLES.get(w.name, ())],
         )
         critique = (await gateway.call(EIGEN_JUDGE, judged)).output
         critiques.append(critique)
+        plan = await replan(gateway, pack, state, current.plan, batch, critique, iteration, t)
         before = current.version
-        current = await _evolve(
-            current, critique, iteration, gateway=gateway, pack=pack, state=state, catalog=catalog
+        current, applied = await _evolve(
+            current, critique, plan, gateway=gateway, pack=pack, state=state, catalog=catalog
         )
         if store is not None:
             await asyncio.to_thread(
-                _record_evolution, store, current, critique, iteration, batch, current.version != before
+                _record_evolution,
+                store,
+                current,
+                critique,
+                applied,
+                iteration,
+                batch,
+                current.version != before,
             )
     if store is not None and converged:
         await asyncio.to_thread(store.set_phase, current.set_id, 3)
-    return PilotResult(prompt_set=current, metrics=records, critiques=critiques, converged=converged)
+    return PilotResult(
+        prompt_set=current, metrics=records, critiques=critiques, plans=plans, converged=converged
+    )
+
+
+async def replan(
+    gateway: Gateway,
+    pack: DomainPack,
+    state: Mapping[str, Any],
+    plan: WorkflowPlan,
+    batch: BatchMetrics,
+    critique: Critique,
+    iteration: int,
+    targets: PilotThresholds,
+) -> WorkflowPlan:
+    """The Planner's workflow for the next pilot batch, from the plan in use and the batch's review."""
+    edits: dict[str, int] = {}
+    for edit in critique.prompt_edits:
+        edits[edit.worker] = edits.get(edit.worker, 0) + 1
+    review = PlanReview(
+        plan=plan,
+        iteration=iteration,
+        size=batch.size,
+        infeasibility=batch.infeasibility,
+        tool_call_validity=batch.tool_call_validity,
+        needed_repair=batch.needed_repair,
+        repaired=batch.repaired,
+        dialogue_pass_rate=batch.dialogue_pass_rate,
+        edits_by_worker=edits,
+        targets=targets,
+        findings=critique.findings,
+    )
+    inputs = GenerationRequest.model_validate(
+        {
+            "request": f"pilot the {pack.name} prompt set: replan after iteration {iteration}",
+            "domain": domain_summary(pack, state).model_dump(),
+            "outputs": ["sft", "rl"] if plan.runs("VerificationFunction") else ["sft"],
+            "review": review.model_dump(),
+        }
+    )
+    new = (await gateway.call(EIGEN_PLANNER, inputs)).output
+    _check_plan(new)
+    return new
 
 
 async def _evolve(
     current: PromptSet,
     critique: Critique,
-    iteration: int,
+    plan: WorkflowPlan,
     *,
     gateway: Gateway,
     pack: DomainPack,
     state: Mapping[str, Any],
     catalog: PromptCatalog | None,
-) -> PromptSet:
-    """Apply the critique: parameter updates, then the Prompt Engineer's revision with its edits."""
-    if not critique.param_updates and not critique.prompt_edits:
-        return current
-    params = _apply_updates(current.params, critique.param_updates)
-    guidance = list(dict.fromkeys(current.guidance + [e.text for e in critique.prompt_edits]))
-    prompts = current.prompts
-    versions = current.prompt_versions
-    if guidance != current.guidance:
+) -> tuple[PromptSet, list[dict[str, Any]]]:
+    """Apply the critique under the new ``plan``; the set as it is now and what was applied (or skipped).
+
+    Parameter updates apply while RandomPool evolves; each prompt edit goes to its worker's
+    guidance while that worker evolves (frozen or unplanned: recorded as skipped); the Prompt
+    Engineer then rewrites exactly the prompts whose guidance changed.
+    """
+    evolving = set(plan.evolving_roles())
+    applied: list[dict[str, Any]] = []
+    params = current.params
+    if critique.param_updates and "eigen_random_pool" in evolving:
+        params = _apply_updates(current.params, critique.param_updates)
+        applied += [u.model_dump(mode="json") for u in critique.param_updates]
+    elif critique.param_updates:
+        applied += [
+            {**u.model_dump(mode="json"), "skipped": "RandomPool frozen by the plan"}
+            for u in critique.param_updates
+        ]
+    worker_guidance = {role: list(lines) for role, lines in current.worker_guidance.items()}
+    for edit in critique.prompt_edits:
+        if edit.worker not in evolving:
+            applied.append({**edit.model_dump(mode="json"), "skipped": "worker not evolving in the plan"})
+            continue
+        lines = worker_guidance.setdefault(edit.worker, [])
+        if edit.text not in lines:
+            lines.append(edit.text)
+        applied.append(edit.model_dump(mode="json"))
+    changed = {r: g for r, g in worker_guidance.items() if g != current.worker_guidance.get(r, [])}
+    prompts, versions = current.prompts, current.prompt_versions
+    if changed:
         revision = PromptEngineerInput(
             set_index=current.position,
             domain=domain_summary(pack, state),
-            plan=current.plan,
+            plan=plan,
             params=params,
-            current=[WorkerPrompt(worker=w, system=s) for w, s in current.prompts.items()],
+            current=[
+                WorkerPrompt(worker=w, system=s) for w, s in {**_defaults(changed), **current.prompts}.items()
+            ],
             focus=current.focus,
-            guidance=guidance,
+            guidance=[g for lines in worker_guidance.values() for g in lines],
+            worker_guidance=changed,
         )
         draft = (await gateway.call(EIGEN_PROMPT_ENGINEER, revision)).output
-        prompts = {p.worker: p.system for p in draft.prompts}
-        versions = await asyncio.to_thread(_register, catalog, prompts)
-    return current.model_copy(
+        revised = {p.worker: p.system for p in draft.prompts if p.worker in changed}
+        prompts = {**current.prompts, **revised}  # only the edited workers' prompts change
+        versions = {**current.prompt_versions, **await asyncio.to_thread(_register, catalog, revised)}
+    if params == current.params and prompts == current.prompts and plan == current.plan:
+        return current, applied
+    guidance = list(dict.fromkeys(current.guidance + [g for lines in changed.values() for g in lines]))
+    evolved = current.model_copy(
         update={
             "params": params,
             "prompts": prompts,
             "prompt_versions": versions,
             "guidance": guidance,
+            "worker_guidance": worker_guidance,
+            "plan": plan,
             "version": current.version + 1,
         }
     )
+    return evolved, applied
 
 
 def _record_evolution(
     store: EigenCatalog,
     current: PromptSet,
     critique: Critique,
+    applied: list[dict[str, Any]],
     iteration: int,
     batch: BatchMetrics,
     changed: bool,
 ) -> None:
-    applied = [u.model_dump(mode="json") for u in critique.param_updates] + [
-        e.model_dump(mode="json") for e in critique.prompt_edits
-    ]
     store.record_critique(
         current.set_id, iteration, critique.model_dump(mode="json"), applied, batch.model_dump(mode="json")
     )
-    if applied and changed:
-        reasons = "; ".join(u.reason for u in critique.param_updates) or "prompt edits"
+    if changed:
+        reasons = [u.reason for u in critique.param_updates if u.reason]
+        edited = sorted({a["worker"] for a in applied if "worker" in a and "skipped" not in a})
+        if edited:
+            reasons.append("prompt edits for " + ", ".join(edited))
+        reasons.append(f"plan: {current.plan.rationale}")
         store.record_param_version(
             current.set_id,
             params=current.params.model_dump(mode="json"),
             prompt_versions=current.prompt_versions,
             iteration=iteration,
-            reason=f"critique of iteration {iteration}: {reasons}",
+            reason=f"critique of iteration {iteration}: " + "; ".join(reasons),
             snapshot=current.model_dump_json(),
         )
+
+
+def _log_iteration(
+    store: EigenCatalog,
+    current: PromptSet,
+    run: int,
+    iteration: int,
+    record: PilotMetrics,
+    calls: Mapping[str, int],
+    repair: bool,
+) -> None:
+    """The evolution log's row: what ran, with which prompt versions, and what it measured."""
+    store.record_iteration(
+        current.set_id,
+        run=run,
+        iteration=iteration,
+        version=current.version,
+        workers=workers_run(current.plan, repair),
+        frozen=[w.name for w in current.plan.workers if not w.evolve],
+        prompt_versions=current.prompt_versions,
+        metrics=record.metrics,
+        calls=dict(calls),
+        rationale=current.plan.rationale,
+    )
 
 
 def thresholds_from(cfg: EigenSettings) -> PilotThresholds:

@@ -17,6 +17,32 @@ A domain pack is a folder::
                    optionally ``reference_task(state, seed) -> {"user_instructions",
                    "requirements", "calls"}``, a hand-picked task with its reference calls.
 
+``domain.yaml`` may add a ``synthesis:`` section (``arena.llm.roles.eigen_spec.SynthesisSpec``):
+what the generic EigenData workers need to synthesise tasks and dialogues for the pack, as data --
+
+    customer:     collection, id_field, lookup_tool / lookup_argument / lookup_field (how the
+                  agent finds the customer from what the user says; lookup_pattern, a regex, finds
+                  the value in a message), details_tool, known_fields (known_info key -> customer
+                  field: what the simulated user knows), verify_tool + confirm_tool +
+                  confirm_arguments (an identity check: the agent starts it, the user completes it
+                  in the app), ask (how the agent asks for the lookup value)
+    entities:     collection, id_field, noun, owner_field, read_tool, list_tool, references
+                  (field -> collection the agent also reads before deciding)
+    read_tools:   tools that only read; helper_tools: state-changing agent tools never counted
+                  as an unasked-for action (notes, transfers)
+    user_actions: user tool -> what the agent asks the user to do in the app (dual control)
+    templates:    kind, entity (collection; none: the customer's account), summary, requirement
+                  (what the user says), confirm (how the agent proposes it), calls (name, actor,
+                  arguments), picks (named sub-records: field, where, highest), choices (seeded
+                  values), must_not; ``{placeholders}`` name the entity's fields, customer.<field>,
+                  a pick's or choice's fields, or today
+    refusal_rate: chance a task also carries a request the policy refuses
+
+Whether a goal is allowed is never declared: the policy rules decide (the workers dry-run each
+template instance and check the rules). ``load_pack`` checks that every tool named exists on the
+right side, every collection exists in ``generate(0, "small")``, and every template applies to
+some entity of that database.
+
 OpenAI tool schemas are derived from each function's signature, type hints and docstring
 (``schema_of``), never written by hand. ``load_pack`` checks all of it and raises a
 ``DomainPackError`` naming the file, the field and the fix.
@@ -27,6 +53,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import random
 import re
 import sys
 import types
@@ -38,6 +65,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import arena.samples
+from arena.llm.roles.eigen_spec import SynthesisSpec, instantiate
 
 PACK_FILES = ("domain.yaml", "tools.py", "policy.py", "generator.py")
 SIZES = ("small", "medium", "large")
@@ -81,6 +109,15 @@ class DomainManifest(BaseModel):
         list[str], Field(min_length=1, description="Functions of tools.py the agent may call.")
     ]
     user_tools: list[str] = Field(default_factory=list, description="Functions only the user can call.")
+    synthesis: SynthesisSpec | None = Field(
+        default=None, description="Declarations for EigenData synthesis (see the module docstring)."
+    )
+    source: str | None = Field(
+        default=None,
+        description="An imported domain this pack stands for, e.g. 'tau2:airline@<db sha256 prefix>' "
+        "(`arena domain import tau2`): its tools are that domain's own code, run in the sandbox, its "
+        "database the lake object of that hash (tau2_import.json beside domain.yaml names it).",
+    )
 
 
 class DomainPack(BaseModel):
@@ -96,6 +133,20 @@ class DomainPack(BaseModel):
     generator_source: Annotated[str, Field(description="generator.py text.")]
     rules: Annotated[list[RuleInfo], Field(description="Policy rules in definition order.")]
     path: Annotated[str, Field(description="Folder the pack was loaded from.")] = ""
+    synthesis: SynthesisSpec | None = Field(
+        default=None, description="domain.yaml's synthesis declarations (None: the pack declares none)."
+    )
+
+    def declarations(self) -> SynthesisSpec:
+        """The synthesis declarations; ``DomainPackError`` when the pack has none."""
+        if self.synthesis is None:
+            raise DomainPackError(
+                "domain.yaml",
+                f"pack {self.name!r} declares no synthesis section",
+                field="synthesis",
+                fix="add 'synthesis:' (customer, entities, templates; see streams/eigen/packs.py)",
+            )
+        return self.synthesis
 
     @property
     def agent_tool_names(self) -> list[str]:
@@ -438,7 +489,7 @@ def _rules(source: str) -> list[RuleInfo]:
     return rules
 
 
-def _check_generator(source: str) -> None:
+def _check_generator(source: str) -> dict[str, Any]:
     _check_source(source, "generator.py")
     namespace = _namespace(source, "generator.py")
     generate = namespace.get("generate")
@@ -466,6 +517,104 @@ def _check_generator(source: str) -> None:
             field="generate",
             fix="return a dict (the STATE the tools work on)",
         )
+    return state
+
+
+def _synthesis_error(problem: str, field: str, fix: str) -> DomainPackError:
+    return DomainPackError("domain.yaml", problem, field=f"synthesis.{field}", fix=fix)
+
+
+def _check_synthesis(manifest: DomainManifest, state: dict[str, Any]) -> None:
+    """Every tool the declarations name exists on its side; collections exist; templates apply."""
+    spec = manifest.synthesis
+    if spec is None:
+        return
+    agent, user = set(manifest.agent_tools), set(manifest.user_tools)
+
+    def tool(name: str | None, field: str, side: set[str], label: str) -> None:
+        if name is not None and name not in side:
+            raise _synthesis_error(
+                f"names {name!r}, not one of the {label} tools {sorted(side)}",
+                field,
+                f"list {name} under {label}_tools or name another tool",
+            )
+
+    customer = spec.customer
+    tool(customer.lookup_tool, "customer.lookup_tool", agent, "agent")
+    tool(customer.details_tool, "customer.details_tool", agent, "agent")
+    tool(customer.verify_tool, "customer.verify_tool", agent, "agent")
+    tool(customer.confirm_tool, "customer.confirm_tool", user, "user")
+    for n, entity in enumerate(spec.entities):
+        tool(entity.read_tool, f"entities[{n}].read_tool", agent, "agent")
+        tool(entity.list_tool, f"entities[{n}].list_tool", agent, "agent")
+    for name in spec.read_tools:
+        tool(name, "read_tools", agent | user, "agent or user")
+    for name in spec.helper_tools:
+        tool(name, "helper_tools", agent, "agent")
+    for name in spec.user_actions:
+        tool(name, "user_actions", user, "user")
+    for n, collection in enumerate([customer.collection, *(e.collection for e in spec.entities)]):
+        rows = state.get(collection)
+        where = "customer.collection" if n == 0 else f"entities[{n - 1}].collection"
+        if not isinstance(rows, dict) or not all(isinstance(r, dict) for r in rows.values()):
+            raise _synthesis_error(
+                f"{collection!r} is not a collection {{id: record}} of generate(0, 'small')",
+                where,
+                f"name a key of the database: {sorted(state)}",
+            )
+    collections = {e.collection for e in spec.entities}
+    customers = state[customer.collection]
+    for n, template in enumerate(spec.templates):
+        field = f"templates[{n}]"
+        if template.entity is not None and template.entity not in collections:
+            raise _synthesis_error(
+                f"entity {template.entity!r} is not declared under entities",
+                f"{field}.entity",
+                f"declare it or use one of {sorted(collections)}",
+            )
+        if template.requirement.rstrip().endswith("}"):
+            raise _synthesis_error(
+                "the requirement ends with a placeholder (it cannot be read back from a message)",
+                f"{field}.requirement",
+                "end it with literal text, e.g. a full stop",
+            )
+        for k, call in enumerate(template.calls):
+            tool(call.name, f"{field}.calls[{k}].name", agent if call.actor == "agent" else user, call.actor)
+            if call.actor == "user" and call.name not in spec.user_actions:
+                raise _synthesis_error(
+                    f"user tool {call.name!r} has no entry in user_actions (what the agent asks the user to do)",
+                    "user_actions",
+                    f"add '{call.name}: <instruction>'",
+                )
+        if not _applies(template, state, spec):
+            raise _synthesis_error(
+                f"template {template.kind!r} applies to no entity of generate(0, 'small') "
+                "(a placeholder names a missing field, or a pick finds nothing)",
+                field,
+                "check its placeholders against the records' fields",
+            )
+    if not customers:
+        raise _synthesis_error(
+            "generate(0, 'small') has no customers", "customer.collection", "generate some"
+        )
+
+
+def _applies(template: Any, state: dict[str, Any], spec: SynthesisSpec) -> bool:
+    customers = state[spec.customer.collection]
+    entity = spec.entity(template.entity)
+    for customer_id, customer in customers.items():
+        if entity is None:
+            records: list[tuple[str | None, dict[str, Any] | None]] = [(None, None)]
+        else:
+            records = [
+                (key, row)
+                for key, row in state[entity.collection].items()
+                if entity.owner_field is None or row.get(entity.owner_field) == customer_id
+            ]
+        for key, row in records:
+            if instantiate(template, row, customer, str(state.get("today", "")), random.Random(0), key):
+                return True
+    return False
 
 
 def load_pack(path: str | Path) -> DomainPack:
@@ -479,7 +628,7 @@ def load_pack(path: str | Path) -> DomainPack:
     manifest = _manifest(texts["domain.yaml"])
     agent_tools, user_tools = _tools(texts["tools.py"], manifest)
     rules = _rules(texts["policy.py"])
-    _check_generator(texts["generator.py"])
+    _check_synthesis(manifest, _check_generator(texts["generator.py"]))
     return DomainPack(
         name=manifest.name,
         description=manifest.description.strip(),
@@ -491,6 +640,7 @@ def load_pack(path: str | Path) -> DomainPack:
         generator_source=texts["generator.py"],
         rules=rules,
         path=str(folder.resolve()),
+        synthesis=manifest.synthesis,
     )
 
 

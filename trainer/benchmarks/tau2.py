@@ -1,0 +1,293 @@
+"""`arena eval --bench tau2 --domain D`: a served model on tau2-bench, scored by tau2's evaluator.
+
+The agent is the endpoint, through Arena's OpenAI client path (``trainer.endpoint_policy``: the
+gateway's native ``agent_policy`` role, tools as OpenAI ``tools``, replies' ``tool_calls``), with
+tau2's agent system prompt around the domain's policy. The user is Arena's simulated user (the
+gateway's ``user_simulator`` role on the settings' LLM) or, with ``user="endpoint"``, the endpoint
+itself through the same role. Tools -- the agent's and, in telecom, the user's own -- run the
+domain's code in a sandbox session (``environments.tau2_env``), one session per concurrent worker,
+its database loaded once and reset per trial.
+
+Each trial's trajectory is written as tau2 messages and scored by tau2's own
+``evaluate_simulation`` (EvaluationType.ALL), in the same session. The do-nothing agent (it only
+greets, calls nothing and stops) is scored the same way once per task. Tasks are tau2's ``base``
+split (what tau2 evaluates); the domain is imported into the lake first when it is not there yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from arena.config import ArenaSettings
+from arena.llm.core import InvalidOutput
+from environments.tau2_env import Tau2Session, Tau2Unavailable
+from environments.tau2_import import (
+    DOMAINS,
+    Tau2Import,
+    benchmark_tasks,
+    build_import,
+    load_import,
+    load_tasks,
+    open_session,
+)
+from environments.tau2_tasks import Tau2Task
+from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
+from lake.store import open_store
+from sandbox import SandboxPool
+from trainer.benchmarks.report import BenchReport, TaskResult, bench_report
+from trainer.endpoint_policy import EndpointPolicy, open_endpoint_policy
+
+AGENT_INSTRUCTION = (
+    "You are a customer service agent that helps the user according to the <policy> provided below.\n"
+    "In each turn you can either:\n- Send a message to the user.\n- Make a tool call.\n"
+    "You cannot do both at the same time.\n\n"
+    "Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."
+)
+"""tau2's ``LLMAgent`` instruction (tau2/agent/llm_agent.py), so the model sees what tau2 shows it."""
+GREETING = "Hi! How can I help you today?"
+"""tau2's orchestrator's first agent message."""
+MAX_AGENT_STEPS = 30
+"""Agent turns (tool rounds and messages) per trial before it is cut (tau2: max_steps)."""
+MAX_USER_TURNS = 12
+
+
+class Tau2BenchError(ValueError):
+    """The benchmark cannot run as asked (unknown domain, tau2 not installed): the message says the fix."""
+
+
+def system_prompt(policy: str) -> str:
+    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+@dataclass
+class Episode:
+    """One trial's conversation, in the agent's OpenAI messages and in tau2's messages."""
+
+    chat: list[dict[str, Any]]
+    tau2: list[dict[str, Any]]
+    turns: list[ViewTurn] = field(default_factory=list)
+    calls: int = 0
+
+    def say(self, role: Literal["assistant", "user"], text: str) -> None:
+        self.chat.append({"role": role, "content": text})
+        self.tau2.append({"role": role, "content": text})
+        self.turns.append(ViewTurn(role=role, text=text))
+
+
+async def _run_calls(
+    session: Tau2Session,
+    episode: Episode,
+    calls: list[tuple[str, dict[str, Any]]],
+    requestor: Literal["assistant", "user"],
+    content: str | None,
+) -> None:
+    """Run one message's calls in the domain's code; record them in both message lists."""
+    ids = [f"call_{episode.calls + i}" for i in range(len(calls))]
+    episode.calls += len(calls)
+    tau2_calls = [
+        {"id": i, "name": n, "arguments": a, "requestor": requestor}
+        for i, (n, a) in zip(ids, calls, strict=True)
+    ]
+    episode.tau2.append({"role": requestor, "content": content or None, "tool_calls": tau2_calls})
+    if requestor == "assistant":
+        episode.chat.append(
+            {
+                "role": "assistant",
+                "content": content or "",
+                "tool_calls": [
+                    {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+                    for i, (n, a) in zip(ids, calls, strict=True)
+                ],
+            }
+        )
+    for call_id, (name, arguments) in zip(ids, calls, strict=True):
+        answer = await session.tool(name, arguments, requestor=requestor, call_id=call_id)
+        episode.tau2.append(
+            {
+                "role": "tool",
+                "id": call_id,
+                "content": answer.content,
+                "requestor": requestor,
+                "error": answer.error,
+            }
+        )
+        if requestor == "assistant":
+            episode.chat.append(
+                {"role": "tool", "tool_call_id": call_id, "name": name, "content": answer.content}
+            )
+
+
+async def run_episode(
+    session: Tau2Session,
+    imported: Tau2Import,
+    task: Tau2Task,
+    policy: EndpointPolicy,
+    user: UserSimulator,
+    seed: int,
+) -> tuple[list[dict[str, Any]], str]:
+    """One trial of ``task``: (tau2 messages, termination reason)."""
+    await session.reset(task.raw)
+    history = list((task.raw.get("initial_state") or {}).get("message_history") or [])
+    episode = Episode(
+        chat=[{"role": "system", "content": system_prompt(imported.policy)}], tau2=list(history)
+    )
+    episode.say("assistant", GREETING)
+    user_turns = 0
+    for step in range(MAX_AGENT_STEPS):
+        if episode.turns[-1].role == "assistant":
+            context = UserContext(
+                instructions=task.instructions,
+                requirements=task.requirements,
+                user_tools=imported.user_tools,
+                turns=episode.turns,
+                turn=user_turns,
+                max_turns=MAX_USER_TURNS,
+            )
+            move = await user.reply(context)
+            if move.actions:  # dual control: the user acts on its own device first, as in tau2
+                await _run_calls(
+                    session, episode, [(a.name, dict(a.arguments)) for a in move.actions], "user", None
+                )
+            text = move.message or ("###STOP###" if move.signal != "continue" else "")
+            if move.signal != "continue" and "###" not in text:
+                text = f"{text} ###STOP###".strip()
+            episode.say("user", text)
+            episode.turns[-1].actions = list(move.actions)
+            if move.signal != "continue":
+                return episode.tau2, "user_stop"
+            if user_turns >= MAX_USER_TURNS:  # the conversation ran out of turns: tau2 scores it 0
+                return episode.tau2, "max_steps"
+            user_turns += 1
+        answer = await policy.turn(episode.chat, imported.agent_tools, seed * 1000 + step)
+        turn = answer.output
+        if turn.tool_calls:
+            calls = [(c.name, dict(c.arguments)) for c in turn.tool_calls]
+            await _run_calls(session, episode, calls, "assistant", turn.content)
+            continue
+        episode.say("assistant", turn.content)
+        if "###STOP###" in turn.content:
+            return episode.tau2, "agent_stop"
+    return episode.tau2, "max_steps"
+
+
+async def do_nothing_reward(session: Tau2Session, task: Tau2Task) -> float:
+    """tau2's reward of an agent that greets, calls nothing and stops."""
+    await session.reset(task.raw)
+    history = list((task.raw.get("initial_state") or {}).get("message_history") or [])
+    messages = [*history, {"role": "assistant", "content": GREETING}]
+    return float((await session.tau2_reward(task.raw, messages, "agent_stop"))["reward"])
+
+
+async def _evaluate(
+    settings: ArenaSettings,
+    url: str,
+    *,
+    domain: str,
+    k: int,
+    trials: int,
+    limit: int | None,
+    concurrency: int,
+    seed: int,
+    user: Literal["gateway", "endpoint"],
+) -> BenchReport:
+    start = time.monotonic()
+    store = open_store(settings)
+    workers = max(1, concurrency)
+    pool = SandboxPool(settings.sandbox.model_copy(update={"pool_size": workers}))
+    policy = await open_endpoint_policy(settings, url)  # probed first: a dead URL costs no sandbox
+    gateway = None
+    try:
+        await pool.start()
+        imported = load_import(store, domain) or await build_import(store, pool, domain)
+        tasks = [
+            t
+            for t in benchmark_tasks(load_tasks(store, imported), imported)
+            if not t.verification.needs_judge
+        ]
+        tasks = tasks[:limit]
+        if user == "endpoint":
+            simulator: UserSimulator = GatewayUserSimulator(policy.gateway)
+        else:
+            from lake.catalog import open_gateway
+
+            gateway = open_gateway(settings)
+            simulator = GatewayUserSimulator(gateway)
+        results = {
+            t.task_id: TaskResult(task_id=t.task_id, group=domain, rewards=[], baseline_reward=0.0)
+            for t in tasks
+        }
+        jobs: asyncio.Queue[tuple[Tau2Task, int]] = asyncio.Queue()
+        for task in tasks:
+            jobs.put_nowait((task, -1))  # the do-nothing agent
+            for trial in range(trials):
+                jobs.put_nowait((task, trial))
+        rewards: dict[tuple[str, int], float] = {}
+
+        async def worker() -> None:
+            async with open_session(store, pool, imported) as session:
+                while not jobs.empty():
+                    task, trial = jobs.get_nowait()
+                    result = results[task.task_id]
+                    if trial < 0:
+                        result.baseline_reward = await do_nothing_reward(session, task)
+                        continue
+                    try:
+                        messages, why = await run_episode(
+                            session, imported, task, policy, simulator, seed + trial
+                        )
+                        reward = await session.tau2_reward(task.raw, messages, why)
+                        rewards[(task.task_id, trial)] = float(reward["reward"])
+                    except (InvalidOutput, RuntimeError) as exc:
+                        rewards[(task.task_id, trial)] = 0.0
+                        result.errors.append(f"trial {trial}: {type(exc).__name__}: {str(exc)[:300]}")
+
+        await asyncio.gather(*(worker() for _ in range(min(workers, max(1, jobs.qsize())))))
+        for task in tasks:
+            results[task.task_id].rewards = [rewards[(task.task_id, i)] for i in range(trials)]
+        return bench_report(
+            "tau2", url, list(results.values()), k=k, trials=trials, wall_s=time.monotonic() - start
+        )
+    finally:
+        await policy.aclose()
+        if gateway is not None:
+            await gateway.aclose()
+        await pool.close()
+
+
+def run_tau2(
+    settings: ArenaSettings,
+    url: str,
+    *,
+    domain: str,
+    k: int,
+    trials: int,
+    limit: int | None,
+    concurrency: int,
+    seed: int,
+    user: Literal["gateway", "endpoint"] = "gateway",
+) -> BenchReport:
+    """pass^k / pass@k of the model at ``url`` on tau2 ``domain``, with the do-nothing floor."""
+    if domain not in DOMAINS:
+        raise Tau2BenchError(f"--domain {domain!r}: tau2 domains are {', '.join(DOMAINS)}")
+    if trials < k:
+        raise Tau2BenchError(f"trials ({trials}) < k ({k}): pass^k needs at least k trials per task")
+    try:
+        return asyncio.run(
+            _evaluate(
+                settings,
+                url,
+                domain=domain,
+                k=k,
+                trials=trials,
+                limit=limit,
+                concurrency=concurrency,
+                seed=seed,
+                user=user,
+            )
+        )
+    except Tau2Unavailable as exc:
+        raise Tau2BenchError(str(exc)) from None

@@ -1,0 +1,311 @@
+"""Decontamination: synthesized tasks that near-duplicate a benchmark test item never reach training.
+
+A model scored on BFCL or tau2 must not have trained on their test items, and a synthesis engine
+seeded from public tool docs or domains can produce them again nearly word for word. Each
+benchmark test item (a BFCL question; a tau2 test-split task's user scenario: reason for call,
+known and unknown info, instructions) is cut into word n-grams (lower-cased, ``NGRAM`` words); a
+synthesized text near-duplicates it when the n-grams they share cover at least ``threshold`` of
+the smaller of the two (containment: a benchmark question pasted inside a longer task counts, as
+does a task that is a benchmark scenario cut short). Items shorter than ``NGRAM`` words are one
+n-gram of all their words.
+
+The benchmark items are loaded from the installed benchmark packages (bfcl-eval's bundled
+questions through ``trainer.benchmarks.bfcl``; tau2's shipped ``tasks.json`` and
+``split_tasks.json``) by ``arena decontam index`` into ``$ARENA_HOME/decontam/benchmarks.json``.
+Once that file exists the trainer screens every sample it takes (``screen``: ``samples.sft`` and
+``samples.verified``): a near-duplicate goes to ``<topic>.rejected`` (gate ``decontam``, naming the
+benchmark item and the overlap) instead of into a batch. ``arena decontam report`` scans what the
+lake holds of the synthesis topics (``SCANNED_TOPICS``) and lists what would be excluded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from lake.store import ObjectStore
+
+NGRAM = 5
+"""Words per n-gram: BFCL questions are short (a sentence or two), so shorter than the usual 13."""
+THRESHOLD = 0.5
+"""Share of the smaller text's n-grams the two must have in common to be near-duplicates."""
+INDEX_FILE = Path("decontam") / "benchmarks.json"
+"""Where ``arena decontam index`` writes the benchmark items, under ``$ARENA_HOME``."""
+GATE = "decontam"
+SCANNED_TOPICS = ("tasks", "samples.sft", "samples.verified", "eigen.intents", "eigen.tasks")
+"""Topics holding synthesized tasks: ASTRA's SFT tasks and samples, its environment samples, EigenData's
+intents and tasks."""
+TAU2_DOMAINS = ("airline", "retail", "telecom")
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+class BenchmarkItem(BaseModel):
+    """One benchmark test item's text, the thing a synthesized task must not repeat."""
+
+    bench: Annotated[str, Field(description="'bfcl' or 'tau2'.")]
+    item_id: Annotated[
+        str, Field(description="The benchmark's id: '<category>/<id>' or '<domain>/<task id>'.")
+    ]
+    text: Annotated[str, Field(description="What a model reads of it (question, user scenario).")]
+
+
+class BenchmarkIndex(BaseModel):
+    """The benchmark items decontamination checks against (``$ARENA_HOME/decontam/benchmarks.json``)."""
+
+    ngram: Annotated[int, Field(ge=1, description="Words per n-gram.")] = NGRAM
+    threshold: Annotated[float, Field(gt=0, le=1, description="Containment that flags a pair.")] = THRESHOLD
+    items: Annotated[list[BenchmarkItem], Field(description="The benchmark test items.")]
+
+
+class Contamination(BaseModel):
+    """A synthesized text that near-duplicates a benchmark item."""
+
+    topic: Annotated[str, Field(description="Topic the synthesized record is on.")]
+    key: Annotated[str, Field(description="Its record key.")]
+    bench: Annotated[str, Field(description="Benchmark of the item it repeats.")]
+    item_id: Annotated[str, Field(description="The benchmark item.")]
+    overlap: Annotated[float, Field(description="Shared n-grams over the smaller text's n-grams.")]
+    text: Annotated[str, Field(description="The synthesized text (first 300 characters).")]
+    benchmark_text: Annotated[str, Field(description="The benchmark item's text (first 300 characters).")]
+
+
+class DecontamReport(BaseModel):
+    """What ``arena decontam report`` prints: per topic, records scanned and flagged."""
+
+    ngram: Annotated[int, Field(description="Words per n-gram.")]
+    threshold: Annotated[float, Field(description="Containment that flags a pair.")]
+    benchmarks: Annotated[dict[str, int], Field(description="Benchmark -> items checked against.")]
+    scanned: Annotated[dict[str, int], Field(description="Topic -> records scanned.")]
+    flagged: Annotated[list[Contamination], Field(description="Near-duplicates found.")]
+
+
+def ngrams(text: str, n: int = NGRAM) -> frozenset[str]:
+    """The word n-grams of ``text`` (lower-cased alphanumeric words); all its words when fewer than n."""
+    words = _WORD.findall(text.lower())
+    if not words:
+        return frozenset()
+    if len(words) < n:
+        return frozenset({" ".join(words)})
+    return frozenset(" ".join(words[i : i + n]) for i in range(len(words) - n + 1))
+
+
+class NgramIndex:
+    """Benchmark items by n-gram, for the best containment match of a text."""
+
+    def __init__(self, index: BenchmarkIndex) -> None:
+        self.ngram = index.ngram
+        self.threshold = index.threshold
+        self.items = index.items
+        self._grams = [ngrams(item.text, self.ngram) for item in index.items]
+        self._postings: dict[str, list[int]] = defaultdict(list)
+        for i, grams in enumerate(self._grams):
+            for gram in grams:
+                self._postings[gram].append(i)
+
+    def best(self, text: str) -> tuple[BenchmarkItem, float] | None:
+        """The benchmark item sharing the largest share of n-grams with ``text``, and that share."""
+        grams = ngrams(text, self.ngram)
+        shared: dict[int, int] = defaultdict(int)
+        for gram in grams:
+            for i in self._postings.get(gram, ()):
+                shared[i] += 1
+        if not shared:
+            return None
+        scored = ((count / min(len(grams), len(self._grams[i])), i) for i, count in shared.items())
+        overlap, i = max(scored)
+        return self.items[i], overlap
+
+    def match(self, text: str) -> tuple[BenchmarkItem, float] | None:
+        """The benchmark item ``text`` near-duplicates (overlap >= threshold), if any."""
+        found = self.best(text)
+        return found if found is not None and found[1] >= self.threshold else None
+
+
+# --------------------------------------------------------------------------- synthesized texts
+
+
+def _json(value: Any) -> Any:
+    """A lake column's value: JSON columns hold JSON text."""
+    if isinstance(value, str) and value[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _message_texts(messages: Any, roles: tuple[str, ...]) -> list[str]:
+    if not isinstance(messages, list):
+        return []
+    return [
+        str(m.get("content") or "")
+        for m in messages
+        if isinstance(m, dict) and m.get("role") in roles and isinstance(m.get("content"), str)
+    ]
+
+
+def record_text(topic: str, record: dict[str, Any]) -> str:
+    """The task text of a synthesized record (a record as JSON, or a lake row).
+
+    ``tasks``: the task; ``samples.verified``: its prompt's user messages; ``samples.sft``: its user
+    messages (and, for user-simulator samples, the system prompt holding the scenario);
+    ``eigen.intents`` / ``eigen.tasks``: the intent's objective and reason for call.
+    """
+    if topic == "tasks":
+        return str(record.get("text") or "")
+    if topic == "samples.verified":
+        return "\n".join(_message_texts(_json(record.get("prompt")), ("user",)))
+    if topic == "samples.sft":
+        roles = ("system", "user") if record.get("role_target") == "user" else ("user",)
+        return "\n".join(_message_texts(_json(record.get("messages")), roles))
+    if topic in ("eigen.intents", "eigen.tasks"):
+        payload = _json(record.get("payload"))
+        intent = payload.get("intent") if isinstance(payload, dict) else None
+        if not isinstance(intent, dict):
+            return ""
+        return "\n".join(str(intent.get(k) or "") for k in ("objective", "reason_for_call"))
+    raise ValueError(f"no task text known for topic {topic!r} (known: {', '.join(SCANNED_TOPICS)})")
+
+
+def scan(
+    index: NgramIndex, records: Iterable[tuple[str, str, dict[str, Any]]], benchmarks: dict[str, int]
+) -> DecontamReport:
+    """Flag every (topic, key, record) whose task text near-duplicates a benchmark item."""
+    scanned: dict[str, int] = defaultdict(int)
+    flagged = []
+    for topic, key, record in records:
+        scanned[topic] += 1
+        text = record_text(topic, record)
+        found = index.match(text)
+        if found is not None:
+            item, overlap = found
+            flagged.append(
+                Contamination(
+                    topic=topic,
+                    key=key,
+                    bench=item.bench,
+                    item_id=item.item_id,
+                    overlap=round(overlap, 4),
+                    text=text[:300],
+                    benchmark_text=item.text[:300],
+                )
+            )
+    return DecontamReport(
+        ngram=index.ngram,
+        threshold=index.threshold,
+        benchmarks=benchmarks,
+        scanned=dict(scanned),
+        flagged=flagged,
+    )
+
+
+# --------------------------------------------------------------------------- benchmark items
+
+
+def bfcl_items(categories: list[str] | None = None) -> list[BenchmarkItem]:
+    """Every question of bfcl-eval's single-turn categories (bfcl-eval's bundled data)."""
+    from trainer.benchmarks.bfcl import CATEGORIES, load_items
+
+    out = []
+    for item in load_items(list(categories or CATEGORIES)):
+        text = "\n".join(_message_texts(item.messages, ("user",)))
+        out.append(BenchmarkItem(bench="bfcl", item_id=f"{item.category}/{item.id}", text=text))
+    return out
+
+
+def tau2_items(data_dir: Path, domains: Iterable[str] = TAU2_DOMAINS) -> list[BenchmarkItem]:
+    """The user scenarios of each domain's test split (``<data_dir>/<domain>/tasks.json``,
+    ``split_tasks.json``), as tau2 ships them."""
+    out = []
+    for domain in domains:
+        folder = data_dir / domain
+        tasks_file, split_file = folder / "tasks.json", folder / "split_tasks.json"
+        if not tasks_file.is_file() or not split_file.is_file():
+            raise FileNotFoundError(
+                f"{folder}: no tasks.json and split_tasks.json (is {domain!r} a tau2 domain?)"
+            )
+        test = set(json.loads(split_file.read_text())["test"])
+        for task in json.loads(tasks_file.read_text()):
+            if str(task["id"]) not in test:
+                continue
+            scenario = (task.get("user_scenario") or {}).get("instructions") or {}
+            if isinstance(scenario, str):
+                text = scenario
+            else:
+                keys = ("reason_for_call", "known_info", "unknown_info", "task_instructions")
+                text = "\n".join(str(scenario.get(k)) for k in keys if scenario.get(k))
+            out.append(BenchmarkItem(bench="tau2", item_id=f"{domain}/{task['id']}", text=text))
+    return out
+
+
+def index_path(home: Path) -> Path:
+    return home / INDEX_FILE
+
+
+def save_index(home: Path, index: BenchmarkIndex) -> Path:
+    path = index_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(index.model_dump_json())
+    return path
+
+
+def load_index(home: Path) -> BenchmarkIndex | None:
+    """The saved benchmark index, or None when ``arena decontam index`` has not run."""
+    path = index_path(home)
+    return BenchmarkIndex.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def bench_counts(index: BenchmarkIndex) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for item in index.items:
+        counts[item.bench] += 1
+    return dict(sorted(counts.items()))
+
+
+# --------------------------------------------------------------------------- the trainer's screen
+
+
+class Screen:
+    """What the trainer's sample sources ask of every sample: is it a near-duplicate, and of what."""
+
+    def __init__(self, index: BenchmarkIndex) -> None:
+        self.index = NgramIndex(index)
+
+    def __call__(self, topic: str, record: BaseModel) -> dict[str, Any] | None:
+        """None to train on ``record``; else the Rejection fields (gate, subject, reason, details)."""
+        text = record_text(topic, record.model_dump(mode="json"))
+        found = self.index.match(text)
+        if found is None:
+            return None
+        item, overlap = found
+        return {
+            "gate": GATE,
+            "subject": item.item_id,
+            "reason": f"near-duplicate of {item.bench} test item {item.item_id} "
+            f"({overlap:.0%} of {self.index.ngram}-grams shared, threshold {self.index.threshold:.0%})",
+            "details": {"bench": item.bench, "item_id": item.item_id, "overlap": round(overlap, 4)},
+        }
+
+
+def trainer_screen(home: Path) -> Screen | None:
+    """The screen for the trainer when ``arena decontam index`` has run under ``home``; else None."""
+    index = load_index(home)
+    return Screen(index) if index is not None else None
+
+
+def lake_records(store: ObjectStore, topics: Iterable[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(topic, key, row) of every valid record the lake holds of ``topics``."""
+    from lake.parquet import read_topic
+
+    for name in topics:
+        for row in read_topic(store, name).to_pylist():
+            if row.get("_valid"):
+                yield name, str(row.get("_key") or ""), row
