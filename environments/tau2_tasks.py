@@ -16,6 +16,7 @@ and ``bench/tau2_gold.py`` check that both agree on the same trajectories.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -142,12 +143,67 @@ def user_instructions(task: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+_SUBJECT_AFTER = {
+    "and",
+    "but",
+    "because",
+    "that",
+    "if",
+    "so",
+    "as",
+    "when",
+    "since",
+    "while",
+    "although",
+    "or",
+}
+_SECOND_PERSON = {
+    "you are": "I am",
+    "you're": "I'm",
+    "you were": "I was",
+    "you have": "I have",
+    "you've": "I've",
+    "your": "my",
+    "yours": "mine",
+    "yourself": "myself",
+}
+_YOU_RE = re.compile(r"\b(you are|you're|you were|you have|you've|yourself|yours|your|you)\b", re.IGNORECASE)
+
+
+def first_person(text: str) -> str:
+    """A scenario paragraph ("You want to cancel your order") as the user says it ("I want to cancel
+    my order"): "you" is "I" where it starts a clause, else "me"."""
+
+    def swap(match: re.Match[str]) -> str:
+        before = text[: match.start()].rstrip()
+        sentence_start = not before or before[-1] in ".!?\n"
+        key = match.group(0).casefold()
+        if key in _SECOND_PERSON:
+            new = _SECOND_PERSON[key]
+        else:
+            previous = re.findall(r"[\w']+", before[-20:])
+            clause_start = (
+                sentence_start
+                or before[-1] in ";:,("
+                or (bool(previous) and previous[-1].casefold() in _SUBJECT_AFTER)
+            )
+            new = "I" if clause_start else "me"
+        return new[0].upper() + new[1:] if sentence_start else new
+
+    return _YOU_RE.sub(swap, text)
+
+
 def user_requirements(task: dict[str, Any]) -> list[str]:
-    """The scenario's reason for calling, then what the user knows (each a paragraph)."""
+    """The scenario's reason for calling, then what the user knows (each a paragraph, as the user
+    says it: in the first person)."""
     instructions = (task.get("user_scenario") or {}).get("instructions")
     if not isinstance(instructions, dict):
         return []
-    return [str(instructions[k]).strip() for k in ("reason_for_call", "known_info") if instructions.get(k)]
+    return [
+        first_person(str(instructions[k]).strip())
+        for k in ("reason_for_call", "known_info")
+        if instructions.get(k)
+    ]
 
 
 def tool_calls_of(messages: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:

@@ -167,6 +167,11 @@ class UserContext(BaseModel):
         default_factory=list,
         description="The user's tool calls so far with their outputs (this turn's: just run, to report).",
     )
+    action_requests: list[UserAction] = Field(
+        default_factory=list,
+        description="User tools the agent's last message asks for, with the arguments the app pre-fills "
+        "(its structured hint; empty when its format has none).",
+    )
     behaviour: UserBehaviour = Field(default_factory=UserBehaviour, description="Behaviour rates.")
     turn: Annotated[int, Field(ge=0, description="User replies given so far (the opening excluded).")]
     max_turns: Annotated[int, Field(ge=1, description="Most user replies before the user gives up.")] = 16
@@ -184,6 +189,7 @@ class UserContext(BaseModel):
             persona=self.persona,
             planned_actions=self.planned_actions,
             own_actions=self.own_actions,
+            action_requests=self.action_requests,
             behaviour=self.behaviour,
             turn=self.turn,
             max_turns=self.max_turns,

@@ -24,6 +24,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from arena.config import ArenaSettings
+from arena.llm.roles.user_sim import user_behaviour
 from arena.records.eigen import EigenSeed, PilotMetrics, Scenario
 from lake.catalog import open_gateway
 from lake.eigen_catalog import EigenCatalog
@@ -161,6 +162,7 @@ async def publish_domain(
                     store=store,
                     publish=sent,
                     timeout_s=settings.sandbox.timeout_s,
+                    behaviour=user_behaviour(settings),
                 )
 
             piloted = await asyncio.gather(*(_pilot_or_resume(s, store, run) for s in sets))

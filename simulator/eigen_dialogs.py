@@ -24,6 +24,9 @@ the first thing still missing, in this order:
    actions before it in the template are done;
 6. report what the writes returned, refusals once, and ask whether there is anything else.
 
+With a reference solution in its input (synthesis from a benchmark task's known solution) it is
+``simulator.eigen_guided`` instead.
+
 ``eigen_trajectory_validation`` turns the checks' findings into the appendix verdict with the
 paper's rule (critical issue or 2+ Poor dimensions: FAIL).
 """
@@ -45,6 +48,7 @@ from arena.llm.roles.eigen_dialogs import (
     DIMENSIONS,
     EIGEN_TRAJECTORY_AGENT,
     EIGEN_TRAJECTORY_VALIDATION,
+    YES_RE,
     AgentStep,
     AgentToolCall,
     TrajectoryAgentInput,
@@ -61,11 +65,10 @@ from arena.llm.roles.eigen_spec import (
     nest,
     requirement_pattern,
 )
+from simulator.eigen_guided import CLOSING, guided_step
 
-YES_RE = re.compile(r"^\W*(?:yes|yeah|yep|sure|ok(?:ay)?|please (?:go ahead|do)|go ahead|confirmed?)\b", re.I)
 FREE_TEXT = ("reason", "description", "summary", "note")
 """Arguments whose wording is the agent's own (never compared to a template's)."""
-CLOSING = "Is there anything else I can help you with?"
 
 
 @dataclass
@@ -472,6 +475,8 @@ class _Agent:
 
 def trajectory_agent(inputs: BaseModel, rng: random.Random) -> AgentStep:
     assert isinstance(inputs, TrajectoryAgentInput)
+    if inputs.reference is not None:  # synthesis from a task whose solution is known
+        return guided_step(inputs)
     return _Agent(inputs).step()
 
 

@@ -273,7 +273,8 @@ def user_turn(inputs: UserSimInput, rng: random.Random) -> UserTurn:
         if answers:
             return UserTurn(message=" ".join(answers), signal="continue")
     if todo:
-        return UserTurn(message=rng.choice(CONNECTIVES) + stated(inputs, *todo[0]), signal="continue")
+        connective = rng.choice(CONNECTIVES) if _said(inputs) else ""  # nothing to add to yet
+        return UserTurn(message=connective + stated(inputs, *todo[0]), signal="continue")
     if "?" in last and _CONFIRM_RE.search(last):
         return UserTurn(message=confirmation, signal="continue")
     if "?" in last:

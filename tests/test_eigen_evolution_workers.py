@@ -341,3 +341,42 @@ def test_arena_eigen_curve_prints_every_iteration(piloted: Pilot) -> None:
     assert (
         missing.returncode == 2 and "arena eigen sets" in missing.stderr and "Traceback" not in missing.stderr
     )
+
+
+def test_the_pilots_simulated_user_follows_the_behaviour_rates(pack: DomainPack) -> None:
+    """The pilot's dialogues use the ``[user_sim]`` rates phase 3 uses: with ``mistakes=1`` the user
+    mistypes what it enters in the app on its first try (the tool refuses it), at rate 0 never."""
+    from arena.llm.roles.user_sim import UserBehaviour
+    from streams.eigen.pilot_chain import BatchResult, run_item
+
+    gateway = Gateway(RulesBackend(seed=0))
+    state = pack.generate(3)
+
+    def refused(result: BatchResult) -> int:
+        calls = result.dialog.records() if result.dialog is not None else []
+        return sum(1 for c in calls if c["actor"] == "user" and not c["ok"])
+
+    async def scenario(pool: SandboxPool) -> list[tuple[int, int, int]]:
+        (written,) = await make_prompt_sets(1, gateway=gateway, pack=pack, state=state)
+        common: dict[str, Any] = {
+            "plan": written.plan,
+            "params": written.params,
+            "gateway": written.gateway(gateway),
+            "runner": pool,
+            "pack": pack,
+            "state": state,
+            "repair": False,
+            "timeout_s": 10.0,
+        }
+        out = []
+        for seed in range(200, 206):
+            calm = await run_item(seed, **common)
+            slips = await run_item(seed, behaviour=UserBehaviour(mistakes=1.0), **common)
+            users = sum(1 for c in (calm.dialog.records() if calm.dialog else []) if c["actor"] == "user")
+            out.append((users, refused(calm), refused(slips)))
+        return out
+
+    found = sandboxed(scenario)
+    acting = [f for f in found if f[0] > 0]
+    assert acting, found  # some dialogue has the user act in the app
+    assert all(calm == 0 and slips >= 1 for _, calm, slips in acting), found

@@ -78,6 +78,9 @@ def test_unusable_reasons() -> None:
     assert "refused" in str(unusable_reason("ok", refusal="policy"))
     assert unusable_reason('I cannot be sure, but {"ok": true, "reason": "x"}') is None  # JSON follows
     assert unusable_reason("Here you go") is None
+    # an agent declining a customer's request as its policy says is its message, not a model refusal
+    assert unusable_reason("I'm sorry, but I cannot do that under our policy.", prose_refusal=False) is None
+    assert "refused" in str(unusable_reason("I'm sorry.", refusal="policy", prose_refusal=False))
 
 
 def test_hermes_messages_put_tools_in_the_system_prompt_and_calls_in_text() -> None:

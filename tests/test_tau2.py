@@ -189,7 +189,10 @@ def test_do_nothing_agent_passes_exactly_the_tasks_that_ask_for_nothing(
     assert asyncio.run(go()) == (1.0, 0.0)
 
 
-def test_eval_bench_tau2_runs_end_to_end_against_arena_llm_serve(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("domain", "limit"), [("airline", 1), ("retail", 1), ("telecom", 2)])
+def test_eval_bench_tau2_runs_end_to_end_against_arena_llm_serve(
+    tmp_path: Path, domain: str, limit: int
+) -> None:
     from arena.config import ArenaSettings
     from tests.fixtures import free_ports
     from tests.fixtures.llm_serve import llm_server
@@ -201,15 +204,15 @@ def test_eval_bench_tau2_runs_end_to_end_against_arena_llm_serve(tmp_path: Path)
         report = run_tau2(
             settings,
             f"openai{url.removeprefix('http')}?model=rules-v1",
-            domain="telecom",
+            domain=domain,
             k=1,
             trials=1,
-            limit=2,
+            limit=limit,
             concurrency=2,
             seed=0,
         )
-    assert report.bench == "tau2" and [g.group for g in report.groups] == ["telecom"]
-    assert len(report.tasks) == 2 and all(len(t.rewards) == 1 for t in report.tasks)
+    assert report.bench == "tau2" and [g.group for g in report.groups] == [domain]
+    assert len(report.tasks) == limit and all(len(t.rewards) == 1 for t in report.tasks)
     assert all(r in (0.0, 1.0) for t in report.tasks for r in t.rewards)
     assert not any(t.errors for t in report.tasks), [t.errors for t in report.tasks]
 
@@ -226,3 +229,90 @@ def test_cli_names_unknown_domains_and_missing_installs(tmp_path: Path) -> None:
     with pytest.raises(Tau2Unavailable, match=r"install_tau2\.sh"):
         tau2_site_dirs(tmp_path / "no-venv")
     assert TAU2_VENV.name == ".venv-tau2"
+
+
+SYNTH_LIMIT = {"airline": 4, "retail": 6, "telecom": 8}
+"""Train tasks synthesised on per domain here (`arena domain synth tau2 D` takes the whole split)."""
+
+
+def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_served_model(
+    lake: tuple[LocalStore, dict[str, Tau2Import]], tmp_path: Path
+) -> None:
+    """EigenData in every imported domain, over the OpenAI client path against `arena llm serve`
+    with real-model reply quirks (<think> decoys, fenced JSON, Hermes tool-call text): the user
+    simulator acts with its own tools (telecom), dialogues are validated and verified, and Arena's
+    verification agrees with tau2's evaluator on every finished dialogue."""
+    from arena.config import ArenaSettings
+    from arena.llm.roles.eigen_dialogs import REFERENCE_NOTE
+    from lake.catalog import open_gateway
+    from producers.tau2_synthesis import SOURCE, synthesise_domain
+    from tests.fixtures import free_ports
+    from tests.fixtures.llm_serve import llm_server
+
+    store, imports = lake
+    (port,) = free_ports(1)
+    with llm_server(tmp_path / "serve", port, reply_style="real") as url:
+        llm = f"openai{url.removeprefix('http')}?model=rules-v1"
+        settings = ArenaSettings.model_validate(
+            {"home": str(tmp_path), "llm": llm, "sandbox": POOL.model_dump()}
+        )
+
+        async def go() -> dict[str, tuple[object, list[object]]]:
+            gateway = open_gateway(settings)
+            try:
+                async with SandboxPool(POOL) as pool:
+                    return {
+                        d: await synthesise_domain(store, pool, gateway, imports[d], limit=n, sessions=2)
+                        for d, n in SYNTH_LIMIT.items()
+                    }
+            finally:
+                await gateway.aclose()
+
+        results = asyncio.run(go())
+    for domain, (report, samples) in results.items():
+        train = {t.task_id for t in synthesis_tasks(load_tasks(store, imports[domain]))}
+        assert report.verified >= 1, (domain, report.by_stage, [o.reason for o in report.outcomes])
+        assert report.agreement == 1.0, domain
+        assert {o.task_id for o in report.outcomes} <= train  # never a test task
+        verified = [o for o in report.outcomes if o.stage == "verified"]
+        assert all(o.arena_reward == o.tau2_reward == 1.0 for o in verified)
+        assert len(samples) == 2 * len(verified)
+        for sample in samples:  # the reference solution guided the agent; it never reaches training data
+            assert sample.source == SOURCE
+            assert "reference_solution" not in str(sample.messages) and REFERENCE_NOTE not in str(
+                sample.messages
+            )
+        agent = [s for s in samples if s.role_target == "agent"]
+        assert all(
+            s.messages[0]["role"] == "system" and "<policy>" in s.messages[0]["content"] for s in agent
+        )
+        if domain == "telecom":  # dual control: the user ran its own tools in a verified dialogue
+            assert any(
+                "I did" in str(m.get("content")) for s in agent for m in s.messages if m["role"] == "user"
+            )
+
+
+def test_cli_synth_publishes_verified_dialogues_to_samples_sft(tmp_path: Path, broker: str) -> None:
+    """`arena domain synth tau2 airline`: the import, synthesis and both sides of each verified
+    dialogue on the broker's samples.sft, keyed by sample id."""
+    import json
+
+    from tests.cli import arena_env, read_all, run_arena
+    from tests.fixtures import free_ports
+    from tests.fixtures.llm_serve import llm_server
+
+    (port,) = free_ports(1)
+    with llm_server(tmp_path / "serve", port) as url:
+        env = arena_env(
+            tmp_path / "home",
+            ARENA_BROKER=broker,
+            ARENA_LLM=f"openai{url.removeprefix('http')}?model=rules-v1",
+            ARENA_SANDBOX__POOL_SIZE="2",
+        )
+        out = run_arena(["domain", "synth", "tau2", "airline", "--limit", "3", "--json"], env, timeout=600)
+    report = json.loads(out.stdout)
+    ids = {i for o in report["outcomes"] for i in o["sample_ids"]}
+    assert report["verified"] >= 1 and len(ids) == 2 * report["verified"], report["by_stage"]
+    published = {r.key.decode(): json.loads(r.value) for r in read_all(broker, "samples.sft")}
+    assert ids <= set(published)
+    assert {published[i]["role_target"] for i in ids} == {"agent", "user"}

@@ -127,7 +127,11 @@ def read_reply(
     reply = split_reasoning(completion.text, completion.reasoning)
     raw = _raw_text(completion, reply)
     reason = (
-        None if completion.tool_calls else unusable_reason(reply.visible, completion.refusal, reply.reasoning)
+        None
+        if completion.tool_calls
+        else unusable_reason(
+            reply.visible, completion.refusal, reply.reasoning, prose_refusal=role.agent is None
+        )
     )
     if reason is not None:
         raise Unusable(reason)

@@ -198,14 +198,21 @@ def as_text(calls: list[ToolCall] | tuple[ToolCall, ...]) -> str:
     )
 
 
-def unusable_reason(visible: str, refusal: str | None = None, reasoning: str = "") -> str | None:
-    """Why a reply without usable content is unusable: a refusal or an empty reply (None otherwise)."""
+def unusable_reason(
+    visible: str, refusal: str | None = None, reasoning: str = "", *, prose_refusal: bool = True
+) -> str | None:
+    """Why a reply without usable content is unusable: a refusal or an empty reply (None otherwise).
+
+    ``prose_refusal=False`` (an agent role, whose plain text is its message to the customer) counts
+    only the API's ``refusal`` field: "I'm sorry, but I cannot do that" is then the agent declining a
+    request as its policy says, not the model declining the task.
+    """
     if refusal:
         return f"the model refused: {' '.join(refusal.split())[:200]}"
     if not visible.strip():
         if reasoning:
             return f"empty reply: only reasoning ({len(reasoning)} characters), no answer after it"
         return "empty reply"
-    if _REFUSAL.search(visible) and not json_objects(visible):
+    if prose_refusal and _REFUSAL.search(visible) and not json_objects(visible):
         return f"the model refused: {' '.join(visible.split())[:200]}"
     return None

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from arena.hashing import content_hash
 from arena.records.common import Record
 from arena.records.tools import McpEndpoint, NormalizedTool, ToolServer
 
@@ -176,3 +177,27 @@ class SftSample(Record):
     origin_id: Annotated[
         str | None, Field(description="Key of the record it came from (e.g. a trajectory id).")
     ] = None
+
+
+Side = tuple[Literal["agent", "user"], list[dict[str, Any]], list[dict[str, Any]]]
+"""One side of a dialogue: (role_target, its messages, the tools that side calls)."""
+
+
+def dialogue_samples(sides: list[Side], *, source: str, origin: str) -> list[SftSample]:
+    """The training conversations of one accepted dialogue, a sample per side.
+
+    Keyed by origin and side, not content: a dialogue carries its tools' timestamps and uuids, so
+    a replayed record would otherwise make a second sample.
+    """
+    return [
+        SftSample(
+            sample_id=content_hash({"origin": origin, "target": target}, prefix="sft-", length=24),
+            messages=messages,
+            tools=tools,
+            role_target=target,
+            source=source,
+            reward=1.0,
+            origin_id=origin,
+        )
+        for target, messages, tools in sides
+    ]

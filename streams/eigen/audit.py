@@ -19,6 +19,7 @@ from typing import Any
 
 from arena.config import EigenSettings
 from arena.llm.gateway import Gateway
+from arena.llm.roles.user_sim import UserBehaviour
 from arena.records.eigen import PilotMetrics
 from lake.eigen_catalog import AuditRow, EigenCatalog
 from sandbox.env_runtime import Runner
@@ -91,6 +92,7 @@ async def repilot(
     store: EigenCatalog,
     cfg: EigenSettings,
     timeout_s: float | None = None,
+    behaviour: UserBehaviour | None = None,
 ) -> tuple[PromptSet, list[PilotMetrics]]:
     """Pilot a set sent back to phase 2 again, then return it to phase 3 with what it learned.
 
@@ -119,6 +121,7 @@ async def repilot(
             catalog=gateway.catalog,
             store=store,
             timeout_s=timeout_s,
+            behaviour=behaviour,
         )
         if not result.converged:
             log.warning("prompt set %s did not converge in its re-pilot; generating on", prompt_set.set_id)

@@ -18,6 +18,7 @@ from arena.llm.roles.eigen import (
     EntityRef,
     RandomPoolInput,
 )
+from arena.llm.roles.user_sim import user_behaviour
 from arena.llm.routing import budget_for
 from arena.records.eigen import EigenIntent, EigenSeed, IntentPayload
 from streams.eigen.audit import repilot
@@ -47,6 +48,7 @@ async def handle(record: EigenSeed, ctx: Context) -> Sequence[Emit]:
             store=store,
             cfg=ctx.settings.eigen,
             timeout_s=ctx.settings.sandbox.timeout_s,
+            behaviour=user_behaviour(ctx.settings),
         )
         emits += [Emit(PILOT_TOPIC, pilot_key(m), m, (ctx.source_key,)) for m in metrics]
     domain = domain_summary(pack, state)

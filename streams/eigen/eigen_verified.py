@@ -24,7 +24,7 @@ from typing import Any
 from arena.hashing import content_hash
 from arena.records.eigen import Dialog, EigenValidated, EigenVerified, ValidatedPayload, VerifiedPayload
 from arena.records.envs import VerifiedSample
-from arena.records.sft import SftSample
+from arena.records.sft import SftSample, Side, dialogue_samples
 from environments.environment import read_verdict, verify_program
 from environments.render import ToolCall
 from environments.user_view import MARKERS, Signal, ViewTurn, user_view_messages
@@ -70,23 +70,11 @@ def user_view(body: ValidatedPayload, pack: DomainPack) -> list[dict[str, Any]]:
 
 def sft_samples(body: ValidatedPayload, pack: DomainPack, origin: str) -> list[SftSample]:
     """The agent-side and the user-side training conversations of an accepted dialogue."""
-    sides: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = [
+    sides: list[Side] = [
         ("agent", body.dialog.messages, pack.agent_tools),
         ("user", user_view(body, pack), pack.user_tools),
     ]
-    return [
-        SftSample(
-            # Keyed by origin and side, not content: the dialogue carries the tools' timestamps and uuids.
-            sample_id=content_hash({"origin": origin, "target": target}, prefix="sft-", length=24),
-            messages=messages,
-            tools=tools,
-            role_target=target,  # type: ignore[arg-type]
-            source=SOURCE,
-            reward=1.0,
-            origin_id=origin,
-        )
-        for target, messages, tools in sides
-    ]
+    return dialogue_samples(sides, source=SOURCE, origin=origin)
 
 
 async def handle(record: EigenValidated, ctx: Context) -> Sequence[Emit]:

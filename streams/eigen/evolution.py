@@ -67,7 +67,7 @@ from arena.llm.roles.eigen_orchestration import (
     WorkerPrompt,
     WorkflowPlan,
 )
-from arena.llm.roles.user_sim import USER_SIMULATOR
+from arena.llm.roles.user_sim import USER_SIMULATOR, UserBehaviour
 from arena.records.eigen import PilotMetrics
 from environments.environment import argument_error
 from lake.eigen_catalog import EigenCatalog
@@ -502,10 +502,12 @@ async def pilot(
     store: EigenCatalog | None = None,
     publish: Publish | None = None,
     timeout_s: float | None = None,
+    behaviour: UserBehaviour | None = None,
 ) -> PilotResult:
     """Phase 2 on one prompt set (see the module docstring); batch ``i`` uses seeds ``seed + i * batch_size ...``.
 
-    ``repair=False`` never runs Modify, whatever the plan says.
+    ``repair=False`` never runs Modify, whatever the plan says; ``behaviour`` is the simulated
+    user's (the ``[user_sim]`` rates phase 3 uses too).
     """
     if not 1 <= iterations <= MAX_PILOT_ITERATIONS:
         raise ValueError(f"iterations must be within 1..{MAX_PILOT_ITERATIONS}")
@@ -538,6 +540,7 @@ async def pilot(
                     state=state,
                     repair=repair,
                     timeout_s=timeout_s,
+                    behaviour=behaviour,
                 )
                 for s in seeds
             )

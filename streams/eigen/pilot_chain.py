@@ -30,6 +30,7 @@ from arena.llm.core import Answer, InvalidOutput, Role, Sampling, Undecidable
 from arena.llm.gateway import Gateway
 from arena.llm.roles.eigen import TaskVerdict, UserIntent
 from arena.llm.roles.eigen_orchestration import FailureSample, FailureStage, WorkflowPlan
+from arena.llm.roles.user_sim import UserBehaviour
 from arena.records.eigen import Dialog, DialogVerdict
 from environments.environment import read_verdict, verify_program
 from sandbox.env_runtime import Runner
@@ -179,8 +180,10 @@ async def run_item(
     state: Mapping[str, Any],
     repair: bool = True,
     timeout_s: float | None = None,
+    behaviour: UserBehaviour | None = None,
 ) -> BatchResult:
-    """``seed`` through the planned workers (module docstring); ``repair=False`` never runs Modify."""
+    """``seed`` through the planned workers (module docstring); ``repair=False`` never runs Modify;
+    ``behaviour``: the simulated user's behaviour rates (the ``[user_sim]`` settings)."""
     modify = repair and plan.runs("Modify")
     try:
         draw = await random_pool(gateway, pack, state, seed, params)
@@ -217,14 +220,16 @@ async def run_item(
             return result
     if not plan.runs("DialogSynthesis"):
         return result
-    dialog = await synthesize_dialog(pack, intent, state, gateway, runner, timeout_s=timeout_s)
+    dialog = await synthesize_dialog(
+        pack, intent, state, gateway, runner, timeout_s=timeout_s, behaviour=behaviour
+    )
     result.dialog = dialog
     if plan.runs("TrajectoryValidation"):
         verdict, _ = await judge_dialog(pack, intent, dialog, gateway)
         result.first_dialog_passed, result.dialog_verdict = verdict.passed, verdict
         if not verdict.passed and modify:  # it judges the first dialogue again (a cache hit with a cache)
             repaired = await validate_with_dialog_repair(
-                pack, intent, dialog, state, gateway, runner, timeout_s=timeout_s
+                pack, intent, dialog, state, gateway, runner, timeout_s=timeout_s, behaviour=behaviour
             )
             result.dialog_rounds = repaired.rounds
             if repaired.verdict.passed:  # the first dialogue's failure, repaired

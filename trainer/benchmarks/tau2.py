@@ -17,14 +17,20 @@ split (what tau2 evaluates); the domain is imported into the lake first when it 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from arena.config import ArenaSettings
 from arena.llm.core import InvalidOutput
 from environments.tau2_env import Tau2Session, Tau2Unavailable
+from environments.tau2_episode import (
+    GREETING,
+    MAX_AGENT_STEPS,
+    MAX_USER_TURNS,
+    Episode,
+    run_calls,
+    system_prompt,
+)
 from environments.tau2_import import (
     DOMAINS,
     Tau2Import,
@@ -35,90 +41,15 @@ from environments.tau2_import import (
     open_session,
 )
 from environments.tau2_tasks import Tau2Task
-from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
+from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator
 from lake.store import open_store
 from sandbox import SandboxPool
 from trainer.benchmarks.report import BenchReport, TaskResult, bench_report
 from trainer.endpoint_policy import EndpointPolicy, open_endpoint_policy
 
-AGENT_INSTRUCTION = (
-    "You are a customer service agent that helps the user according to the <policy> provided below.\n"
-    "In each turn you can either:\n- Send a message to the user.\n- Make a tool call.\n"
-    "You cannot do both at the same time.\n\n"
-    "Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."
-)
-"""tau2's ``LLMAgent`` instruction (tau2/agent/llm_agent.py), so the model sees what tau2 shows it."""
-GREETING = "Hi! How can I help you today?"
-"""tau2's orchestrator's first agent message."""
-MAX_AGENT_STEPS = 30
-"""Agent turns (tool rounds and messages) per trial before it is cut (tau2: max_steps)."""
-MAX_USER_TURNS = 12
-
 
 class Tau2BenchError(ValueError):
     """The benchmark cannot run as asked (unknown domain, tau2 not installed): the message says the fix."""
-
-
-def system_prompt(policy: str) -> str:
-    return f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy}\n</policy>"
-
-
-@dataclass
-class Episode:
-    """One trial's conversation, in the agent's OpenAI messages and in tau2's messages."""
-
-    chat: list[dict[str, Any]]
-    tau2: list[dict[str, Any]]
-    turns: list[ViewTurn] = field(default_factory=list)
-    calls: int = 0
-
-    def say(self, role: Literal["assistant", "user"], text: str) -> None:
-        self.chat.append({"role": role, "content": text})
-        self.tau2.append({"role": role, "content": text})
-        self.turns.append(ViewTurn(role=role, text=text))
-
-
-async def _run_calls(
-    session: Tau2Session,
-    episode: Episode,
-    calls: list[tuple[str, dict[str, Any]]],
-    requestor: Literal["assistant", "user"],
-    content: str | None,
-) -> None:
-    """Run one message's calls in the domain's code; record them in both message lists."""
-    ids = [f"call_{episode.calls + i}" for i in range(len(calls))]
-    episode.calls += len(calls)
-    tau2_calls = [
-        {"id": i, "name": n, "arguments": a, "requestor": requestor}
-        for i, (n, a) in zip(ids, calls, strict=True)
-    ]
-    episode.tau2.append({"role": requestor, "content": content or None, "tool_calls": tau2_calls})
-    if requestor == "assistant":
-        episode.chat.append(
-            {
-                "role": "assistant",
-                "content": content or "",
-                "tool_calls": [
-                    {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-                    for i, (n, a) in zip(ids, calls, strict=True)
-                ],
-            }
-        )
-    for call_id, (name, arguments) in zip(ids, calls, strict=True):
-        answer = await session.tool(name, arguments, requestor=requestor, call_id=call_id)
-        episode.tau2.append(
-            {
-                "role": "tool",
-                "id": call_id,
-                "content": answer.content,
-                "requestor": requestor,
-                "error": answer.error,
-            }
-        )
-        if requestor == "assistant":
-            episode.chat.append(
-                {"role": "tool", "tool_call_id": call_id, "name": name, "content": answer.content}
-            )
 
 
 async def run_episode(
@@ -149,7 +80,7 @@ async def run_episode(
             )
             move = await user.reply(context)
             if move.actions:  # dual control: the user acts on its own device first, as in tau2
-                await _run_calls(
+                await run_calls(
                     session, episode, [(a.name, dict(a.arguments)) for a in move.actions], "user", None
                 )
             text = move.message or ("###STOP###" if move.signal != "continue" else "")
@@ -166,7 +97,7 @@ async def run_episode(
         turn = answer.output
         if turn.tool_calls:
             calls = [(c.name, dict(c.arguments)) for c in turn.tool_calls]
-            await _run_calls(session, episode, calls, "assistant", turn.content)
+            await run_calls(session, episode, calls, "assistant", turn.content)
             continue
         episode.say("assistant", turn.content)
         if "###STOP###" in turn.content:

@@ -31,16 +31,19 @@ __all__ = [
     "EIGEN_DIALOG_ROLES",
     "EIGEN_TRAJECTORY_AGENT",
     "EIGEN_TRAJECTORY_VALIDATION",
+    "YES_RE",
     "AgentStep",
     "AgentToolCall",
     "AppEvent",
     "DialogIssue",
     "DimensionRating",
     "Rating",
+    "ReferenceStep",
     "TrajectoryAgentInput",
     "TrajectoryValidationInput",
     "TrajectoryVerdict",
     "dialog_system_message",
+    "grounded_values",
 ]
 
 Criterion = Literal["schema", "grounding", "goal", "realism", "policy"]
@@ -70,6 +73,33 @@ class AppEvent(BaseModel):
     after_message: Annotated[int, Field(ge=0, description="Index of the message it came with.")] = 0
 
 
+class ReferenceStep(BaseModel):
+    """One call of a reference solution (synthesis only): what a correct agent ends up doing."""
+
+    name: Annotated[str, Field(min_length=1, description="Tool name (an agent tool, or a user tool).")]
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Arguments as a JSON object.")
+    actor: Literal["agent", "user"] = Field(
+        default="agent", description="agent: the agent calls it; user: the agent asks the user to do it."
+    )
+    writes: bool = Field(default=False, description="It changes records: propose it and get a yes first.")
+
+
+YES_RE = re.compile(r"^\W*(?:yes|yeah|yep|sure|ok(?:ay)?|please (?:go ahead|do)|go ahead|confirmed?)\b", re.I)
+"""A customer's message that says yes to a proposal (how it starts)."""
+
+
+def grounded_values(value: Any) -> list[str]:
+    """The strings in a call's arguments that must have appeared in the dialogue before the call:
+    those holding a digit or an ``@`` (ids, codes, dates, emails), at any depth."""
+    if isinstance(value, str):
+        return [value] if any(c.isdigit() for c in value) or "@" in value else []
+    if isinstance(value, dict):
+        return [v for item in value.values() for v in grounded_values(item)]
+    if isinstance(value, list):
+        return [v for item in value for v in grounded_values(item)]
+    return []
+
+
 class TrajectoryAgentInput(BaseModel):
     """What the agent sees: policy, tools, the dialogue so far, the customer's in-app actions."""
 
@@ -94,6 +124,15 @@ class TrajectoryAgentInput(BaseModel):
         default="",
         exclude=True,
         description="The pack's policy rules as code (policy.py); '' when not given.",
+    )
+    reference: list[ReferenceStep] | None = Field(
+        default=None,
+        description="A reference solution of the task (synthesis from a benchmark's train split): the "
+        "calls a correct agent makes, in order ([]: it makes none, e.g. it must refuse); None outside "
+        "such synthesis. Never shown in training data.",
+    )
+    reference_info: list[str] = Field(
+        default_factory=list, description="Facts the reference solution tells the user (said verbatim)."
     )
 
 
@@ -205,6 +244,12 @@ NATIVE_INSTRUCTIONS = (
 _TODAY = re.compile(r"\n\nToday's date: (?P<today>[^\n]*)\.$")
 _APP_ACTIONS = "\n\n<app_actions>\n"
 _APP_EVENTS = "\n\n<app_events>\n"
+_REFERENCE = "\n\n<reference_solution>\n"
+REFERENCE_NOTE = (
+    "A reference solution follows: reach the same calls (agent calls yourself, user calls by asking the "
+    "customer), using only values the customer gave or tools returned, proposing each write and waiting "
+    "for a yes first, and telling the customer every listed fact. Never mention the reference."
+)
 
 
 def dialog_system_message(policy: str, today: str) -> str:
@@ -242,14 +287,29 @@ def _conversation(inputs: TrajectoryAgentInput) -> list[dict[str, Any]]:
         message = sendable(message)
         if i == 0 and message.get("role") == "system":
             actions = f"{_APP_ACTIONS}{json.dumps(inputs.user_tools, ensure_ascii=False)}\n</app_actions>"
-            message["content"] = f"{NATIVE_INSTRUCTIONS}\n\n{message.get('content') or ''}" + (
-                actions if inputs.user_tools else ""
+            message["content"] = (
+                f"{NATIVE_INSTRUCTIONS}\n\n{message.get('content') or ''}"
+                + (actions if inputs.user_tools else "")
+                + _reference_block(inputs)
             )
         if i in events:
             listed = json.dumps(events[i], ensure_ascii=False)
             message["content"] = f"{message.get('content') or ''}{_APP_EVENTS}{listed}\n</app_events>"
         out.append(message)
     return out
+
+
+def _reference_block(inputs: TrajectoryAgentInput) -> str:
+    if inputs.reference is None:
+        return ""
+    listed = json.dumps(
+        {
+            "calls": [r.model_dump(mode="json") for r in inputs.reference],
+            "tell_the_customer": inputs.reference_info,
+        },
+        ensure_ascii=False,
+    )
+    return f"{_REFERENCE}{REFERENCE_NOTE}\n{listed}\n</reference_solution>"
 
 
 def _inputs_from(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> TrajectoryAgentInput:
@@ -260,6 +320,12 @@ def _inputs_from(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) ->
     if not system.startswith(NATIVE_INSTRUCTIONS + "\n\n"):
         raise ValueError("the system message is not the eigen agent's")
     system = system[len(NATIVE_INSTRUCTIONS) + 2 :]
+    reference: dict[str, Any] | None = None
+    if _REFERENCE in system:
+        system, _, block = system.partition(_REFERENCE)
+        reference = json.loads(
+            block.removeprefix(REFERENCE_NOTE + "\n").removesuffix("\n</reference_solution>")
+        )
     user_tools: list[dict[str, Any]] = []
     if _APP_ACTIONS in system:
         system, _, listed = system.partition(_APP_ACTIONS)
@@ -285,6 +351,10 @@ def _inputs_from(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) ->
         user_tools=user_tools,
         messages=restored,
         app_events=events,
+        reference=None
+        if reference is None
+        else [ReferenceStep.model_validate(r) for r in reference.get("calls") or []],
+        reference_info=[str(f) for f in (reference or {}).get("tell_the_customer") or []],
     )
 
 
@@ -349,6 +419,9 @@ EIGEN_TRAJECTORY_AGENT: Role[TrajectoryAgentInput, AgentStep] = Role(
         "that appear in tool results or in the user's messages; never invent any.\n"
         "- When the user must act in the app (a user tool), ask for it in the message and list it in "
         "user_action_requests with the arguments the app pre-fills.\n"
+        "- When the input has a 'reference' solution, reach its calls (user calls by asking the customer) "
+        "with values the customer gave or tools returned, confirm writes first, tell the customer every "
+        "'reference_info' fact, and never mention the reference.\n"
         'Output: one JSON object {"think": string, "tool_calls": [{"name", "arguments"}], "message": '
         'string | null, "user_action_requests": [{"name", "arguments"}]} and nothing else.'
     ),

@@ -1,0 +1,443 @@
+"""`arena domain synth tau2 DOMAIN`: EigenData dialogue synthesis in an imported tau2 domain.
+
+Tasks come from the import's ``train`` split only (``synthesis_tasks``: a test task is never
+synthesised on, whatever the caller passes) and exclude those whose reward needs a judge. Each task
+is a task instance whose solution is known -- its gold actions and the facts to communicate -- so
+the EigenData chain for it is:
+
+1. DialogSynthesis: the simulated user (the gateway's ``user_simulator``, with the task's scenario,
+   acting with its own user tools in dual-control domains) talks to the TrajectoryAgent (the
+   gateway's ``eigen_trajectory_agent`` with the reference solution in its input: it must reach
+   those calls through the conversation, with values the user gave or tools returned). Every call
+   runs the domain's own code in a ``Tau2Session``.
+2. TrajectoryValidation: deterministic checks (schema: known tools, argument names; grounding:
+   every id-like value of an agent call appeared earlier; policy: every write came right after the
+   customer's yes; realism: no empty or repeated user turns) and the gateway's
+   ``eigen_trajectory_validation`` verdict with the paper's rule.
+3. VerificationFunction: the task's evaluation criteria as Arena's ``Tau2Verification`` on the live
+   session, and tau2's own evaluator on the same trajectory; a dialogue is verified when both give
+   1.0 and the validation passed.
+
+A verified dialogue becomes two ``samples.sft`` records: the agent side (tau2's agent system
+prompt, the domain's agent tools; the reference never appears) and the user side (the user-view
+conversation). What failed, and where, is in the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from arena.hashing import content_hash
+from arena.llm.core import InvalidOutput
+from arena.llm.gateway import Gateway
+from arena.llm.roles.eigen import DifficultyFactors, Goal, GoalCall, Persona, UserIntent
+from arena.llm.roles.eigen_dialogs import (
+    EIGEN_TRAJECTORY_AGENT,
+    EIGEN_TRAJECTORY_VALIDATION,
+    YES_RE,
+    AppEvent,
+    DialogIssue,
+    DimensionRating,
+    ReferenceStep,
+    TrajectoryAgentInput,
+    TrajectoryValidationInput,
+    dialog_system_message,
+    grounded_values,
+)
+from arena.llm.roles.user_sim import UserAction, UserActionResult, UserBehaviour
+from arena.records.sft import SftSample, Side, dialogue_samples
+from environments.environment import argument_error
+from environments.render import ToolCall
+from environments.tau2_env import Tau2Session
+from environments.tau2_episode import GREETING, Episode, run_calls, system_prompt
+from environments.tau2_import import Tau2Import, load_tasks, open_session, synthesis_tasks
+from environments.tau2_tasks import Tau2Task, arena_reward
+from environments.user_view import GatewayUserSimulator, UserContext, user_view_messages
+from lake.store import ObjectStore
+from sandbox.env_runtime import Runner
+
+SOURCE = "eigen-tau2"
+MAX_AGENT_STEPS = 60
+"""Agent moves per dialogue (a reference of ten calls takes about thirty with asks and proposals)."""
+MAX_USER_TURNS = 16
+MAX_ACTS_PER_TURN = 3
+"""User-tool rounds within one user reply (act, see the result, act again)."""
+
+Stage = Literal["dialogue", "validation", "verification", "verified"]
+
+
+class SynthesisOutcome(BaseModel):
+    """One task's synthesis: how far it got and why it stopped there."""
+
+    task_id: Annotated[str, Field(description="tau2 task id (train split).")]
+    stage: Annotated[Stage, Field(description="verified, or the stage that rejected the dialogue.")]
+    reason: Annotated[str, Field(description="Why it was rejected ('' when verified).")] = ""
+    termination: Annotated[str, Field(description="user_stop, agent_stop or max_steps.")] = ""
+    arena_reward: float | None = None
+    tau2_reward: float | None = None
+    messages: Annotated[int, Field(description="Messages in the agent-side dialogue.")] = 0
+    sample_ids: list[str] = Field(default_factory=list, description="samples.sft ids (verified only).")
+
+
+class SynthesisReport(BaseModel):
+    """Synthesis over an imported domain's train split."""
+
+    domain: str
+    train_tasks: Annotated[int, Field(description="Train-split tasks scorable without a judge.")]
+    attempted: Annotated[int, Field(description="Tasks synthesised on.")]
+    verified: Annotated[int, Field(description="Dialogues verified.")]
+    agreement: Annotated[
+        float,
+        Field(description="Share of finished dialogues where Arena's reward equals tau2's evaluator's."),
+    ]
+    by_stage: Annotated[dict[str, int], Field(description="Outcomes per stage.")]
+    outcomes: list[SynthesisOutcome]
+    wall_s: float
+
+
+@dataclass
+class _Dialogue:
+    """A synthesised dialogue: the episode (agent chat + tau2 messages) and the user's in-app actions."""
+
+    episode: Episode
+    events: list[AppEvent] = field(default_factory=list)
+    own: list[UserActionResult] = field(default_factory=list)
+    termination: str = "max_steps"
+
+
+def reference_of(task: Tau2Task, writes: set[str]) -> list[ReferenceStep]:
+    """The task's gold actions as the reference solution."""
+    return [
+        ReferenceStep(
+            name=a.name,
+            arguments=dict(a.arguments),
+            actor="user" if a.requestor == "user" else "agent",
+            writes=a.name in writes,
+        )
+        for a in task.verification.actions
+    ]
+
+
+def intent_of(imported: Tau2Import, task: Tau2Task, writes: set[str]) -> UserIntent:
+    """The task as an EigenData UserIntent (what the validation reads)."""
+    instructions = (task.raw.get("user_scenario") or {}).get("instructions") or {}
+    reason = (
+        str(instructions.get("reason_for_call") or task.instructions)
+        if isinstance(instructions, dict)
+        else ""
+    )
+    goal_calls = [
+        GoalCall(name=a.name, arguments=dict(a.arguments), actor="user" if a.requestor == "user" else "agent")
+        for a in task.verification.actions
+        if a.name in writes or a.requestor == "user"
+    ]
+    return UserIntent(
+        domain=f"tau2_{imported.domain}",
+        seed=0,
+        persona=Persona(role="customer", expertise="occasional", tone="polite"),
+        objective=reason or task.instructions,
+        reason_for_call=reason or task.instructions,
+        requirements=list(task.requirements),
+        must_have_functions=[a.name for a in task.verification.actions if a.requestor != "user"],
+        goals=[Goal(kind=goal_calls[0].name, requirement=reason, calls=goal_calls)] if goal_calls else [],
+        difficulty=DifficultyFactors(required_calls=max(1, len(task.verification.actions))),
+    )
+
+
+async def _user_move(
+    session: Tau2Session,
+    dialogue: _Dialogue,
+    user: GatewayUserSimulator,
+    context: UserContext,
+) -> tuple[str, str]:
+    """The user's reply (running its own tool calls first, as often as it asks): (text, signal)."""
+    for _ in range(MAX_ACTS_PER_TURN):
+        move = await user.reply(context.model_copy(update={"own_actions": list(dialogue.own)}))
+        if move.actions:
+            calls = [(a.name, dict(a.arguments)) for a in move.actions]
+            answers = await run_calls(session, dialogue.episode, calls, "user", None)
+            for (name, arguments), answer in zip(calls, answers, strict=True):
+                dialogue.own.append(
+                    UserActionResult(
+                        name=name,
+                        arguments=arguments,
+                        ok=not answer.error,
+                        output=answer.content,
+                        turn=context.turn,
+                    )
+                )
+                dialogue.events.append(
+                    AppEvent(
+                        name=name,
+                        arguments=arguments,
+                        ok=not answer.error,
+                        output=answer.content,
+                        after_message=len(dialogue.episode.chat),
+                    )
+                )
+            if not move.message:
+                continue  # the user reports what its app showed on the next reply
+        return move.message, move.signal
+    return "", "stop"
+
+
+async def synthesise_dialog(
+    session: Tau2Session,
+    imported: Tau2Import,
+    task: Tau2Task,
+    gateway: Gateway,
+    behaviour: UserBehaviour,
+) -> _Dialogue:
+    """One dialogue on ``task`` (DialogSynthesis), in ``session`` reset to the task's initial state."""
+    await session.reset(task.raw)
+    writes = set(imported.write_tools)
+    history = list((task.raw.get("initial_state") or {}).get("message_history") or [])
+    episode = Episode(
+        chat=[{"role": "system", "content": dialog_system_message(imported.policy, "")}], tau2=history
+    )
+    dialogue = _Dialogue(episode=episode)
+    user = GatewayUserSimulator(gateway)
+    reference = reference_of(task, writes)
+    planned = [UserAction(name=r.name, arguments=r.arguments) for r in reference if r.actor == "user"]
+    requests: list[UserAction] = []
+    user_turns = 0
+    episode.say("assistant", GREETING)
+    for _ in range(MAX_AGENT_STEPS):
+        if episode.turns[-1].role == "assistant":
+            context = UserContext(
+                instructions=task.instructions,
+                requirements=task.requirements,
+                user_tools=imported.user_tools,
+                turns=episode.turns,
+                planned_actions=planned,
+                action_requests=requests,
+                behaviour=behaviour,
+                turn=user_turns,
+                max_turns=MAX_USER_TURNS,
+            )
+            text, signal = await _user_move(session, dialogue, user, context)
+            episode.say("user", text or ("###STOP###" if signal != "continue" else ""))
+            episode.turns[-1].actions = [
+                ToolCall(name=a.name, arguments=a.arguments) for a in dialogue.own if a.turn == user_turns
+            ]
+            if signal != "continue":
+                dialogue.termination = "user_stop"
+                return dialogue
+            user_turns += 1
+        inputs = TrajectoryAgentInput(
+            policy=imported.policy,
+            tools=imported.agent_tools,
+            user_tools=imported.user_tools,
+            messages=episode.chat,
+            app_events=dialogue.events,
+            reference=reference,
+            reference_info=task.verification.communicate_info,
+        )
+        step = (await gateway.call(EIGEN_TRAJECTORY_AGENT, inputs)).output
+        if step.tool_calls:
+            calls = [(c.name, dict(c.arguments)) for c in step.tool_calls]
+            await run_calls(session, episode, calls, "assistant", None)
+            continue
+        episode.say("assistant", str(step.message))
+        requests = [UserAction(name=r.name, arguments=r.arguments) for r in step.user_action_requests]
+    return dialogue
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def dialogue_checks(
+    chat: list[dict[str, Any]], tools: list[dict[str, Any]], writes: set[str]
+) -> tuple[dict[str, DimensionRating], list[DialogIssue]]:
+    """The deterministic checks of an agent-side dialogue: (criterion -> rating, issues)."""
+    specs = {t["function"]["name"]: t for t in tools}
+    found: dict[str, list[DialogIssue]] = {
+        c: [] for c in ("schema", "grounding", "goal", "realism", "policy")
+    }
+    seen: list[str] = []
+    last_user = ""
+    user_texts: list[str] = []
+    for index, message in enumerate(chat[1:], start=1):
+        role, content = message.get("role"), str(message.get("content") or "")
+        if role == "user":
+            last_user = content
+            user_texts.append(content)
+        if role in ("user", "tool"):
+            seen.append(content.casefold())
+        if role != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            fn = call["function"]
+            name, arguments = fn["name"], _arguments(fn.get("arguments"))
+            spec = specs.get(name)
+            problem = "no such agent tool" if spec is None else argument_error(spec, arguments)
+            if problem:
+                found["schema"].append(_issue("schema", f"{name}: {problem}", name, index))
+            text = "\n".join(seen)
+            for value in grounded_values(arguments):
+                if value.casefold() not in text:
+                    found["grounding"].append(
+                        _issue("grounding", f"{name} uses {value!r}, never shown", name, index)
+                    )
+            if name in writes and not YES_RE.search(last_user):
+                found["policy"].append(
+                    _issue("policy", f"{name} ran without the customer's yes", name, index)
+                )
+    for a, b in itertools.pairwise(user_texts):
+        if a and a == b:
+            found["realism"].append(_issue("realism", "the user repeats a message", a, None, critical=False))
+    if any(not t.strip() for t in user_texts):
+        found["realism"].append(_issue("realism", "an empty user turn", "", None, critical=False))
+    issues = [i for group in found.values() for i in group]
+    return {c: _rating(group) for c, group in found.items()}, issues
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    return json.loads(raw) if isinstance(raw, str) else dict(raw or {})
+
+
+def _issue(
+    criterion: str, description: str, evidence: str, turn: int | None, critical: bool = True
+) -> DialogIssue:
+    return DialogIssue(
+        criterion=criterion,  # type: ignore[arg-type]
+        critical=critical,
+        description=description,
+        evidence=evidence[:200],
+        turn=turn,
+    )
+
+
+def _rating(issues: list[DialogIssue]) -> DimensionRating:
+    if any(i.critical for i in issues) or len(issues) >= 2:
+        return DimensionRating(rating="Poor", score=0.0, assessment=issues[0].description)
+    if issues:
+        return DimensionRating(rating="Acceptable", score=0.5, assessment=issues[0].description)
+    return DimensionRating(rating="Good", score=1.0, assessment="no problem found")
+
+
+# --------------------------------------------------------------------------- one task, a domain
+
+
+def sft_samples(imported: Tau2Import, task: Tau2Task, dialogue: _Dialogue, origin: str) -> list[SftSample]:
+    """The agent-side and user-side training conversations of a verified dialogue."""
+    agent = [{"role": "system", "content": system_prompt(imported.policy)}, *dialogue.episode.chat[1:]]
+    user = user_view_messages(
+        task.instructions, task.requirements, imported.user_tools, dialogue.episode.turns, "stop"
+    )
+    sides: list[Side] = [("agent", agent, imported.agent_tools), ("user", user, imported.user_tools)]
+    return dialogue_samples(sides, source=SOURCE, origin=origin)
+
+
+async def synthesise_task(
+    session: Tau2Session, imported: Tau2Import, task: Tau2Task, gateway: Gateway, behaviour: UserBehaviour
+) -> tuple[SynthesisOutcome, list[SftSample]]:
+    """The chain on one train task: dialogue, validation, verification."""
+    writes = set(imported.write_tools)
+    try:
+        dialogue = await synthesise_dialog(session, imported, task, gateway, behaviour)
+    except (InvalidOutput, RuntimeError) as exc:
+        return SynthesisOutcome(
+            task_id=task.task_id, stage="dialogue", reason=f"{type(exc).__name__}: {exc}"[:300]
+        ), []
+    chat = dialogue.episode.chat
+    gold = await session.gold(task.raw)
+    ours = await arena_reward(session, task, dialogue.episode.tau2, gold)
+    theirs = float(
+        (await session.tau2_reward(task.raw, dialogue.episode.tau2, dialogue.termination))["reward"]
+    )
+    outcome = SynthesisOutcome(
+        task_id=task.task_id,
+        stage="verification",
+        termination=dialogue.termination,
+        arena_reward=ours.reward,
+        tau2_reward=theirs,
+        messages=len(chat),
+    )
+    ratings, issues = dialogue_checks(chat, imported.agent_tools, writes)
+    if ours.reward < 1.0:
+        failed = "; ".join(
+            c.detail for c in ours.checks if c.kind in task.verification.reward_basis and not c.passed
+        )
+        issues.append(_issue("goal", f"the task's verification fails: {failed}", "", None))
+        ratings["goal"] = _rating([issues[-1]])
+    validation = TrajectoryValidationInput(
+        intent=intent_of(imported, task, writes), messages=chat, ratings=ratings, issues=issues
+    )
+    try:
+        verdict = (await gateway.call(EIGEN_TRAJECTORY_VALIDATION, validation)).output
+    except InvalidOutput as exc:
+        outcome.stage, outcome.reason = "validation", f"no verdict: {exc}"[:300]
+        return outcome, []
+    if verdict.validation_result != "PASS":
+        outcome.stage, outcome.reason = "validation", str(verdict.failure_reason or "FAIL")
+        return outcome, []
+    if ours.reward < 1.0 or theirs < 1.0:
+        outcome.reason = f"reward: Arena {ours.reward}, tau2 {theirs}"
+        return outcome, []
+    origin = content_hash(
+        {"domain": imported.domain, "db": imported.db.sha256, "task": task.task_id, "chat": chat},
+        prefix="t2s-",
+        length=24,
+    )
+    samples = sft_samples(imported, task, dialogue, origin)
+    outcome.stage, outcome.sample_ids = "verified", [s.sample_id for s in samples]
+    return outcome, samples
+
+
+async def synthesise_domain(
+    store: ObjectStore,
+    pool: Runner,
+    gateway: Gateway,
+    imported: Tau2Import,
+    *,
+    behaviour: UserBehaviour | None = None,
+    limit: int | None = None,
+    sessions: int = 1,
+    on_task: Callable[[SynthesisOutcome], None] | None = None,
+) -> tuple[SynthesisReport, list[SftSample]]:
+    """EigenData synthesis on the train split of ``imported`` (its first ``limit`` scorable tasks)."""
+    start = time.monotonic()
+    tasks = [t for t in synthesis_tasks(load_tasks(store, imported)) if not t.verification.needs_judge]
+    chosen = tasks[:limit]
+    queue: asyncio.Queue[Tau2Task] = asyncio.Queue()
+    for t in chosen:
+        queue.put_nowait(t)
+    results: dict[str, tuple[SynthesisOutcome, list[SftSample]]] = {}
+
+    async def worker() -> None:
+        async with open_session(store, pool, imported) as session:
+            while not queue.empty():
+                task = queue.get_nowait()
+                results[task.task_id] = await synthesise_task(
+                    session, imported, task, gateway, behaviour or UserBehaviour()
+                )
+                if on_task is not None:
+                    on_task(results[task.task_id][0])
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(sessions, len(chosen))))))
+    outcomes = [results[t.task_id][0] for t in chosen]
+    samples = [s for t in chosen for s in results[t.task_id][1]]
+    scored = [o for o in outcomes if o.arena_reward is not None and o.tau2_reward is not None]
+    stages: dict[str, int] = {}
+    for o in outcomes:
+        stages[o.stage] = stages.get(o.stage, 0) + 1
+    report = SynthesisReport(
+        domain=imported.domain,
+        train_tasks=len(tasks),
+        attempted=len(chosen),
+        verified=stages.get("verified", 0),
+        agreement=sum(o.arena_reward == o.tau2_reward for o in scored) / max(1, len(scored)),
+        by_stage=stages,
+        outcomes=outcomes,
+        wall_s=time.monotonic() - start,
+    )
+    return report, samples
