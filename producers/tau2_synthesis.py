@@ -165,24 +165,16 @@ async def _user_move(
             calls = [(a.name, dict(a.arguments)) for a in move.actions]
             answers = await run_calls(session, dialogue.episode, calls, "user", None)
             for (name, arguments), answer in zip(calls, answers, strict=True):
-                dialogue.own.append(
-                    UserActionResult(
-                        name=name,
-                        arguments=arguments,
-                        ok=not answer.error,
-                        output=answer.content,
-                        turn=context.turn,
-                    )
+                done = UserActionResult(
+                    name=name,
+                    arguments=arguments,
+                    ok=not answer.error,
+                    output=answer.content,
+                    turn=context.turn,
                 )
-                dialogue.events.append(
-                    AppEvent(
-                        name=name,
-                        arguments=arguments,
-                        ok=not answer.error,
-                        output=answer.content,
-                        after_message=len(dialogue.episode.chat),
-                    )
-                )
+                dialogue.own.append(done)  # what the user saw; the agent sees it as an app event
+                shown = done.model_dump(exclude={"turn"})
+                dialogue.events.append(AppEvent(**shown, after_message=len(dialogue.episode.chat)))
             if not move.message:
                 continue  # the user reports what its app showed on the next reply
         return move.message, move.signal
