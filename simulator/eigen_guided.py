@@ -22,8 +22,8 @@ missing:
    nothing and tells nothing -- the look-ups the request allows, then a refusal; and the closing
    question.
 
-It never states a value that is not in the reference calls' results or the customer's words, and it
-never mentions the reference.
+Besides the facts the reference says to tell, it states only values the dialogue has shown (a
+proposal names the write's arguments once they are grounded), and it never mentions the reference.
 """
 
 from __future__ import annotations
