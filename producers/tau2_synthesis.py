@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from pydantic import BaseModel, Field
 from arena.hashing import content_hash
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
+from arena.llm.replies import parse_arguments
 from arena.llm.roles.eigen import DifficultyFactors, Goal, GoalCall, Persona, UserIntent
 from arena.llm.roles.eigen_dialogs import (
     EIGEN_TRAJECTORY_AGENT,
@@ -63,6 +63,7 @@ from environments.tau2_tasks import Tau2Task, arena_reward
 from environments.user_view import GatewayUserSimulator, UserContext, user_view_messages
 from lake.store import ObjectStore
 from sandbox.env_runtime import Runner
+from streams.eigen.dialogs import dialog_issue, dimension_rating
 
 SOURCE = "eigen-tau2"
 MAX_AGENT_STEPS = 60
@@ -257,6 +258,7 @@ def dialogue_checks(
     seen: list[str] = []
     last_user = ""
     user_texts: list[str] = []
+    calls = 0
     for index, message in enumerate(chat[1:], start=1):
         role, content = message.get("role"), str(message.get("content") or "")
         if role == "user":
@@ -267,53 +269,31 @@ def dialogue_checks(
         if role != "assistant":
             continue
         for call in message.get("tool_calls") or []:
+            calls += 1
             fn = call["function"]
-            name, arguments = fn["name"], _arguments(fn.get("arguments"))
+            name, arguments = fn["name"], parse_arguments(fn.get("arguments")) or {}
             spec = specs.get(name)
             problem = "no such agent tool" if spec is None else argument_error(spec, arguments)
             if problem:
-                found["schema"].append(_issue("schema", f"{name}: {problem}", name, index))
+                found["schema"].append(dialog_issue("schema", True, f"{name}: {problem}", name, index))
             text = "\n".join(seen)
             for value in grounded_values(arguments):
                 if value.casefold() not in text:
                     found["grounding"].append(
-                        _issue("grounding", f"{name} uses {value!r}, never shown", name, index)
+                        dialog_issue("grounding", True, f"{name} uses {value!r}, never shown", name, index)
                     )
             if name in writes and not YES_RE.search(last_user):
                 found["policy"].append(
-                    _issue("policy", f"{name} ran without the customer's yes", name, index)
+                    dialog_issue("policy", True, f"{name} ran without the customer's yes", name, index)
                 )
     for a, b in itertools.pairwise(user_texts):
         if a and a == b:
-            found["realism"].append(_issue("realism", "the user repeats a message", a, None, critical=False))
+            found["realism"].append(dialog_issue("realism", False, "the user repeats a message", a[:200]))
     if any(not t.strip() for t in user_texts):
-        found["realism"].append(_issue("realism", "an empty user turn", "", None, critical=False))
+        found["realism"].append(dialog_issue("realism", False, "an empty user turn"))
+    totals = {"schema": calls, "grounding": calls, "policy": calls, "goal": 1, "realism": len(user_texts)}
     issues = [i for group in found.values() for i in group]
-    return {c: _rating(group) for c, group in found.items()}, issues
-
-
-def _arguments(raw: Any) -> dict[str, Any]:
-    return json.loads(raw) if isinstance(raw, str) else dict(raw or {})
-
-
-def _issue(
-    criterion: str, description: str, evidence: str, turn: int | None, critical: bool = True
-) -> DialogIssue:
-    return DialogIssue(
-        criterion=criterion,  # type: ignore[arg-type]
-        critical=critical,
-        description=description,
-        evidence=evidence[:200],
-        turn=turn,
-    )
-
-
-def _rating(issues: list[DialogIssue]) -> DimensionRating:
-    if any(i.critical for i in issues) or len(issues) >= 2:
-        return DimensionRating(rating="Poor", score=0.0, assessment=issues[0].description)
-    if issues:
-        return DimensionRating(rating="Acceptable", score=0.5, assessment=issues[0].description)
-    return DimensionRating(rating="Good", score=1.0, assessment="no problem found")
+    return {c: dimension_rating(group, totals[c]) for c, group in found.items()}, issues
 
 
 # --------------------------------------------------------------------------- one task, a domain
@@ -359,8 +339,8 @@ async def synthesise_task(
         failed = "; ".join(
             c.detail for c in ours.checks if c.kind in task.verification.reward_basis and not c.passed
         )
-        issues.append(_issue("goal", f"the task's verification fails: {failed}", "", None))
-        ratings["goal"] = _rating([issues[-1]])
+        issues.append(dialog_issue("goal", True, f"the task's verification fails: {failed}"))
+        ratings["goal"] = dimension_rating([issues[-1]], 1)
     validation = TrajectoryValidationInput(
         intent=intent_of(imported, task, writes), messages=chat, ratings=ratings, issues=issues
     )

@@ -33,6 +33,7 @@ import json
 import re
 from typing import Any
 
+from arena.llm.replies import parse_arguments
 from arena.llm.roles.eigen_dialogs import (
     YES_RE,
     AgentStep,
@@ -41,6 +42,7 @@ from arena.llm.roles.eigen_dialogs import (
     TrajectoryAgentInput,
     grounded_values,
 )
+from simulator.user_acts import humanize
 
 CLOSING = "Is there anything else I can help you with?"
 PROPOSAL = "Shall I proceed?"
@@ -48,10 +50,6 @@ READ_PREFIXES = ("get_", "list_", "find_", "search_", "check_", "lookup_", "show
 """How a look-up tool's name starts: the agent may call one without being asked, to find a value."""
 MAX_LOOKUPS_PER_TOOL = 8
 """Argument combinations tried per look-up tool (a customer with many orders: the first eight)."""
-
-
-def humanize(name: str) -> str:
-    return " ".join(name.replace("_", " ").split())
 
 
 class _Transcript:
@@ -69,10 +67,7 @@ class _Transcript:
             if role == "assistant":
                 for call in message.get("tool_calls") or []:
                     fn = call.get("function", {})
-                    args = fn.get("arguments")
-                    self.calls.append(
-                        (str(fn.get("name")), json.loads(args) if isinstance(args, str) else dict(args or {}))
-                    )
+                    self.calls.append((str(fn.get("name")), parse_arguments(fn.get("arguments")) or {}))
                 if content and not message.get("tool_calls"):
                     self.last_assistant = content
             elif role == "user":

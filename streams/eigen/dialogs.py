@@ -118,9 +118,10 @@ def type_error(schema: Mapping[str, Any], value: Any, where: str) -> str | None:
     return None
 
 
-def _issue(
+def dialog_issue(
     criterion: Any, critical: bool, description: str, evidence: str = "", turn: int | None = None
 ) -> DialogIssue:
+    """One finding of a dialogue check."""
     return DialogIssue(
         criterion=criterion, critical=critical, description=description, evidence=evidence, turn=turn
     )
@@ -138,7 +139,7 @@ def _schema_issues(pack: DomainPack, dialog: Dialog) -> list[DialogIssue]:
         if spec is None:
             other = "user" if call.actor == "agent" else "agent"
             why = f"a {other} tool" if call.name in specs[other] else "not a tool of the domain"
-            issues.append(_issue("schema", True, f"{call.name} is {why}", what, call.message_index))
+            issues.append(dialog_issue("schema", True, f"{call.name} is {why}", what, call.message_index))
             continue
         problem = argument_error(spec, call.arguments)
         if problem is None:
@@ -148,7 +149,7 @@ def _schema_issues(pack: DomainPack, dialog: Dialog) -> list[DialogIssue]:
                 None,
             )
         if problem:
-            issues.append(_issue("schema", True, f"{call.name}: {problem}", what, call.message_index))
+            issues.append(dialog_issue("schema", True, f"{call.name}: {problem}", what, call.message_index))
     return issues
 
 
@@ -180,22 +181,28 @@ def _grounding_issues(dialog: Dialog) -> list[DialogIssue]:
         for sentence in re.split(r"(?<=[.!?;])\s+", content):
             for claim in ID_RE.findall(sentence):
                 if claim not in known:
-                    issues.append(_issue("grounding", True, f"ungrounded id {claim!r}", sentence, index))
+                    issues.append(
+                        dialog_issue("grounding", True, f"ungrounded id {claim!r}", sentence, index)
+                    )
             for match in MONEY_RE.finditer(sentence):
                 amount = round(float(match.group(1) or match.group(2)), 2)
                 if amount not in numbers:
                     issues.append(
-                        _issue("grounding", True, f"ungrounded amount {match.group(0)!r}", sentence, index)
+                        dialog_issue(
+                            "grounding", True, f"ungrounded amount {match.group(0)!r}", sentence, index
+                        )
                     )
             for date in DATE_RE.findall(sentence):
                 if date not in known:
-                    issues.append(_issue("grounding", True, f"ungrounded date {date!r}", sentence, index))
+                    issues.append(
+                        dialog_issue("grounding", True, f"ungrounded date {date!r}", sentence, index)
+                    )
             status = re.search(r"\b(?P<id>[A-Z]{1,3}-\d{2,}) is (?:now )?(?P<status>[a-z_]+)\b", sentence)
             if status and status["status"] in _STATUS_WORDS:
                 pinned = f'"{status["status"]}"'
                 if not any(status["id"] in out and pinned in out for out in tool_outputs):
                     issues.append(
-                        _issue(
+                        dialog_issue(
                             "grounding",
                             True,
                             f"ungrounded status claim {status.group(0)!r}",
@@ -233,7 +240,7 @@ def _goal_issues(pack: DomainPack, intent: UserIntent, dialog: Dialog) -> list[D
             ):
                 what = f"{call.name}({json.dumps(call.arguments, sort_keys=True)})"
                 issues.append(
-                    _issue("goal", True, f"goal {n} ({goal.kind}) not achieved: {what} never ran", what)
+                    dialog_issue("goal", True, f"goal {n} ({goal.kind}) not achieved: {what} never ran", what)
                 )
     for n, goal in enumerate(intent.refused):
         for call in goal.calls:
@@ -243,7 +250,7 @@ def _goal_issues(pack: DomainPack, intent: UserIntent, dialog: Dialog) -> list[D
             if hit is not None:
                 what = f"{call.name}({json.dumps(call.arguments, sort_keys=True)})"
                 issues.append(
-                    _issue(
+                    dialog_issue(
                         "goal",
                         True,
                         f"must-not broken: refused request {n} was carried out",
@@ -263,7 +270,7 @@ def _goal_issues(pack: DomainPack, intent: UserIntent, dialog: Dialog) -> list[D
         ):
             what = f"{done.name}({json.dumps(done.arguments, sort_keys=True)})"
             issues.append(
-                _issue(
+                dialog_issue(
                     "goal",
                     True,
                     f"must-not broken: {done.name} was not asked for by the user",
@@ -274,7 +281,7 @@ def _goal_issues(pack: DomainPack, intent: UserIntent, dialog: Dialog) -> list[D
     called = {c.name for c in ran}
     for name in intent.must_have_functions:
         if name not in called:
-            issues.append(_issue("goal", False, f"must-have function {name} was not called"))
+            issues.append(dialog_issue("goal", False, f"must-have function {name} was not called"))
     return issues
 
 
@@ -288,18 +295,20 @@ def _realism_issues(intent: UserIntent, dialog: Dialog) -> list[DialogIssue]:
         content = message.get("content")
         if role in ("user", "assistant") and not message.get("tool_calls"):
             if not str(content or "").strip():
-                issues.append(_issue("realism", False, f"empty {role} turn", "", index))
+                issues.append(dialog_issue("realism", False, f"empty {role} turn", "", index))
             elif role == "assistant":
                 if content in said:
                     issues.append(
-                        _issue("realism", False, "repeated assistant message", str(content)[:200], index)
+                        dialog_issue(
+                            "realism", False, "repeated assistant message", str(content)[:200], index
+                        )
                     )
                 said[str(content)] = index
     for n, call in enumerate(dialog.calls):
         key = f"{call.actor}:{call.name}:{json.dumps(call.arguments, sort_keys=True)}"
         if key in seen_calls and last_state_change <= seen_calls[key]:  # nothing changed in between
             issues.append(
-                _issue(
+                dialog_issue(
                     "realism",
                     False,
                     f"repeated call {call.name} with no change in between",
@@ -322,7 +331,7 @@ def _realism_issues(intent: UserIntent, dialog: Dialog) -> list[DialogIssue]:
         copied = next((g for g in grams if "|" not in g and g in text), None)
         if copied:
             issues.append(
-                _issue("realism", False, "user message copies the private instructions", copied, index)
+                dialog_issue("realism", False, "user message copies the private instructions", copied, index)
             )
     return issues
 
@@ -332,7 +341,7 @@ def _end_issues(dialog: Dialog) -> list[DialogIssue]:
     if dialog.end_signal != "user_error":
         return []
     what = "the dialogue ended on a user-simulator failure, not on the user's signal"
-    return [_issue("realism", True, what, dialog.error or "", len(dialog.messages) - 1)]
+    return [dialog_issue("realism", True, what, dialog.error or "", len(dialog.messages) - 1)]
 
 
 def _policy_issues(pack: DomainPack, dialog: Dialog) -> list[DialogIssue]:
@@ -344,10 +353,12 @@ def _policy_issues(pack: DomainPack, dialog: Dialog) -> list[DialogIssue]:
     _checked, _violating, violations, _errors = policy_check(
         reference, dialog.initial_state, dialog.records()
     )
-    return [_issue("policy", True, f"policy violation: {v}", v) for v in violations]
+    return [dialog_issue("policy", True, f"policy violation: {v}", v) for v in violations]
 
 
-def _rating(issues: list[DialogIssue], total: int) -> DimensionRating:
+def dimension_rating(issues: list[DialogIssue], total: int) -> DimensionRating:
+    """A criterion's rating from its findings over ``total`` things checked (the paper's rule: any
+    critical finding or two findings, Poor; one, Acceptable; none, Good)."""
     critical = sum(1 for i in issues if i.critical)
     score = max(0.0, 1.0 - len(issues) / max(total, 1))
     if critical or len(issues) >= 2:
@@ -377,7 +388,7 @@ def validate_dialog(pack: DomainPack, intent: UserIntent, dialog: Dialog) -> Dia
         "realism": turns,
         "policy": len(dialog.calls),
     }
-    ratings = {c: _rating(found[c], totals[c]) for c in CRITERIA}
+    ratings = {c: dimension_rating(found[c], totals[c]) for c in CRITERIA}
     issues = [i for c in CRITERIA for i in found[c]]
     critical = [i for i in issues if i.critical]
     poor = [c for c in CRITERIA if ratings[c].rating == "Poor"]
