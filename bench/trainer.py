@@ -53,6 +53,17 @@ Set-up (not timed, shared by both sides):
     reward, loss, backward, optimizer step); rollout = ``_generate_and_score_completions`` minus
     ``_calculate_rewards``, reward = ``_calculate_rewards``, update = the rest of the step.
 
+``trl_tools``
+    TRL's own multi-turn tool path, ``GRPOTrainer(environment_factory=...)`` (TRL >= 1.16), on the
+    same work as Arena: the same chat messages, and per prompt an environment class whose methods
+    are the tools Arena offers that prompt (``bench/trl_tools.py``: schemas rebuilt from the tools'
+    JSON schemas; each call runs in a fresh ``QaEnvironment`` on a sandbox pool of Arena's size;
+    ``get_reward`` is Arena's F1 over the calls' results). At most ``--max-new-tokens`` per turn
+    (``generation_kwargs``), ``--max-turns`` assistant turns (``max_tool_calling_iterations`` =
+    turns - 1) and Arena's sequence budget (``max_completion_length`` = ``--max-seq-len`` minus the
+    longest prompt); otherwise the same config as ``trl``. The tiny model's layout is Qwen's, so
+    TRL parses replies with its Qwen3 response template. Timing as for ``trl``.
+
 The first ``--warmup`` steps of each side are run and left out of the figures. ratio = arena / trl
 (for seconds per step: above 1 means Arena is slower; for rollouts/s: above 1 means Arena is faster).
 """
@@ -374,8 +385,9 @@ async def arena_phase(
     policy: Path,
     samples: Sequence[Any],
     tools: Sequence[list[dict[str, Any]]],
-) -> tuple[dict[str, Any], list[str]]:
-    """Warm-up + timed GRPO steps on Arena's path; returns the figures and the prompts' rendered text."""
+) -> tuple[dict[str, Any], list[str], list[int]]:
+    """Warm-up + timed GRPO steps on Arena's path; returns the figures and the prompts' rendered text
+    and token counts."""
     import trainer.episodes as episodes_module
     from environments.render import generation_header, render
     from trainer.episodes import Episodes
@@ -479,8 +491,8 @@ async def arena_phase(
             "generate_calls": _r(_mean(r["generate_calls"] for r in timed), 1),
             "sandbox_tool_s_summed": _r(_mean(r["sandbox_tool_s_summed"] for r in timed)),
             "tool_calls_executed": _r(_mean(r["tool_calls_executed"] for r in timed), 1),
-            "note": "generate_s: summed time in backend.generate (sampling + the log-prob forward pass), "
-            "calls serialised per backend; sandbox_tool_s_summed: summed latency of env.call, which "
+            "note": "generate_s: summed time in backend.generate (prefill of uncached prefixes, "
+            "sampling with the sampled tokens' log-probs), one call per turn of the lockstep batch; sandbox_tool_s_summed: summed latency of env.call, which "
             "overlaps other rollouts' generation; the rest of rollout_s is prompt rendering, parsing, "
             "the catalog look-up and tool mixing.",
         },
@@ -497,7 +509,7 @@ async def arena_phase(
         "generated_tokens_per_s": _r(sum(r["generated_tokens"] for r in timed) / (step_s * len(timed)), 1),
         "per_step": [_step_row(r) for r in rows],
     }
-    return figures, prompt_texts
+    return figures, prompt_texts, prompt_lengths
 
 
 # -- TRL --------------------------------------------------------------------------------------------
@@ -508,11 +520,24 @@ class TrlClock:
     generate_and_score_s: float = 0.0
     rewards_s: float = 0.0
     reward_fn_s: float = 0.0
+    generate_s: float = 0.0
+    generate_calls: int = 0
+    tool_calls: int = 0
     completion_tokens: int = 0
     completions: int = 0
     reward_sum: float = 0.0
     step_started: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)
+    """The prompt ids TRL generated from in its first step (one row per rollout)."""
+    environments: list[Any] = field(default_factory=list)
+    """The tool environments TRL created (closed at the end)."""
+
+    def start_step(self) -> None:
+        for name in ("generate_and_score_s", "rewards_s", "reward_fn_s", "generate_s", "reward_sum"):
+            setattr(self, name, 0.0)
+        self.generate_calls = self.tool_calls = self.completion_tokens = self.completions = 0
+        self.step_started = time.perf_counter()
 
 
 def trl_reward(clock: TrlClock) -> Callable[..., list[float]]:
@@ -528,7 +553,6 @@ def trl_reward(clock: TrlClock) -> Callable[..., list[float]]:
             stand_ins = [ToolResult(name="completion", content=text)] * max(emitted, 1)  # one per call
             out.append(f1_reward(json.loads(job_json), stand_ins, max(emitted, 1)).f1)
         clock.reward_fn_s += time.perf_counter() - started
-        clock.completion_tokens += sum(len(ids) for ids in kwargs.get("completion_ids") or [])
         clock.completions += len(completions)
         clock.reward_sum += sum(out)
         return out
@@ -536,27 +560,88 @@ def trl_reward(clock: TrlClock) -> Callable[..., list[float]]:
     return f1
 
 
+@dataclass
+class TrlWork:
+    """What one TRL run trains on: single-turn text prompts, or multi-turn tool environments."""
+
+    dataset: Any
+    reward_funcs: list[Any]
+    environment_factory: dict[str, Any] | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    tool_schemas: dict[str, list[dict[str, Any]]] | None = None
+    """Per environment, the JSON schemas its prompts show (Arena's own tool specs)."""
+
+
+def trl_single_turn_work(
+    args: argparse.Namespace, prompt_texts: Sequence[str], samples: Sequence[Any], clock: TrlClock
+) -> TrlWork:
+    """Arena's rendered prompt text (offered tools included) and one completion, F1 over its text."""
+    from datasets import Dataset
+
+    jobs = [json.dumps(s.reward_spec["jobs"]) for s in samples]
+    rows = [{"prompt": p, "jobs": j} for p, j in zip(prompt_texts, jobs, strict=True)]
+    return TrlWork(
+        Dataset.from_list(rows), [trl_reward(clock)], config={"max_completion_length": args.max_new_tokens}
+    )
+
+
+def trl_tools_work(
+    args: argparse.Namespace,
+    samples: Sequence[Any],
+    tools: Sequence[list[dict[str, Any]]],
+    classes: dict[str, Any],
+    prompt_lengths: Sequence[int],
+) -> TrlWork:
+    """Each prompt's chat messages and its environment class (``bench.trl_tools``); the reward is the
+    environment's ``get_reward`` (Arena's F1). Per turn at most ``--max-new-tokens``, at most
+    ``--max-turns`` assistant turns, and the same sequence budget as Arena (``--max-seq-len``)."""
+    from datasets import Dataset
+
+    rows = [{"prompt": s.prompt, "environment": name} for s, name in zip(samples, classes, strict=True)]
+    config = {
+        "max_completion_length": args.max_seq_len - max(prompt_lengths),
+        "generation_kwargs": {"max_new_tokens": args.max_new_tokens},
+        "max_tool_calling_iterations": args.max_turns - 1,
+    }
+    schemas = {name: list(offered) for name, offered in zip(classes, tools, strict=True)}
+    return TrlWork(
+        Dataset.from_list(rows), [], environment_factory=classes, config=config, tool_schemas=schemas
+    )
+
+
 def trl_phase(
-    args: argparse.Namespace, home: Path, policy: Path, prompt_texts: Sequence[str], samples: Sequence[Any]
+    args: argparse.Namespace, home: Path, policy: Path, work: TrlWork, clock: TrlClock, label: str
 ) -> dict[str, Any]:
     import torch
     import transformers
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_template
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("trl").setLevel(logging.ERROR)
-    clock = TrlClock()
     total = args.warmup + args.steps
 
     class Timed(GRPOTrainer):  # type: ignore[misc]
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             started = time.perf_counter()
             try:
-                return super()._generate_and_score_completions(inputs)
+                out = super()._generate_and_score_completions(inputs)
             finally:
                 clock.generate_and_score_s += time.perf_counter() - started
+            generated = out["completion_mask"]
+            if "tool_mask" in out:  # tool results are in the completion, masked out of the loss
+                generated = generated * out["tool_mask"]
+            clock.completion_tokens += int(generated.sum())
+            return out
+
+        def _generate_single_turn(self, *a: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return super()._generate_single_turn(*a, **kw)
+            finally:
+                clock.generate_s += time.perf_counter() - started
+                clock.generate_calls += 1
 
         def _calculate_rewards(self, *a: Any, **kw: Any) -> Any:
             started = time.perf_counter()
@@ -565,15 +650,18 @@ def trl_phase(
             finally:
                 clock.rewards_s += time.perf_counter() - started
 
+        def _tokenize_prompts(self, *a: Any, **kw: Any) -> Any:
+            out = super()._tokenize_prompts(*a, **kw)
+            if not clock.prompts:
+                clock.prompts = [list(ids) for ids in out[0]]
+            return out
+
     with _progress() as progress:
-        task = progress.add_task("trl GRPO steps", total=total)
+        task = progress.add_task(f"{label} GRPO steps", total=total)
 
         class StepTimer(TrainerCallback):  # type: ignore[misc]
             def on_step_begin(self, _args: Any, state: Any, control: Any, **kw: Any) -> None:
-                for name in ("generate_and_score_s", "rewards_s", "reward_fn_s", "reward_sum"):
-                    setattr(clock, name, 0.0)
-                clock.completion_tokens = clock.completions = 0
-                clock.step_started = time.perf_counter()
+                clock.start_step()
 
             def on_step_end(self, _args: Any, state: Any, control: Any, **kw: Any) -> None:
                 step_s = time.perf_counter() - clock.step_started
@@ -586,6 +674,9 @@ def trl_phase(
                         "reward_s": clock.rewards_s,
                         "reward_fn_s": clock.reward_fn_s,
                         "update_s": step_s - clock.generate_and_score_s,
+                        "generate_s": clock.generate_s,
+                        "generate_calls": clock.generate_calls,
+                        "tool_calls": clock.tool_calls,
                         "completions": clock.completions,
                         "completion_tokens": clock.completion_tokens,
                         "reward_sum": clock.reward_sum,
@@ -595,13 +686,12 @@ def trl_phase(
 
         torch.manual_seed(args.seed)
         tokenizer = AutoTokenizer.from_pretrained(str(policy), local_files_only=True, padding_side="left")
+        # The tiny model's layout is Qwen's (<tool_call> JSON blocks): TRL parses its replies with
+        # Qwen3's response template (TRL sets it itself only for chat templates it recognises).
+        tokenizer.response_template = qwen3_template
         model = AutoModelForCausalLM.from_pretrained(str(policy), dtype=torch.float32, local_files_only=True)
-        jobs = [json.dumps(s.reward_spec["jobs"]) for s in samples]
-        dataset = Dataset.from_list(
-            [{"prompt": p, "jobs": j} for p, j in zip(prompt_texts, jobs, strict=True)]
-        )
         config = GRPOConfig(
-            output_dir=str(home / "trl"),
+            output_dir=str(home / label),
             use_cpu=True,
             bf16=False,
             fp16=False,
@@ -609,7 +699,6 @@ def trl_phase(
             per_device_train_batch_size=args.prompts * args.group,
             gradient_accumulation_steps=1,
             num_generations=args.group,
-            max_completion_length=args.max_new_tokens,
             max_steps=total,
             learning_rate=args.lr,
             lr_scheduler_type="constant",
@@ -631,18 +720,34 @@ def trl_phase(
             save_strategy="no",
             disable_tqdm=True,
             dataloader_num_workers=0,
+            **work.config,
         )
         trainer = Timed(
             model=model,
-            reward_funcs=[trl_reward(clock)],
+            reward_funcs=work.reward_funcs or None,
             args=config,
-            train_dataset=dataset,
+            train_dataset=work.dataset,
             processing_class=tokenizer,
             callbacks=[StepTimer()],
+            environment_factory=work.environment_factory,
         )
+        if work.tool_schemas:
+            # TRL renders an environment's tools from its methods' signatures (get_json_schema), which
+            # words a schema differently from the tool's own JSON; the chat template renders schema
+            # dicts as they are, so the prompts become exactly the ones Arena renders. Dispatch still
+            # goes to the methods (TRL 1.16 builds its tool dicts from the environment instances).
+            trainer._env_tools.update(work.tool_schemas)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer.train()
+    figures = trl_figures(args, clock)
+    texts = {tokenizer.decode(ids, skip_special_tokens=False) for ids in clock.prompts}
+    figures["per_rollout"]["prompts"] = sorted(texts)
+    return figures
+
+
+def trl_figures(args: argparse.Namespace, clock: TrlClock) -> dict[str, Any]:
+    total = args.warmup + args.steps
     rows = clock.rows
     timed = [r for r in rows if not r["warmup"]]
     if len(timed) != args.steps:
@@ -650,7 +755,6 @@ def trl_phase(
     n = sum(r["completions"] for r in timed)
     step_s = _mean(r["step_s"] for r in timed)
     rollout_s = _mean(r["rollout_s"] for r in timed)
-    prompt_ids = tokenizer(list(prompt_texts))["input_ids"]
     return {
         "steps_timed": len(timed),
         "rollouts_per_step": args.prompts * args.group,
@@ -661,10 +765,15 @@ def trl_phase(
         "rollouts_per_s": _r(args.prompts * args.group / step_s, 3),
         "rollouts_per_s_rollout_phase": _r(args.prompts * args.group / rollout_s, 3),
         "reward_fn_s": _r(_mean(r["reward_fn_s"] for r in timed), 6),
+        "inside_rollout": {
+            "generate_s": _r(_mean(r["generate_s"] for r in timed)),
+            "generate_calls": _r(_mean(r["generate_calls"] for r in timed), 1),
+            "tool_calls_executed": _r(_mean(r["tool_calls"] for r in timed), 1),
+        },
         "per_rollout": {
-            "prompt_tokens_mean": _r(statistics.fmean(len(p) for p in prompt_ids), 1),
-            "completion_tokens_mean": _r(sum(r["completion_tokens"] for r in timed) / n, 1) if n else None,
-            "turns_mean": 1.0,
+            "prompt_tokens_mean": _r(statistics.fmean(len(p) for p in clock.prompts), 1),
+            "generated_tokens_mean": _r(sum(r["completion_tokens"] for r in timed) / n, 1) if n else None,
+            "tool_calls_executed_mean": _r(sum(r["tool_calls"] for r in timed) / n, 2) if n else None,
             "reward_mean": _r(sum(r["reward_sum"] for r in timed) / n, 4) if n else None,
         },
         "generated_tokens_per_s": _r(sum(r["completion_tokens"] for r in timed) / (step_s * len(timed)), 1),
@@ -699,9 +808,20 @@ def _step_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (_r(row[k], 6) if isinstance(row[k], float) else row[k]) for k in keep}
 
 
-async def setup(
-    args: argparse.Namespace, home: Path
-) -> tuple[Any, list[Any], list[Any], Path, dict[str, Any]]:
+@dataclass
+class Setup:
+    """What both sides share: the prompts' samples, packages and offered tools, and the policy."""
+
+    settings: Any
+    samples: list[Any]
+    packages: list[Any]
+    tools: list[list[dict[str, Any]]]
+    extras: list[dict[str, Any]]
+    policy: Path
+    info: dict[str, Any]
+
+
+async def setup(args: argparse.Namespace, home: Path) -> Setup:
     """Packages in a catalog, the samples, their offered tools, and the warm-started policy."""
     from arena.config import SandboxSettings
     from lake.env_packages import EnvPackageStore
@@ -737,7 +857,32 @@ async def setup(
     package_info["prompts"] = [
         {"env_id": p.env_id, "domain": p.domain, "jobs": len(p.jobs), "question": p.question} for p in chosen
     ]
-    return settings, samples, tools, policy, {"packages": package_info, "model": model_info}
+    info = {"packages": package_info, "model": model_info}
+    return Setup(settings, samples, chosen, tools, extras, policy, info)
+
+
+def trl_tools_phase(
+    args: argparse.Namespace, home: Path, shared: Setup, prompt_lengths: Sequence[int]
+) -> dict[str, Any]:
+    """TRL's multi-turn tool path on Arena's environments: a sandbox pool like Arena's on a loop thread."""
+    from bench.trl_tools import LoopThread, close_environments, environment_classes
+    from sandbox import SandboxPool
+
+    clock = TrlClock()
+    loop = LoopThread()
+    pool = SandboxPool(shared.settings.sandbox)
+    try:
+        loop.run(pool.start())
+        classes = environment_classes(
+            shared.samples, shared.packages, shared.extras, shared.tools, pool, loop, clock
+        )
+        work = trl_tools_work(args, shared.samples, shared.tools, classes, prompt_lengths)
+        figures = trl_phase(args, home, shared.policy, work, clock, "trl tools")
+        loop.run(close_environments(clock.environments))
+    finally:
+        loop.run(pool.close())
+        loop.stop()
+    return figures
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -746,21 +891,34 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="arena-bench-trainer-") as tmp:
         home = Path(tmp)
-        settings, samples, tools, policy, info = asyncio.run(setup(args, home))
+        shared = asyncio.run(setup(args, home))
         console.print("[cyan]arena[/cyan]: Episodes.groups + Learner.grpo_step")
         load = {"arena_start": _load()}
-        arena, prompt_texts = asyncio.run(arena_phase(args, settings, policy, samples, tools))
-        load["arena_end"] = load["trl_start"] = _load()
-        console.print(
-            "[cyan]trl[/cyan]: GRPOTrainer"
-            if args.trl
-            else f"[yellow]trl: skipped[/yellow] ({escape(TRL_MISSING)})"
+        arena, prompt_texts, prompt_lengths = asyncio.run(
+            arena_phase(args, shared.settings, shared.policy, shared.samples, shared.tools)
         )
-        trl = trl_phase(args, home, policy, prompt_texts, samples) if args.trl else {"skipped": TRL_MISSING}
-        load["trl_end"] = _load()
+        load["arena_end"] = _load()
+        if args.trl:
+            console.print("[cyan]trl[/cyan]: GRPOTrainer, single-turn")
+            load["trl_start"] = _load()
+            clock = TrlClock()
+            work = trl_single_turn_work(args, prompt_texts, shared.samples, clock)
+            trl = trl_phase(args, home, shared.policy, work, clock, "trl")
+            load["trl_end"] = load["trl_tools_start"] = _load()
+            console.print("[cyan]trl tools[/cyan]: GRPOTrainer(environment_factory=...), multi-turn")
+            trl_tools = trl_tools_phase(args, home, shared, prompt_lengths)
+            load["trl_tools_end"] = _load()
+            trl_tools["per_rollout"]["prompts_as_arena_renders"] = sorted(
+                trl_tools["per_rollout"].pop("prompts")
+            ) == sorted(set(prompt_texts))
+            trl["per_rollout"].pop("prompts")
+        else:
+            console.print(f"[yellow]trl: skipped[/yellow] ({escape(TRL_MISSING)})")
+            trl = trl_tools = {"skipped": TRL_MISSING}
+        info = shared.info
 
-    def ratio(key: str) -> float | None:
-        return round(arena[key] / trl[key], 3) if trl.get(key) else None
+    def ratio(key: str, other: dict[str, Any]) -> float | None:
+        return round(arena[key] / other[key], 3) if other.get(key) else None
 
     return {
         "benchmark": "trainer",
@@ -783,10 +941,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "setup": info,
         "arena": arena,
         "trl": trl,
-        "ratio_step_s_arena_over_trl": ratio("step_s"),
-        "ratio_rollout_s_arena_over_trl": ratio("rollout_s"),
-        "ratio_update_s_arena_over_trl": ratio("update_s"),
-        "ratio_rollouts_per_s_arena_over_trl": ratio("rollouts_per_s"),
+        "trl_tools": trl_tools,
+        "ratio_step_s_arena_over_trl": ratio("step_s", trl),
+        "ratio_rollout_s_arena_over_trl": ratio("rollout_s", trl),
+        "ratio_update_s_arena_over_trl": ratio("update_s", trl),
+        "ratio_rollouts_per_s_arena_over_trl": ratio("rollouts_per_s", trl),
+        "ratio_step_s_arena_over_trl_tools": ratio("step_s", trl_tools),
+        "ratio_rollout_s_arena_over_trl_tools": ratio("rollout_s", trl_tools),
+        "ratio_update_s_arena_over_trl_tools": ratio("update_s", trl_tools),
+        "ratio_generated_tokens_per_s_arena_over_trl_tools": ratio("generated_tokens_per_s", trl_tools),
         "comparable": [
             "same weights and tokenizer, same P prompts (the text Arena renders, offered tools included), "
             "same G, same per-turn completion budget, temperature 1 with no top-k/top-p, fp32 on CPU with the "
@@ -801,10 +964,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "instances in the sandbox (namespaces, seccomp), and observations are appended before the "
             "next turn; TRL's default GRPOTrainer is single-turn (one completion of at most "
             "max_new_tokens, no tool runs). Compare tokens generated per rollout, not only seconds.",
-            "Arena's HF backend generates one sequence per generate() call (serialised per backend, so "
-            "concurrent rollouts' sandbox calls overlap it) and recomputes each turn's log-probs with a "
-            "forward pass; TRL generates the whole P x G batch in one padded generate() and takes the old "
-            "log-probs from the training forward pass (num_iterations 1).",
+            "Arena generates each turn of all live rollouts in one padded generate() and keeps the "
+            "sampled tokens' log-probs (the update's old log-probs); TRL generates the P x G batch (then "
+            "the rollouts with tool calls, per turn) the same way and takes the old log-probs from the "
+            "training forward pass (num_iterations 1).",
+            "trl_tools: Arena executes the calls of the last allowed turn (they count in c); TRL stops "
+            "after max_tool_calling_iterations without running them. A call TRL cannot parse or "
+            "dispatch (unknown tool, wrong argument names) becomes a TRL error message and never reaches "
+            "the environment, so it is not in c; Arena counts every emitted call. TRL runs one rollout's "
+            "calls concurrently and the rollouts one after another; Arena runs all rollouts' calls "
+            "concurrently. Tool schemas are rebuilt from Python signatures, so the prompt text can "
+            "differ slightly from Arena's (per_rollout.prompts_as_arena_renders, prompt_tokens_mean).",
             "TRL's reward is F1 over the completion text (no tool outputs exist); Arena's is F1 over the "
             "sandbox tool outputs with c = emitted calls. Both are cheap: the reward split mostly shows "
             "harness overhead.",
@@ -858,8 +1028,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run (P 2, G 2, 1 step, no warm-up, 16 tokens, 2 turns, 5 SFT steps; without TRL, "
-        "Arena's side only): not a measurement",
+        help="a smoke run (P 2, G 2, 1 step, no warm-up, 16 tokens, 2 turns, 5 SFT steps; all three "
+        "sides, or Arena's only without TRL): not a measurement",
     )
     args = parser.parse_args(argv)
     if args.quick:

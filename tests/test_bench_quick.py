@@ -146,6 +146,12 @@ def _check_trainer(r: dict[str, Any]) -> None:
         assert r["ratio_step_s_arena_over_trl"] == pytest.approx(
             arena["step_s"] / r["trl"]["step_s"], rel=0.01, abs=0.001
         )
+        tools = r["trl_tools"]  # TRL's multi-turn path on Arena's environments
+        assert tools["steps_timed"] == 1 and tools["rollouts_per_step"] == 4 and tools["step_s"] > 0
+        assert tools["per_rollout"]["generated_tokens_mean"] > 0
+        assert r["ratio_step_s_arena_over_trl_tools"] == pytest.approx(
+            arena["step_s"] / tools["step_s"], rel=0.01, abs=0.001
+        )
 
 
 def _check_learning(r: dict[str, Any]) -> None:

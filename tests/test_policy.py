@@ -20,6 +20,7 @@ from arena.records.tools import NormalizedTool, ToolDocFormat, ToolFunction, Too
 from environments.render import IM_END, assistant_text, encode_segment, generation_header, render
 from lake.parquet import LakeRow, LakeWriter
 from lake.store import LocalStore
+from trainer import policy
 from trainer.policy import Generation, HfBackend, load_policy, stop_ids_of, token_logprobs
 from trainer.tiny import SPECIAL_TOKENS, build_tiny, lake_texts, train_tokenizer
 
@@ -130,7 +131,13 @@ def test_tokenizer_trains_on_lake_texts(tmp_path: Path) -> None:
 
 
 # Sampling --------------------------------------------------------------------
-def test_hf_backend_is_seeded_and_logprobs_equal_token_logprobs(tiny: Path) -> None:
+@pytest.mark.parametrize(
+    "logits_bytes", [policy.LOGITS_BYTES, 0], ids=["from-sampling-logits", "second-pass"]
+)
+def test_hf_backend_is_seeded_and_logprobs_equal_token_logprobs(
+    tiny: Path, logits_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(policy, "LOGITS_BYTES", logits_bytes)
     model, tokenizer = load_policy(tiny)
     backend = HfBackend(model, tokenizer, stop_ids_of(tokenizer))
     prompts = [_prompt_ids(tokenizer, PROMPT), _prompt_ids(tokenizer, [{"role": "user", "content": "Hi"}])]
@@ -151,6 +158,52 @@ def test_hf_backend_is_seeded_and_logprobs_equal_token_logprobs(tiny: Path) -> N
 
     greedy = backend.generate(prompts, max_new_tokens=8, temperature=0.0, seed=1)
     assert greedy == backend.generate(prompts, max_new_tokens=8, temperature=0.0, seed=2)
+
+
+def _turns(backend: HfBackend, prompts: list[list[int]], temperature: float) -> list[list[Generation]]:
+    """Three turns: each next prompt is the last one, what it generated, and a fixed observation."""
+    turns = []
+    for turn in range(3):
+        out = backend.generate(prompts, max_new_tokens=6 + 4 * turn, temperature=temperature, seed=turn)
+        turns.append(out)
+        prompts = [
+            p + g.token_ids + [5 + i, 9, 14 + turn] for i, (p, g) in enumerate(zip(prompts, out, strict=True))
+        ]
+    return turns
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prefix_cache_gives_what_running_every_context_in_full_gives(tiny: Path, temperature: float) -> None:
+    model, tokenizer = load_policy(tiny)
+    cached = HfBackend(model, tokenizer, stop_ids_of(tokenizer))
+    plain = HfBackend(model, tokenizer, stop_ids_of(tokenizer), prefix_cache_bytes=0)
+    hi = _prompt_ids(tokenizer, [{"role": "user", "content": "Hi"}])
+    prompts = [_prompt_ids(tokenizer, PROMPT)] * 2 + [hi] * 2  # two groups of G = 2, unequal lengths
+    with_cache, without = _turns(cached, prompts, temperature), _turns(plain, prompts, temperature)
+    assert cached.prefix_cache is not None and len(cached.prefix_cache) == 4  # one entry per rollout
+    for turn_a, turn_b in zip(with_cache, without, strict=True):
+        assert [g.token_ids for g in turn_a] == [g.token_ids for g in turn_b]
+        for a, b in zip(turn_a, turn_b, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=1e-4, atol=1e-4
+            )
+
+
+def test_prefix_cache_is_dropped_when_the_weights_change(tiny: Path) -> None:
+    model, tokenizer = load_policy(tiny)
+    backend = HfBackend(model, tokenizer, stop_ids_of(tokenizer))
+    prompt = _prompt_ids(tokenizer, PROMPT)
+    backend.generate([prompt], max_new_tokens=4, temperature=0.0, seed=0)
+    assert backend.prefix_cache is not None and len(backend.prefix_cache) == 1
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)  # what an optimizer step does: an in-place change
+    (after,) = backend.generate([prompt], max_new_tokens=8, temperature=0.0, seed=0)
+    (fresh,) = HfBackend(model, tokenizer, stop_ids_of(tokenizer), prefix_cache_bytes=0).generate(
+        [prompt], max_new_tokens=8, temperature=0.0, seed=0
+    )
+    assert after.token_ids == fresh.token_ids
+    torch.testing.assert_close(torch.tensor(after.logprobs), torch.tensor(fresh.logprobs))
 
 
 def test_token_logprobs_ignores_padding_and_starts_at_zero(tiny: Path) -> None:

@@ -4,7 +4,8 @@ A rollout backend turns prompt token ids into sampled continuations with per-tok
 backends share one Protocol: ``HfBackend`` (transformers ``generate``, CPU; the default and what
 the tests run) and ``VllmBackend`` (the ``[gpu]`` extra). Log-probs are those of the untempered
 (temperature-1) policy, the quantity ``token_logprobs`` gives the trainer, so the GRPO ratio of an
-unchanged policy is exactly 1 for the hf backend.
+unchanged policy is 1 up to float rounding (cached keys/values and incremental decoding round
+differently from one full forward pass, as a vLLM engine's do).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
 from environments.render import IM_END, encode_segment
+from trainer.prefix_cache import LayerKV, PrefixCache, batch_of, cacheable, rows_of
 
 
 class Generation(BaseModel):
@@ -88,17 +90,58 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
 
 
 # Backends --------------------------------------------------------------------
+LOGITS_BYTES = 512 * 2**20
+"""Most bytes of sampling logits ``HfBackend`` keeps for log-probs (batch x new tokens x vocab x 4)."""
+PREFIX_CACHE_BYTES = 1024 * 2**20
+"""Default size of ``HfBackend``'s prefix KV cache (``trainer.prefix_cache``); 0 turns it off."""
+
+
+class _Layout:
+    """A generate batch: per row ``[pad][cached prefix][pad][new tokens]``, the prefixes ending at
+    column ``cached`` and the new tokens at ``width`` (padding masked, positions from the mask)."""
+
+    def __init__(self, prompts: list[list[int]], cached: list[int], pad_id: int) -> None:
+        self.prompts, self.lengths, self.pad_id = prompts, cached, pad_id
+        self.cached = max(cached, default=0)
+        self.fresh = max(len(p) - c for p, c in zip(prompts, cached, strict=True))
+        self.width = self.cached + self.fresh
+
+    def _row(self, prompt: list[int], c: int) -> tuple[list[int], list[int]]:
+        head, tail = self.cached - c, self.fresh - (len(prompt) - c)
+        ids = [self.pad_id] * head + prompt[:c] + [self.pad_id] * tail + prompt[c:]
+        return ids, [0] * head + [1] * c + [0] * tail + [1] * (len(prompt) - c)
+
+    def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self._row(p, c) for p, c in zip(self.prompts, self.lengths, strict=True)]
+        ids = torch.tensor([r[0] for r in rows], dtype=torch.long, device=device)
+        return ids, torch.tensor([r[1] for r in rows], dtype=torch.long, device=device)
+
+    def real_positions(self) -> list[list[int]]:
+        """Per row, the columns holding its prompt's tokens, in order."""
+        out = []
+        for prompt, c in zip(self.prompts, self.lengths, strict=True):
+            new = len(prompt) - c
+            out.append([*range(self.cached - c, self.cached), *range(self.width - new, self.width)])
+        return out
+
+
 class HfBackend:
     """transformers ``generate`` on the policy module itself (CPU by default).
 
     Prompts are left-padded into one batch; sampling is plain (no top-k, top-p 1) at
     ``temperature`` (0 = greedy), seeded, so the same prompts, seed and weights give the same
-    continuations. Log-probs are recomputed by one forward pass over prompt + continuation at
-    temperature 1 (what ``token_logprobs`` gives the update), not taken from the sampler's scores.
+    continuations. Log-probs are at temperature 1 (what ``token_logprobs`` gives the update), from
+    the raw logits ``generate`` computed anyway: a second forward pass over prompt + continuation
+    (a whole prefill again) would only repeat them, up to float rounding.
     """
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, stop_ids: list[int]
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_ids: list[int],
+        *,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ) -> None:
         if not stop_ids:
             raise ValueError("stop_ids must not be empty")
@@ -107,37 +150,125 @@ class HfBackend:
         self.stop_ids = list(stop_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.stop_ids[0]
+        self.prefix_cache = PrefixCache(model, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def vocab_size(self) -> int:
+        embeddings: Any = self.model.get_output_embeddings()  # type: ignore[operator]
+        return int(embeddings.weight.shape[0])
+
     def _sample(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int
-    ) -> list[list[int]]:
-        from transformers import GenerationConfig
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """The sampled rows and each sampled token's log-prob at temperature 1.
 
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        Row layout (``_Layout``): the row's cached prefix, right-aligned in the first ``C``
+        columns (its keys/values come from the prefix cache), then its new tokens right-aligned
+        in the last ``S``; padding in between is masked out, and positions follow the mask.
+        """
+        from transformers import GenerationConfig
+        from transformers.cache_utils import DynamicCache
+
+        keep_logits = len(prompts) * max_new_tokens * self.vocab_size * 4 <= LOGITS_BYTES
+        prefixes = self._cached_prefixes(prompts)
+        layout = _Layout(prompts, [len(ids) for ids, _kv in prefixes], self.pad_id)
+        past = None
+        if layout.cached:
+            past = DynamicCache(ddp_cache_data=batch_of([kv for _ids, kv in prefixes], layout.cached))
         # Plain sampling from softmax(logits / temperature): no top-k, no nucleus.
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=keep_logits,  # raw logits, before temperature: no second pass needed
             **(sampling if temperature > 0 else {"do_sample": False}),
         )
         lm: Any = self.model  # a transformers model: nn.Module's typing does not know generate()
+        ids, mask = layout.tensors(self.device)
         with _seeded(seed, self.device), torch.no_grad():
-            out = lm.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        return [row[width:] for row in out.tolist()]
+            out = lm.generate(
+                input_ids=ids, attention_mask=mask, past_key_values=past, generation_config=config
+            )
+        new = out.sequences[:, layout.width :]
+        rows: list[list[int]] = new.tolist()
+        self._remember(prompts, layout, rows, out.past_key_values)
+        if not keep_logits:  # too big to keep (large vocabulary x long batch): one row at a time
+            return rows, [
+                self._continuation_logprobs(p, r[: self._cut(r)]) for p, r in zip(prompts, rows, strict=True)
+            ]
+        if not rows[0]:
+            return rows, [[] for _ in rows]
+        logits = torch.stack(out.logits, dim=1).float()  # [B, new, V]
+        return rows, _logprob_of(logits, new).tolist()
 
-    def _cut(self, row: list[int]) -> tuple[list[int], bool]:
+    def _cached_prefixes(self, prompts: list[list[int]]) -> list[tuple[tuple[int, ...], list[LayerKV]]]:
+        """Per prompt, its longest cached prefix (ids, keys/values); prompts with none are run first,
+        each distinct one once (the G rollouts of a prompt share it)."""
+        cache = self.prefix_cache
+        if cache is None:
+            return [((), []) for _ in prompts]
+        cache.check_weights()
+        missing = list(dict.fromkeys(tuple(p[:-1]) for p in prompts if len(p) > 1 and not cache.longest(p)))
+        if missing:
+            self._prefill([list(m) for m in missing])
+        found = [cache.longest(p) for p in prompts]
+        return [hit if hit is not None else ((), []) for hit in found]
+
+    def _prefill(self, prefixes: list[list[int]]) -> None:
+        """Run ``prefixes`` through the model (left-padded, one batch) and cache their keys/values."""
+        from transformers.cache_utils import DynamicCache
+
+        assert self.prefix_cache is not None
+        layout = _Layout(prefixes, [0] * len(prefixes), self.pad_id)
+        ids, mask = layout.tensors(self.device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        lm: Any = self.model
+        with torch.no_grad():
+            lm(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                logits_to_keep=1,
+            )
+        if not cacheable(cache):
+            self.prefix_cache = None  # sliding windows or offloaded layers: run every context in full
+            return
+        for prefix, kv in zip(prefixes, rows_of(cache, layout.real_positions()), strict=True):
+            self.prefix_cache.put(tuple(prefix), kv)
+
+    def _remember(self, prompts: list[list[int]], layout: _Layout, rows: list[list[int]], past: Any) -> None:
+        """Cache each row's prompt + generated tokens (what the model ran), replacing its prefix."""
+        cache = self.prefix_cache
+        if cache is None or past is None or not rows or not rows[0]:
+            return
+        if not cacheable(past):
+            self.prefix_cache = None
+            return
+        ran = len(rows[0]) - 1  # the last sampled token was never fed back
+        keeps = [min(self._cut(row), ran) for row in rows]
+        positions = [
+            [*real, *range(layout.width, layout.width + keep)]
+            for real, keep in zip(layout.real_positions(), keeps, strict=True)
+        ]
+        for prompt, row, keep, kv in zip(prompts, rows, keeps, rows_of(past, positions), strict=True):
+            ids = (*prompt, *row[:keep])
+            cache.drop_prefixes_of(ids)
+            cache.put(ids, kv)
+
+    def _cut(self, row: list[int]) -> int:
+        """Length of ``row`` up to and including its first stop token (all of it when none)."""
         for i, tok in enumerate(row):
             if tok in self.stop_ids:
-                return row[: i + 1], True
-        return row, False
+                return i + 1
+        return len(row)
 
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int
@@ -146,11 +277,13 @@ class HfBackend:
             return []
         if any(not p for p in prompts):
             raise ValueError("empty prompt")
-        cut = [self._cut(row) for row in self._sample(prompts, max_new_tokens, temperature, seed)]
-        return [
-            Generation(token_ids=toks, logprobs=self._continuation_logprobs(p, toks), finished=done)
-            for p, (toks, done) in zip(prompts, cut, strict=True)
-        ]
+        rows, logprobs = self._sample(prompts, max_new_tokens, temperature, seed)
+        out = []
+        for row, row_logprobs in zip(rows, logprobs, strict=True):
+            n = self._cut(row)
+            finished = n > 0 and row[n - 1] in self.stop_ids
+            out.append(Generation(token_ids=row[:n], logprobs=row_logprobs[:n], finished=finished))
+        return out
 
     def _continuation_logprobs(self, prompt: list[int], toks: list[int]) -> list[float]:
         """``token_logprobs`` of ``toks`` after ``prompt``, computing logits only where they are needed.
