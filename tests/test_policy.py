@@ -206,6 +206,21 @@ def test_prefix_cache_is_dropped_when_the_weights_change(tiny: Path) -> None:
     torch.testing.assert_close(torch.tensor(after.logprobs), torch.tensor(fresh.logprobs))
 
 
+def test_no_prefix_cache_for_sliding_window_attention(tiny: Path) -> None:
+    from transformers import MistralConfig
+
+    _, tokenizer = load_policy(tiny)
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    sliding = AutoModelForCausalLM.from_config(
+        MistralConfig(**small, num_key_value_heads=1, sliding_window=8)
+    )
+    assert (
+        HfBackend(sliding, tokenizer, stop_ids_of(tokenizer)).prefix_cache is None
+    )  # a window sees other tokens
+    model, _ = load_policy(tiny)
+    assert HfBackend(model, tokenizer, stop_ids_of(tokenizer)).prefix_cache is not None
+
+
 def test_token_logprobs_ignores_padding_and_starts_at_zero(tiny: Path) -> None:
     model, _ = load_policy(tiny)
     row = torch.tensor([[5, 9, 14, 3, 22]])

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from transformers import PreTrainedTokenizerBase
 
 from environments.render import IM_END, encode_segment
-from trainer.prefix_cache import LayerKV, PrefixCache, batch_of, cacheable, rows_of
+from trainer.prefix_cache import LayerKV, PrefixCache, batch_of, cacheable, rows_of, supported
 
 
 class Generation(BaseModel):
@@ -150,7 +150,8 @@ class HfBackend:
         self.stop_ids = list(stop_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.stop_ids[0]
-        self.prefix_cache = PrefixCache(model, prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        use_cache = prefix_cache_bytes > 0 and supported(model)
+        self.prefix_cache = PrefixCache(model, prefix_cache_bytes) if use_cache else None
 
     @property
     def device(self) -> torch.device:

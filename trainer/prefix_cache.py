@@ -118,6 +118,19 @@ def batch_of(rows: Sequence[list[LayerKV]], width: int) -> list[tuple[torch.Tens
     return layers
 
 
+def supported(model: torch.nn.Module) -> bool:
+    """Full attention in every layer: a cut, re-padded entry then means what it meant (a sliding
+    window would see different tokens)."""
+    config: Any = getattr(model, "config", None)
+    if config is None:
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None:
+        return all(kind == "full_attention" for kind in layer_types)
+    return getattr(text, "sliding_window", None) is None or getattr(text, "use_sliding_window", True) is False
+
+
 def cacheable(cache: Any) -> bool:
     """Only plain full-attention layers can be cut and re-padded (no sliding windows, no offload)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
