@@ -205,8 +205,9 @@ class HfBackend:
             ]
         if not rows[0]:
             return rows, [[] for _ in rows]
-        logits = torch.stack(out.logits, dim=1).float()  # [B, new, V]
-        return rows, _logprob_of(logits, new).tolist()
+        # One step at a time: never a second [B, new, V] copy of the kept logits.
+        picked = [_logprob_of(step.float(), new[:, t]) for t, step in enumerate(out.logits)]
+        return rows, torch.stack(picked, dim=1).tolist()
 
     def _cached_prefixes(self, prompts: list[list[int]]) -> list[tuple[tuple[int, ...], list[LayerKV]]]:
         """Per prompt, its longest cached prefix (ids, keys/values); prompts with none are run first,
