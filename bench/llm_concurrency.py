@@ -70,8 +70,9 @@ that adds 0.25 s per request in front of arena llm serve". In-flight figures are
 (the server's are reported too, as ``server``).
 
 ``--quick`` (CI's smoke mode, about 2-4 minutes on 2 cores): the SFT track only (unless
-``--tracks`` says otherwise) on two sample tool docs without the MCP servers, latency 0.05 s
-(unless ``--latency``). It proves the bench works; it is not the measurement.
+``--tracks`` says otherwise) on two sample tool docs without the MCP servers, with fewer walks,
+chain syntheses and server tasks per server (``QUICK_SFT_SIZES``, unless set in the environment),
+latency 0.05 s (unless ``--latency``). It proves the bench works; it is not the measurement.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ MODEL = "rules-v1"
 SINK = "lake-sink"
 QUICK_LATENCY_S = 0.05
 QUICK_TOOL_DOCS = ("good/weather_openai.json", "good/restaurants.json")
+QUICK_SFT_SIZES = {"ARENA_SFT__WALKS": "3", "ARENA_SFT__CHAIN_SYNTHESES": "2", "ARENA_SFT__SERVER_TASKS": "1"}
+"""SFT-track sizes of a quick run (fewer tasks, so fewer trajectories to run and score)."""
 SAMPLES_TOLERANCE = 0.10
 DROPPED_ENV = frozenset(
     {
@@ -699,6 +702,8 @@ def run_once(track: Track, latency_s: float, opts: Options) -> dict[str, Any]:
     logs = home / "logs"
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
     env.update(ARENA_HOME=str(home), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    if opts.quick and track.name == "sft":
+        env = QUICK_SFT_SIZES | env  # a setting in the environment wins
     endpoints: list[Endpoint] = []
     inputs: Inputs | None = None
     failed = True

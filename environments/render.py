@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -42,7 +44,19 @@ TOOLS_TAIL = (
 )
 
 RoleTarget = Literal["agent", "user"]
-Tokenizer = PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    Tokenizer = PreTrainedTokenizerBase
+else:
+
+    def __getattr__(name: str) -> Any:
+        """``Tokenizer`` imports transformers on first use: parsing and rendering text need none of
+        it, and every stage worker imports this module (transformers costs seconds at start-up)."""
+        if name == "Tokenizer":
+            from transformers import PreTrainedTokenizerBase
+
+            return PreTrainedTokenizerBase
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 

@@ -83,70 +83,70 @@ def stable_groups(bootstrap: str, groups: list[str]) -> bool:
 
 
 def test_every_compose_command_runs(tmp_path: Path) -> None:
+    """The one-shot commands run in file order; then every service runs at once, as under compose."""
     home = tmp_path / "home"
     env = arena_env(home)
     cli_commands = {c.name for c in cli_app.registered_commands} | {g.name for g in cli_app.registered_groups}
     assert set(COMPOSE_ARENA_COMMANDS) - PENDING_COMMANDS, "compose runs no Arena command"
+    services: list[tuple[tuple[str, ...], subprocess.Popen[str]]] = []
     with stack_stopped_after(env):
-        for argv in COMPOSE_ARENA_COMMANDS:
-            if argv in PENDING_COMMANDS:
-                assert argv[0] not in cli_commands, f"`arena {argv[0]}` exists now: exercise it here"
-                continue
-            if argv[0] == "train":
-                _train_runs_until_sigterm(argv, env, home)
-                continue
-            if argv[0] != "worker":
-                run_arena(list(argv), env)
-                continue
-            names = [argv[i + 1] for i, a in enumerate(argv) if a == "--stage"] or list(WORKERS)
-            groups = [WORKERS[n].group for n in names]
-            proc = subprocess.Popen(
-                [ARENA, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-            try:
-                deadline = time.monotonic() + 120
-                # Running = its worker processes exist and their groups are stable (static
-                # members of an earlier run keep a group stable, so both are needed).
-                while len([c for c in children_of(proc.pid).values() if "app.run" in c]) < len(
-                    names
-                ) or not stable_groups(broker_of(home), groups):
-                    assert time.monotonic() < deadline, (
-                        f"arena {' '.join(argv)}: groups {groups} never stable"
+        try:
+            for argv in COMPOSE_ARENA_COMMANDS:
+                if argv in PENDING_COMMANDS:
+                    assert argv[0] not in cli_commands, f"`arena {argv[0]}` exists now: exercise it here"
+                elif argv[0] in ("worker", "train"):
+                    proc = subprocess.Popen(
+                        [ARENA, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
                     )
-                    assert proc.poll() is None, proc.communicate()[1][-2000:]
-                    time.sleep(0.5)
-            finally:
-                _stop_with_sigterm(proc, argv)
+                    services.append((argv, proc))
+                else:
+                    run_arena(list(argv), env)
+            assert services, "compose runs no Arena service"
+            waiting = list(services)
+            deadline = time.monotonic() + 300  # every service starts at once on a shared machine
+            while waiting:
+                waiting = [(argv, proc) for argv, proc in waiting if not _running(argv, proc, home)]
+                assert time.monotonic() < deadline, f"never running: {[' '.join(a) for a, _ in waiting]}"
+                time.sleep(0.5)
+            time.sleep(3)  # the trainer into its wait for samples, the workers into their loops
+        finally:
+            _stop_all_with_sigterm(services)
 
 
-def _train_runs_until_sigterm(argv: tuple[str, ...], env: dict[str, str], home: Path) -> None:
-    """The trainer is a service: it starts (building its tiny model), waits for samples, stops on SIGTERM."""
-    proc = subprocess.Popen(
-        [ARENA, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 180
-        manifest = home / "lake" / "trainer" / "default" / "base" / "_manifest.json"
-        while not manifest.is_file():
-            assert time.monotonic() < deadline, f"arena {' '.join(argv)} never saved its base model"
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.5)
-        time.sleep(3)  # into its wait for samples
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-    finally:
-        _stop_with_sigterm(proc, argv)
+def _running(argv: tuple[str, ...], proc: subprocess.Popen[str], home: Path) -> bool:
+    """Whether a service started by ``arena ARGV`` runs (a service that died fails here)."""
+    assert proc.poll() is None, (argv, proc.communicate()[1][-2000:])
+    if argv[0] == "train":
+        # The trainer is a service: it starts (building its tiny model), then waits for samples.
+        return (home / "lake" / "trainer" / "default" / "base" / "_manifest.json").is_file()
+    names = [argv[i + 1] for i, a in enumerate(argv) if a == "--stage"] or list(WORKERS)
+    groups = [WORKERS[n].group for n in names]
+    # Running = its worker processes exist and their groups are stable (static members of an
+    # earlier run keep a group stable, so both are needed).
+    workers = [c for c in children_of(proc.pid).values() if "app.run" in c]
+    return len(workers) >= len(names) and stable_groups(broker_of(home), groups)
 
 
-def _stop_with_sigterm(proc: subprocess.Popen[str], argv: tuple[str, ...]) -> None:
-    """SIGTERM a running service; it must exit 0 (a service that already died fails here too)."""
-    try:
-        if proc.poll() is None:
+def _stop_all_with_sigterm(services: list[tuple[tuple[str, ...], subprocess.Popen[str]]]) -> None:
+    """SIGTERM every running service at once; each must exit 0 (one that already died fails here)."""
+    alive = {id(proc): proc.poll() is None for _, proc in services}
+    for _, proc in services:
+        if alive[id(proc)]:
             proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, (argv, err[-2000:])
+    failures = []
+    for argv, proc in services:
+        err = ""
+        try:
+            _, err = proc.communicate(timeout=60)
+        except ValueError:  # its output was read already: it died while starting (reported there)
+            pass
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if not alive[id(proc)] or proc.returncode != 0:
+            failures.append((argv, proc.returncode, err[-2000:]))
+    assert not failures, failures
 
 
 def test_train_eval_export_user_errors(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ generator): the feasibility probe re-executes every task in the sandbox.
 from __future__ import annotations
 
 import copy
+import pickle
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,12 +31,38 @@ def rule_functions(pack: DomainPack) -> list[Rule]:
     return [(r.name, namespace[r.function]) for r in pack.rules]
 
 
+class Snapshot:
+    """A value frozen once, handed out as fresh deep copies (JSON-like pack data).
+
+    Unpickling is several times faster than ``copy.deepcopy`` on a pack's database, and pickling
+    keeps shared references shared, as deepcopy does; a value pickle cannot take is deep-copied.
+    """
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+        try:
+            self._blob: bytes | None = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            self._blob = None
+
+    def copy(self) -> Any:
+        return pickle.loads(self._blob) if self._blob is not None else copy.deepcopy(self._value)
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of ``value`` (see ``Snapshot``)."""
+    return Snapshot(value).copy()
+
+
 def check_rules(rules: list[Rule], before: Any, record: dict[str, Any], after: Any) -> list[str]:
-    """'rule: message' for every rule ``record`` (a call that ran) breaks."""
+    """'rule: message' for every rule ``record`` (a call that ran) breaks.
+
+    Each rule gets its own deep copies, so a rule that changes its arguments affects no other."""
     violations: list[str] = []
+    frozen = (Snapshot(before), Snapshot(record), Snapshot(after))
     for name, rule in rules:
         try:
-            message = rule(copy.deepcopy(before), copy.deepcopy(record), copy.deepcopy(after))
+            message = rule(*(f.copy() for f in frozen))
         except Exception as exc:
             message = f"the rule raised {type(exc).__name__}: {exc}"
         if message:
@@ -108,11 +135,11 @@ class DryRun:
 
     def run(self, state: Mapping[str, Any], calls: list[GoalCall]) -> tuple[str, str]:
         """('allowed' | 'forbidden' | 'broken', the first violation or error)."""
-        current = copy.deepcopy(dict(state))
+        current = clone(dict(state))
         namespace: dict[str, Any] = {"__name__": "eigen_dry_run", "STATE": current}
         exec(self.code, namespace)
         for call in calls:
-            before = copy.deepcopy(current)
+            before = clone(current)
             try:
                 namespace[call.name](**copy.deepcopy(call.arguments))
             except Exception as exc:
