@@ -22,3 +22,15 @@ pytest_plugins = [
 def _single_threaded_math() -> None:
     """Keep OMP_NUM_THREADS=1 for the session (subprocesses started by tests inherit it)."""
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+DEMO_TIMEOUT_S = 900
+"""pytest-timeout counts a fixture's set-up in the first test that uses it: the shared demo home
+(tests/fixtures/demo.py, about 4-5 minutes on 2 busy cores) would leave that test nothing of the
+suite's 300 s."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "demo_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT_S))
