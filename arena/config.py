@@ -329,6 +329,22 @@ class TrainSettings(Section):
         Literal["hf", "vllm"],
         Field(default="hf", description="Rollout backend: transformers generate (CPU) or vLLM (GPU extra)."),
     ]
+    device: Annotated[
+        Literal["auto", "cpu", "cuda"],
+        Field(
+            default="auto",
+            description="Where the policy trains and the hf backend generates; auto: the GPU when torch sees "
+            "one, else the CPU.",
+        ),
+    ]
+    precision: Annotated[
+        Literal["auto", "fp32", "bf16"],
+        Field(
+            default="auto",
+            description="Forward passes (generation, log-probs, losses) in bf16 autocast, weights and "
+            "optimizer state fp32; auto: bf16 on a GPU that supports it, else fp32.",
+        ),
+    ]
     group_id: Annotated[
         str, Field(default="arena-trainer", description="Consumer group the trainer commits offsets under.")
     ]

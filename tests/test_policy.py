@@ -281,3 +281,31 @@ def test_generation_stops_at_im_end_and_weights_sync(tiny: Path) -> None:
 def test_build_tiny_metadata(tiny: Path) -> None:
     meta = json.loads((tiny / "arena_tiny.json").read_text())
     assert meta["seed"] == 7 and meta["hidden_size"] == 64 and meta["layers"] == 2
+
+
+# Device and precision --------------------------------------------------------
+def test_device_and_precision_settings_resolve_on_a_cpu_machine() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: auto picks it")
+    assert policy.resolve_device("auto") == "cpu"
+    assert policy.resolve_precision("auto", "cpu") == "fp32"
+    assert policy.resolve_precision("bf16", "cpu") == "bf16"
+    with pytest.raises(ValueError, match="no GPU"):
+        policy.resolve_device("cuda")
+
+
+def test_bf16_autocast_generates_and_trains_with_fp32_weights(tiny: Path) -> None:
+    model, tokenizer = load_policy(tiny)
+    backend = HfBackend(model, tokenizer, stop_ids_of(tokenizer), precision="bf16")
+    prompt = _prompt_ids(tokenizer, PROMPT)
+    (gen,) = backend.generate([prompt], max_new_tokens=8, temperature=1.0, seed=3)
+    assert gen.token_ids and all(lp <= 0 for lp in gen.logprobs)
+    ids = torch.tensor([prompt + gen.token_ids])
+    with policy.autocast("cpu", "bf16"):
+        low = token_logprobs(model, ids, torch.ones_like(ids))
+    full = token_logprobs(model, ids, torch.ones_like(ids))
+    assert low.dtype == torch.float32  # log-softmax in fp32 over bf16 logits
+    torch.testing.assert_close(low, full, atol=0.1, rtol=0.05)  # bf16 rounding, not another model
+    (-low[0, len(prompt) :].sum()).backward()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

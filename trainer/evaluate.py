@@ -637,16 +637,25 @@ def _policy_user(
 
 
 def _backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, Any]:
-    from trainer.policy import HfBackend, VllmBackend, load_policy, stop_ids_of
+    from trainer.policy import (
+        HfBackend,
+        VllmBackend,
+        load_policy,
+        resolve_device,
+        resolve_precision,
+        stop_ids_of,
+    )
 
     if settings.train.backend == "vllm":
         from transformers import AutoTokenizer
 
         vllm_tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         return VllmBackend(model_path, stop_ids=stop_ids_of(vllm_tokenizer)), vllm_tokenizer
-    model, tokenizer = load_policy(model_path)
+    device = resolve_device(settings.train.device)
+    model, tokenizer = load_policy(model_path, device)
     model.eval()
-    return HfBackend(model, tokenizer, stop_ids_of(tokenizer)), tokenizer
+    precision = resolve_precision(settings.train.precision, device)
+    return HfBackend(model, tokenizer, stop_ids_of(tokenizer), precision=precision), tokenizer
 
 
 # --- display -------------------------------------------------------------------------------------

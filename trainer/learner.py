@@ -23,9 +23,18 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from arena.config import TrainSettings
 from trainer.batching import Group
-from trainer.policy import HfBackend, RolloutBackend, load_policy, stop_ids_of
+from trainer.policy import (
+    HfBackend,
+    Precision,
+    RolloutBackend,
+    autocast,
+    load_policy,
+    resolve_device,
+    resolve_precision,
+    stop_ids_of,
+)
 from trainer.policy_update import grpo_update
-from trainer.sft import cosine_schedule
+from trainer.sft import SftExample, cosine_schedule, sft_loss_backward
 
 Phase = Literal["sft", "grpo"]
 
@@ -33,18 +42,30 @@ Phase = Literal["sft", "grpo"]
 class Learner:
     """Model + tokenizer + optimizer + scheduler + rollout backend of one run."""
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: TrainSettings, backend: RolloutBackend) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        cfg: TrainSettings,
+        backend: RolloutBackend,
+        precision: Precision = "fp32",
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.backend = backend
+        self.precision: Precision = precision
+        """bf16: forward passes under autocast; the weights and AdamW state stay fp32."""
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.optimizer: AdamW | None = None
         self.scheduler: LambdaLR | None = None
 
     @classmethod
     def load(cls, folder: Path, cfg: TrainSettings) -> Learner:
-        model, tokenizer = load_policy(str(folder))
+        """The policy saved in ``folder`` on ``cfg.device`` (auto: the GPU when there is one)."""
+        device = resolve_device(cfg.device)
+        precision = resolve_precision(cfg.precision, device)
+        model, tokenizer = load_policy(str(folder), device)
         model.train()
         backend: RolloutBackend
         if cfg.backend == "vllm":
@@ -52,8 +73,8 @@ class Learner:
 
             backend = VllmBackend(str(folder))
         else:
-            backend = HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer))
-        return cls(model, tokenizer, cfg, backend)
+            backend = HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer), precision=precision)
+        return cls(model, tokenizer, cfg, backend, precision)
 
     def frozen_backend(self) -> HfBackend:
         """A generation-only HF backend on a copy of the current weights (GRPO updates never reach it).
@@ -61,13 +82,21 @@ class Learner:
         Always transformers on the policy's device, also when rollouts use vLLM: a second vLLM
         engine would claim another share of the GPU for a model that only plays the user.
         """
-        return _frozen(copy.deepcopy(self.model), self.tokenizer)
+        return _frozen(copy.deepcopy(self.model), self.tokenizer, self.precision)
 
-    @staticmethod
-    def load_frozen(folder: Path) -> HfBackend:
+    def load_frozen(self, folder: Path) -> HfBackend:
         """``frozen_backend`` of the weights saved in ``folder`` (resume: the SFT-end checkpoint)."""
-        model, tokenizer = load_policy(str(folder))
-        return _frozen(model, tokenizer)
+        model, tokenizer = load_policy(str(folder), str(next(self.model.parameters()).device))
+        return _frozen(model, tokenizer, self.precision)
+
+    def sft_backward(self, examples: Sequence[SftExample]) -> tuple[float, int]:
+        """Backward of one SFT batch's token-mean NLL (the caller steps the optimizer)."""
+        with autocast(self.device, self.precision):
+            return sft_loss_backward(self.model, examples, self.pad_id, self.cfg.micro_batch)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def new_optimizer(self, phase: Phase) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -97,16 +126,17 @@ class Learner:
         parts = [list(groups[i :: self.cfg.mini_batches]) for i in range(self.cfg.mini_batches)]
         totals: dict[str, float] = {}
         for part in (p for p in parts if p):
-            metrics = grpo_update(
-                self.model,
-                part,
-                pad_id=self.pad_id,
-                micro=self.cfg.micro_batch,
-                clip_low=self.cfg.clip_low,
-                clip_high=self.cfg.clip_high,
-                agg=self.cfg.loss_agg,
-                adv_std=self.cfg.adv_std,
-            )
+            with autocast(self.device, self.precision):
+                metrics = grpo_update(
+                    self.model,
+                    part,
+                    pad_id=self.pad_id,
+                    micro=self.cfg.micro_batch,
+                    clip_low=self.cfg.clip_low,
+                    clip_high=self.cfg.clip_high,
+                    agg=self.cfg.loss_agg,
+                    adv_std=self.cfg.adv_std,
+                )
             metrics["lr"] = self.optimizer_step()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
@@ -132,8 +162,8 @@ class Learner:
         self.backend.load_weights(self.model)
 
 
-def _frozen(model: Any, tokenizer: Any) -> HfBackend:
+def _frozen(model: Any, tokenizer: Any, precision: Precision) -> HfBackend:
     """Eval mode (no dropout), no gradients: the module only ever generates."""
     model.eval()
     model.requires_grad_(False)
-    return HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer))
+    return HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer), precision=precision)

@@ -15,7 +15,7 @@ import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, Field
@@ -59,16 +59,20 @@ def token_logprobs(
     """``[B, T]`` log-prob of ``input_ids[:, t]`` given the tokens before it; 0 at t = 0 and padding.
 
     Differentiable. Position ids follow the attention mask, so left or right padding gives the
-    same values as the unpadded sequence (up to float rounding).
+    same values as the unpadded sequence (up to float rounding). Runs on the model's device; the
+    result is on the inputs' device.
     """
-    mask = attention_mask.long()
+    device = next(model.parameters()).device  # the inputs' device gets the result (the loss is cheap)
+    ids = input_ids.to(device)
+    mask = attention_mask.long().to(device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).logits[:, :-1].float()
-    picked = _logprob_of(logits, input_ids[:, 1:])
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits[:, :-1].float()
+    picked = _logprob_of(logits, ids[:, 1:])
     # A token counts only when it and the one before are real: the first real token of a
     # left-padded row has no context, like position 0 of an unpadded one.
     valid = (mask[:, 1:] * mask[:, :-1]).to(picked.dtype)
-    return torch.cat([picked.new_zeros(picked.shape[0], 1), picked * valid], dim=1)
+    out = torch.cat([picked.new_zeros(picked.shape[0], 1), picked * valid], dim=1)
+    return out.to(input_ids.device)
 
 
 def stop_ids_of(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -87,6 +91,33 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
+
+
+# Device and precision ------------------------------------------------------------
+Precision = Literal["fp32", "bf16"]
+
+
+def resolve_device(setting: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``."""
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError("ARENA_TRAIN__DEVICE=cuda but torch sees no GPU (fix: device auto or cpu)")
+    return setting
+
+
+def resolve_precision(setting: str, device: str) -> Precision:
+    """``auto`` -> bf16 on a GPU that supports it, fp32 otherwise."""
+    if setting == "auto":
+        return "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if setting == "bf16" else "fp32"
+
+
+def autocast(device: torch.device | str, precision: Precision) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast for forward passes (weights stay fp32), or nothing."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 # Backends --------------------------------------------------------------------
@@ -142,6 +173,7 @@ class HfBackend:
         stop_ids: list[int],
         *,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        precision: Precision = "fp32",
     ) -> None:
         if not stop_ids:
             raise ValueError("stop_ids must not be empty")
@@ -150,6 +182,7 @@ class HfBackend:
         self.stop_ids = list(stop_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.stop_ids[0]
+        self.precision: Precision = precision
         use_cache = prefix_cache_bytes > 0 and supported(model)
         self.prefix_cache = PrefixCache(model, prefix_cache_bytes) if use_cache else None
 
@@ -192,7 +225,7 @@ class HfBackend:
         )
         lm: Any = self.model  # a transformers model: nn.Module's typing does not know generate()
         ids, mask = layout.tensors(self.device)
-        with _seeded(seed, self.device), torch.no_grad():
+        with _seeded(seed, self.device), torch.no_grad(), autocast(self.device, self.precision):
             out = lm.generate(
                 input_ids=ids, attention_mask=mask, past_key_values=past, generation_config=config
             )
@@ -232,7 +265,7 @@ class HfBackend:
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         lm: Any = self.model
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.device, self.precision):
             lm(
                 input_ids=ids,
                 attention_mask=mask,
@@ -297,7 +330,7 @@ class HfBackend:
             return []
         ids = torch.tensor([prompt + toks], dtype=torch.long, device=self.device)
         lm: Any = self.model
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.device, self.precision):
             logits = lm(input_ids=ids, logits_to_keep=len(toks) + 1).logits[0, :-1].float()
         return [float(v) for v in _logprob_of(logits, ids[0, -len(toks) :]).tolist()]
 
@@ -373,7 +406,7 @@ class VllmBackend:
 
 # Loading ---------------------------------------------------------------------
 def load_policy(path: str | Path, device: str = "cpu") -> tuple[Any, PreTrainedTokenizerBase]:
-    """The causal LM (float32) and tokenizer saved at ``path``; local files only."""
+    """The causal LM (float32, on ``device``) and tokenizer saved at ``path``; local files only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -66,7 +66,7 @@ from trainer.learner import Learner
 from trainer.policy import HfBackend
 from trainer.rollout_log import save_rollouts
 from trainer.samples_source import STAGE, STAGE_VERSION, SampleSource, Taken
-from trainer.sft import sft_example, sft_loss_backward
+from trainer.sft import sft_example
 from trainer.user_sim import PolicyUserSimulator
 
 Phase = Literal["sft", "grpo"]
@@ -288,6 +288,7 @@ class TrainerService:
 
     def _restore_user_simulator(self, recorded: dict[str, Any] | None) -> None:
         """Resume: the user the run's GRPO phase started with (its frozen weights from the lake)."""
+        assert self.learner is not None
         if recorded is None:  # a state written before the choice was recorded: the user then was the gateway
             self._use_user_simulator(UserSimChoice(kind="gateway"), None)
             return
@@ -301,7 +302,7 @@ class TrainerService:
                 folder = self.checkpoints.base_folder(dest)
             else:
                 folder = self.checkpoints.weights_folder(choice.sft_step, dest)
-            backend = Learner.load_frozen(folder)
+            backend = self.learner.load_frozen(folder)
         finally:
             shutil.rmtree(dest, ignore_errors=True)  # loaded into memory; the lake keeps the folder
         self._use_user_simulator(choice, backend)
@@ -345,9 +346,7 @@ class TrainerService:
             return self.stop.is_set() or await source.pending() > 0
         started = time.perf_counter()
         examples = [sft_example(learner.tokenizer, t.record, self.cfg.max_seq_len) for t in taken]
-        loss, tokens = await asyncio.to_thread(
-            sft_loss_backward, learner.model, examples, learner.pad_id, self.cfg.micro_batch
-        )
+        loss, tokens = await asyncio.to_thread(learner.sft_backward, examples)
         lr = await asyncio.to_thread(learner.optimizer_step)
         self.step += 1
         self.sft_step += 1
