@@ -115,6 +115,8 @@ PROFILES = {
         rl_copies=1,
         grpo_steps=2,
         grpo_budget_s=30.0,
+        group_size=2,  # 4 rollouts a step instead of 16: a step still needs a group with reward spread
+        batch_groups=2,
         ablation_steps=1,
         ablation_budget_s=15.0,
         max_turns=3,
@@ -263,8 +265,13 @@ def copies(records: list[Any], n: int, seed: int, tag: str) -> list[Any]:
     return out
 
 
-def topic_values(bootstrap: str, name: str) -> list[dict[str, Any]]:
-    """Every committed value of a topic, decoded (read_committed, from the beginning)."""
+def topic_values(bootstrap: str, name: str, idle_s: float = 3.0) -> list[dict[str, Any]]:
+    """Every committed value of a topic, decoded (read_committed, from the beginning).
+
+    Reads up to each partition's read_committed end as of the call (every transaction committed
+    before it lies below), so it stops there instead of waiting ``idle_s`` for the topic to go
+    quiet; ``idle_s`` without a record still ends the read.
+    """
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(
@@ -272,12 +279,21 @@ def topic_values(bootstrap: str, name: str) -> list[dict[str, Any]]:
         isolation_level="read_committed",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        consumer_timeout_ms=3000,
     )
     try:
         parts = consumer.partitions_for_topic(name) or set()
-        consumer.assign([TopicPartition(name, p) for p in parts])
-        return [json.loads(r.value) for r in consumer]
+        tps = [TopicPartition(name, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        values: list[dict[str, Any]] = []
+        left = {tp for tp in tps if ends[tp] > consumer.position(tp)}
+        last = time.monotonic()
+        while left and time.monotonic() - last < idle_s:
+            for batch in consumer.poll(timeout_ms=200).values():
+                values += [json.loads(r.value) for r in batch]
+                last = time.monotonic()
+            left = {tp for tp in left if consumer.position(tp) < ends[tp]}
+        return values
     finally:
         consumer.close()
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,19 +84,33 @@ def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
     return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
 
-def read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every committed record of a topic (read_committed), from the beginning."""
+def read_all(bootstrap: str, topic: str, *, idle_s: float = 2.0) -> list[Any]:
+    """Every committed record of a topic (read_committed), from the beginning.
+
+    Reads up to each partition's read_committed end as of the call (the last stable offset: every
+    transaction committed before the call lies below it), so it returns as soon as it got there
+    instead of waiting for the topic to go quiet; ``idle_s`` without a record still ends the read.
+    """
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level="read_committed",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        consumer_timeout_ms=2000,
     )
     try:
         parts = consumer.partitions_for_topic(topic) or set()
-        consumer.assign([TopicPartition(topic, p) for p in parts])
-        return list(consumer)
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        records: list[Any] = []
+        left = {tp for tp in tps if ends[tp] > consumer.position(tp)}
+        last = time.monotonic()
+        while left and time.monotonic() - last < idle_s:
+            for batch in consumer.poll(timeout_ms=200).values():
+                records += batch
+                last = time.monotonic()
+            left = {tp for tp in left if consumer.position(tp) < ends[tp]}
+        return records
     finally:
         consumer.close()
 

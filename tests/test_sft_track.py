@@ -134,10 +134,17 @@ def test_republishing_creates_no_duplicates_and_export_loads(demo: Demo, tmp_pat
     run_arena(["worker", *argv, "--until-drained", "--timeout", "600"], demo.env, timeout=900)
     after = {name: len(read_all(demo.bootstrap, name)) for name in SFT_TOPICS}
     assert after == before
-    for name in ("chains", "tasks", "trajectories"):
-        table = name.replace(".", "_")
-        row = lake_json(f"select count(*) as n, count(distinct _key) as k from {table}", demo.env)[0]
-        assert row["n"] == row["k"] == before[name]
+    lake_tables = ("chains", "tasks", "trajectories")
+    counts = lake_json(  # one `arena lake query` (a CLI start each) for the three tables
+        "select "
+        + ", ".join(
+            f"(select count(*) from {t}) as {t}_n, (select count(distinct _key) from {t}) as {t}_k"
+            for t in lake_tables
+        ),
+        demo.env,
+    )[0]
+    for name in lake_tables:
+        assert counts[f"{name}_n"] == counts[f"{name}_k"] == before[name], (name, counts)
 
     import datasets
 
