@@ -44,6 +44,8 @@ from streams.runtime import (
     run_handler,
 )
 from streams.usage import UsageReporter
+from streams.watchdog import exact_offset_marks
+from streams.watchdog import install as install_watchdog
 
 log = logging.getLogger("arena.stage")
 
@@ -68,7 +70,7 @@ def make_app(
     """
     datadir = Path(settings.home) / "faust" / group
     datadir.mkdir(parents=True, exist_ok=True)
-    return faust.App(
+    app = faust.App(
         group,
         broker=[f"kafka://{host}" for host in bootstrap.split(",")],
         processing_guarantee="exactly_once" if exactly_once else "at_least_once",
@@ -88,6 +90,8 @@ def make_app(
         consumer_group_instance_id=instance_id,
         broker_session_timeout=30.0,
     )
+    install_watchdog(app)  # replicas hand partitions over while they run: see streams.watchdog
+    return app
 
 
 def raw_topic(app: faust.App, *names: str) -> Any:
@@ -405,6 +409,7 @@ def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *
 
     async def agent(stream: Any) -> None:
         gate.install(app.consumer)
+        exact_offset_marks(app.consumer)
         runner = OrderedRunner(
             app,
             stage,

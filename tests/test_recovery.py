@@ -6,8 +6,9 @@ the lake (no duplicate rows). The stage handles many records at once (ARENA_STAG
 default 32), released in offset order.
 
 Two replicas of the stage in one group (`--replicas 2`) are not tested here: on the embedded
-broker one replica's first transactional offset commit sometimes never returns (3 of 6 runs
-stalled with no error), see the README's scale-out section.
+broker, after the rebalance that shares the partitions, a replica sometimes handles nothing of its
+new assignment (no request hangs, no error; see the README's scale-out section and
+``streams.watchdog`` for the two failures that are handled).
 """
 
 from __future__ import annotations
