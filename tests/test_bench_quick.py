@@ -27,9 +27,10 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-HELPERS = {"__init__", "latency_proxy", "sft_stages"}
+HELPERS = {"__init__", "latency_proxy", "sft_stages", "trl_tools"}
 """Modules of bench/ that are not benchmarks: a proxy llm_concurrency starts, stages sft_track and
-env_track share. Every other ``bench/*.py`` must be in ``BENCHES``."""
+env_track share, the TRL environments trainer.py wraps. Every other ``bench/*.py`` must be in
+``BENCHES``."""
 
 
 @dataclass(frozen=True)

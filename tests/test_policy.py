@@ -309,3 +309,35 @@ def test_bf16_autocast_generates_and_trains_with_fp32_weights(tiny: Path) -> Non
     (-low[0, len(prompt) :].sum()).backward()
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+# The update's log-probs --------------------------------------------------------
+def test_response_logprobs_run_each_prompt_once_and_match_full_rows(tiny: Path) -> None:
+    from trainer.response_logprobs import response_logprobs
+
+    model, _ = load_policy(tiny)
+    torch.manual_seed(0)
+    vocab = model.config.vocab_size
+    a, b = (torch.randint(5, vocab - 5, (n,)).tolist() for n in (30, 17))
+    prompts = [a, a, b, a]  # two groups' rows, unequal prompt lengths
+    responses = [torch.randint(5, vocab - 5, (n,)).tolist() for n in (6, 9, 4, 1)]
+
+    def full_rows() -> list[torch.Tensor]:
+        out = []
+        for p, r in zip(prompts, responses, strict=True):
+            ids = torch.tensor([p + r])
+            out.append(token_logprobs(model, ids, torch.ones_like(ids))[0, len(p) :])
+        return out
+
+    got = response_logprobs(model, prompts, responses, pad_id=0)
+    for row, expected in zip(got, full_rows(), strict=True):
+        torch.testing.assert_close(row[: len(expected)], expected, rtol=1e-4, atol=1e-5)
+        assert row[len(expected) :].eq(0).all()  # right padding
+    weights = torch.randn(got.shape)
+    model.zero_grad()
+    sum((row * weights[i, : len(row)]).sum() for i, row in enumerate(full_rows())).backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    (response_logprobs(model, prompts, responses, pad_id=0) * weights).sum().backward()
+    for p, expected_grad in zip(model.parameters(), expected_grads, strict=True):
+        torch.testing.assert_close(p.grad, expected_grad, rtol=1e-3, atol=1e-5)  # the shared prompt's sum

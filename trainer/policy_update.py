@@ -1,8 +1,9 @@
 """One GRPO policy update from a batch of groups (ASTRA eq. 23/32, EigenData §5).
 
-Every trajectory becomes one row: prompt then response ids; the loss mask is
-the response mask (generated tokens only: tool outputs and headers are
-observations); the behaviour log-probs are the rollout's (so groups carried
+Every trajectory becomes one row of response ids after its prompt (each
+distinct prompt runs once for its rows: ``trainer.response_logprobs``); the
+loss mask is the response mask (generated tokens only: tool outputs and
+headers are observations); the behaviour log-probs are the rollout's (so groups carried
 over from an earlier step are corrected by the clipped ratio). Advantages are
 group-relative over the rollout-time rewards. The whole batch is one
 mini-batch (strictly on-policy by default); micro-batches share the batch's
@@ -18,7 +19,7 @@ import torch
 
 from trainer.batching import Group
 from trainer.grpo import group_advantages, loss_norm, micro_batches, policy_loss
-from trainer.policy import token_logprobs
+from trainer.response_logprobs import response_logprobs
 from trainer.sft import pad
 
 
@@ -47,21 +48,20 @@ def grpo_update(
     rows, group_ids = _rows(groups)
     rewards = torch.tensor([float(r["reward"]) for r in rows])
     advantages = group_advantages(rewards, group_ids, std=adv_std)
-    ids = [list(r["prompt_ids"]) + list(r["response_ids"]) for r in rows]
-    masks = [[0] * len(r["prompt_ids"]) + list(r["response_mask"]) for r in rows]
-    olds = [[0.0] * len(r["prompt_ids"]) + list(r["logprobs"]) for r in rows]
+    prompts = [list(r["prompt_ids"]) for r in rows]
+    responses = [list(r["response_ids"]) for r in rows]
+    masks = [list(r["response_mask"]) for r in rows]
+    olds = [list(r["logprobs"]) for r in rows]
     full_mask = pad(masks, 0).float()
     norm = loss_norm(full_mask, group_ids, agg)
     loss_total = 0.0
     clip_frac = 0.0
     for part in micro_batches(len(rows), micro):
         idx = list(range(len(rows)))[part]
-        input_ids = pad([ids[i] for i in idx], pad_id)
-        attention = pad([[1] * len(ids[i]) for i in idx], 0)
-        mask = pad([masks[i] for i in idx], 0).float()
-        width = input_ids.shape[1]
+        logprobs = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
+        width = logprobs.shape[1]
+        mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in idx], dtype=torch.float32)
         old = torch.tensor([olds[i] + [0.0] * (width - len(olds[i])) for i in idx])
-        logprobs = token_logprobs(model, input_ids, attention)
         loss, stats = policy_loss(
             logprobs,
             old,
