@@ -26,6 +26,10 @@ LayerKV = tuple[torch.Tensor, torch.Tensor]
 """One layer's keys and values, ``[kv_heads, tokens, head_dim]`` each."""
 
 
+def _bytes(kv: list[LayerKV]) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
 def _weights_version(model: torch.nn.Module) -> tuple[int, ...]:
     return tuple(p._version for p in model.parameters())
 
@@ -73,7 +77,7 @@ class PrefixCache:
     def put(self, ids: tuple[int, ...], kv: list[LayerKV]) -> None:
         if ids in self._entries or not ids:
             return
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        size = _bytes(kv)
         if size > self.max_bytes:
             return
         self._entries[ids] = kv
@@ -87,8 +91,7 @@ class PrefixCache:
             self._drop(key)
 
     def _drop(self, ids: tuple[int, ...]) -> None:
-        kv = self._entries.pop(ids)
-        self._bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        self._bytes -= _bytes(self._entries.pop(ids))
 
 
 def rows_of(cache: Any, positions: Sequence[Sequence[int]]) -> list[list[LayerKV]]:

@@ -15,14 +15,7 @@ from typing import Any
 
 import torch
 
-from trainer.policy import _logprob_of
-
-
-def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-    return ids, mask
+from trainer.policy import _Layout, _logprob_of
 
 
 def _right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +37,7 @@ def response_logprobs(
     device = next(model.parameters()).device
     index: dict[tuple[int, ...], int] = {}
     rows = [index.setdefault(tuple(p), len(index)) for p in prompts]
-    prompt_ids, prompt_mask = (t.to(device) for t in _left_padded(list(index), pad_id))
+    prompt_ids, prompt_mask = _Layout([list(p) for p in index], [0] * len(index), pad_id).tensors(device)
     lm: Any = model
     cache = DynamicCache()
     position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
