@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import faust
+from faust.assignor import PartitionAssignor
+from faust.assignor.client_assignment import ClientAssignment, ClientMetadata
+from faust.types import ConsumerT
 
 from arena import metrics
 from arena.config import ArenaSettings
@@ -53,6 +58,43 @@ USAGE_EVERY_S = 5.0
 """How often a stage worker reports its LLM usage to ``llm.usage``."""
 
 
+class StableAssignor(PartitionAssignor):
+    """Faust's assignor made a function of the group's members alone: no stickiness, members in order.
+
+    A replica restarted under its static member id rejoins the embedded broker's group without a
+    rebalance; when it was the group leader, it computes the whole assignment again, but only it
+    receives the result, and the other replicas keep theirs. Faust's assignor depends on the
+    previous assignments and on the order of the (random) member ids, so that second computation
+    could give the restarted replica the partitions of a live one and nobody the rest. Here the
+    members are ordered by their canonical URL (one per static member id, see ``make_app``) and
+    previous assignments are ignored, so the same members always get the same partitions.
+    """
+
+    @classmethod
+    def _get_client_metadata(cls, metadata: Any) -> ClientMetadata:
+        client = super()._get_client_metadata(metadata)
+        client.assignment = ClientAssignment(actives={}, standbys={})
+        return client
+
+    def _perform_assignment(self, cluster: Any, member_metadata: Any) -> Any:
+        urls = {member: self._get_client_metadata(data).url for member, data in member_metadata.items()}
+        ordered = sorted(member_metadata, key=lambda member: (urls[member], member))
+        return super()._perform_assignment(cluster, {member: member_metadata[member] for member in ordered})
+
+
+class ArenaApp(faust.App):
+    """A Faust app whose consumer seeks to exact offsets after every assignment.
+
+    Installed when the consumer is created, so that it covers the first rebalances of every
+    worker (stages and the lake sink alike): see ``streams.watchdog.exact_offset_marks``.
+    """
+
+    def _new_consumer(self) -> ConsumerT:
+        consumer = super()._new_consumer()
+        exact_offset_marks(consumer)
+        return consumer
+
+
 def make_app(
     group: str,
     settings: ArenaSettings,
@@ -70,7 +112,7 @@ def make_app(
     """
     datadir = Path(settings.home) / "faust" / group
     datadir.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
+    app = ArenaApp(
         group,
         broker=[f"kafka://{host}" for host in bootstrap.split(",")],
         processing_guarantee="exactly_once" if exactly_once else "at_least_once",
@@ -88,6 +130,9 @@ def make_app(
         producer_acks=-1,
         stream_wait_empty=False,
         consumer_group_instance_id=instance_id,
+        # One URL per static member: the assignor orders the members by it (see StableAssignor).
+        canonical_url=f"http://{instance_id or socket.gethostname()}:6066",
+        PartitionAssignor=StableAssignor,
         broker_session_timeout=30.0,
     )
     install_watchdog(app)  # replicas hand partitions over while they run: see streams.watchdog
@@ -304,9 +349,21 @@ class OrderedRunner:
         previous = self._tails.get(chain)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._tails[chain] = done
-        task = asyncio.create_task(self._run(event, previous, done, chain), context=self._context())
+        task = asyncio.create_task(self._run(event, previous), context=self._context())
         self._tasks[task] = message.tp
-        task.add_done_callback(self._tasks.pop)
+        # A callback, not a ``finally`` in ``_run``: a task cancelled before its first step (a
+        # rebalance right after the submit) never runs its coroutine, and its slot and its
+        # successors would wait for it forever.
+        task.add_done_callback(functools.partial(self._finished, done=done, chain=chain))
+
+    def _finished(self, task: asyncio.Task[None], *, done: asyncio.Future[None], chain: Any) -> None:
+        """An event's handler ended (released, dropped, failed or cancelled): free its slot and successor."""
+        self._tasks.pop(task, None)
+        if not done.done():
+            done.set_result(None)
+        if self._tails.get(chain) is done:
+            del self._tails[chain]
+        self._slots.release()
 
     def _context(self) -> contextvars.Context:
         context = contextvars.copy_context()
@@ -317,9 +374,7 @@ class OrderedRunner:
         if self._failure is not None:
             raise self._failure
 
-    async def _run(
-        self, event: Any, previous: asyncio.Future[None] | None, done: asyncio.Future[None], chain: Any
-    ) -> None:
+    async def _run(self, event: Any, previous: asyncio.Future[None] | None) -> None:
         try:
             with metrics.stage_record(self.stage.name):
                 emits = await handle_event(self.stage, self.settings, event, self.seen, self.claims)
@@ -346,12 +401,6 @@ class OrderedRunner:
         except Exception as exc:  # handler crashes are dead letters already; this is a send failure
             log.exception("%s: releasing an event failed; stopping the stage", self.stage.name)
             self._failure = exc
-        finally:
-            if not done.done():
-                done.set_result(None)
-            if self._tails.get(chain) is done:
-                del self._tails[chain]
-            self._slots.release()
 
     def cancel(self, partitions: set[Any]) -> int:
         """Cancel the handlers of events from ``partitions`` (revoked); returns how many."""

@@ -10,6 +10,13 @@ error (its lag just stops moving):
   partition comes back, the stale mark is ahead of the records read again, ``Consumer.ack``
   ignores their acks, and the partition never commits again. ``exact_offset_marks`` resets the
   marks (and the acks) of the assigned partitions before each seek, so they are the broker's.
+- Faust drops records the Kafka client already returned when a rebalance stops its flow (the
+  fetch in flight, the stream's buffer, events of the ended generation), and relies on the seek to
+  the committed offsets that follows to read them again. aiokafka seeks only partitions with a
+  committed offset above 0, so a partition that never committed (a replica's share handed over
+  before its first commit) stays past the dropped records: the worker then waits for records that
+  never come, with no error and nothing in flight. ``exact_offset_marks`` seeks those partitions
+  to the beginning, where ``auto_offset_reset=earliest`` starts a partition with no commit.
 - Anything else that wedges a worker (a transactional request the broker never answers, a group
   coordinator routine that died) is caught by
   ``StallWatchdog``: the process exits and the supervisor restarts it under its static member id.
@@ -43,13 +50,22 @@ def exact_offset_marks(consumer: Any) -> None:
     seek = consumer.perform_seek
 
     async def perform_seek() -> None:
-        for tp in consumer.assignment():
+        assigned = consumer.assignment()
+        for tp in assigned:
             # Nothing of the new assignment is acked yet: every mark left here is stale.
             consumer._committed_offset.pop(tp, None)
             consumer._acked.pop(tp, None)
             consumer._acked_index.pop(tp, None)
             consumer._gap.pop(tp, None)
         await seek()
+        # The seek moved only partitions with a committed offset above 0 (aiokafka skips the others),
+        # and Faust marks exactly those as committed. The others start over from the beginning, as
+        # ``auto_offset_reset=earliest`` starts them: records the client returned and Faust dropped
+        # during the rebalance are behind their position, and nothing else would read them again.
+        uncommitted = {tp: 0 for tp in consumer.assignment() if consumer._committed_offset.get(tp) is None}
+        if uncommitted:
+            log.info("no committed offset, reading from the beginning: %s", sorted(map(str, uncommitted)))
+            await consumer.seek_wait(uncommitted)
 
     # Faust has no hook between an assignment and its seek; Recovery calls this method.
     consumer.perform_seek = perform_seek

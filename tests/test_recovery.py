@@ -5,16 +5,15 @@ the committed topic (exactly-once: no duplicate output even in Kafka) and on
 the lake (no duplicate rows). The stage handles many records at once (ARENA_STAGE_CONCURRENCY,
 default 32), released in offset order.
 
-Two replicas of the stage in one group (`--replicas 2`) are not tested here: on the embedded
-broker, after the rebalance that shares the partitions, a replica sometimes handles nothing of its
-new assignment (no request hangs, no error; see the README's scale-out section and
-``streams.watchdog`` for the two failures that are handled).
+`test_replicas_share_partitions_and_survive_kill9` runs two replicas of the stage in one consumer
+group (`--replicas 2`, the documented way to add capacity) and SIGKILLs one of them mid-run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -38,6 +37,7 @@ from tests.test_pipeline import small_server
 pytestmark = pytest.mark.integration
 
 N_SERVERS = 300
+STAGES = ["--stage", "tools-servers", "--stage", "lake-sink"]
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -107,3 +107,93 @@ def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -
         assert counts == {"n": N_SERVERS, "keys": N_SERVERS, "names": N_SERVERS}
         raw = lake_json("select count(*) as n, count(distinct _key) as keys from tools_raw", env)[0]
         assert raw == {"n": N_SERVERS, "keys": N_SERVERS}
+
+
+def _last_assignment(log: Path) -> set[int]:
+    """The partitions of ``tools.raw`` in the last assignment a worker logged (empty when none yet)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    assignments = text.split("Setting newly assigned partitions")
+    if len(assignments) < 2:
+        return set()
+    found = re.search(r"\| tools\.raw +\| \{([^}]*)\}", assignments[-1].split("for group", 1)[0])
+    partitions: set[int] = set()
+    for part in found.group(1).split(",") if found else []:  # Faust writes {0-1} or {0, 2}
+        low, _, high = part.strip().partition("-")
+        partitions.update(range(int(low), int(high or low) + 1))
+    return partitions
+
+
+def _shared(logs: list[Path]) -> bool:
+    """Each replica's last assignment is a non-empty share, disjoint from the others'."""
+    shares = [_last_assignment(log) for log in logs]
+    return all(shares) and sum(len(s) for s in shares) == len(set().union(*shares))
+
+
+def _instance(pid: int) -> str:
+    """The static group-member id the supervisor gave a worker process."""
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if item.startswith(b"ARENA_WORKER_INSTANCE="):
+            return item.split(b"=", 1)[1].decode()
+    return ""
+
+
+def test_replicas_share_partitions_and_survive_kill9(tmp_path: Path) -> None:
+    """Two processes of a stage share its partitions; one killed mid-run loses and duplicates nothing."""
+    n = 200
+    home = tmp_path / "home"
+    env = arena_env(home)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(n):
+        (docs / f"s{i:04d}.json").write_text(json.dumps(small_server(f"svc{i:04d}")))
+    logs = [home / "logs" / "worker-tools-servers.log", home / "logs" / "worker-tools-servers-r1.log"]
+    with stack_stopped_after(env):
+        run_arena(["publish", "tools", str(docs)], env)
+        bootstrap = broker_of(home)
+        sup = subprocess.Popen(
+            [ARENA, "worker", *STAGES, "--replicas", "2", "--until-drained", "--timeout", "300"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+
+            def progress() -> int:
+                return sum(committed(bootstrap, "arena-tools-servers").values())
+
+            # Both replicas hold a share of the partitions and the stage is committing.
+            wait_for(lambda: _shared(logs), 120, "both replicas to get a share of the partitions")
+            wait_for(lambda: progress() >= 10, 120, "the stage to commit some records")
+            assert _shared(logs), [_last_assignment(log) for log in logs]
+            done_at_kill = progress()
+            replicas = {
+                _instance(pid): pid
+                for pid, cmd in children_of(sup.pid).items()
+                if "app.run tools-servers" in cmd
+            }
+            assert len(replicas) == 2, replicas
+            victim = next(pid for instance, pid in replicas.items() if instance.endswith("-r1"))
+            os.kill(victim, signal.SIGKILL)
+            assert done_at_kill < n, "the stage finished before the kill; raise n"
+            _, err = sup.communicate(timeout=300)
+        finally:
+            if sup.poll() is None:
+                sup.kill()
+        assert sup.returncode == 0, err[-3000:]
+        assert "restarting" in err
+
+        # Kafka: every input produced exactly one committed output (aborted transactions are invisible).
+        outputs = read_all(bootstrap, "tools.servers")
+        names = sorted(json.loads(r.value)["name"] for r in outputs)
+        assert names == [f"svc{i:04d}" for i in range(n)]
+        # Lake: every server once (one query: each `arena lake query` starts a process).
+        counts = lake_json(
+            "select (select count(*) from tools_servers) as n,"
+            " (select count(distinct _key) from tools_servers) as keys,"
+            " (select count(distinct name) from tools_servers) as names,"
+            " (select count(*) from tools_raw) as raw_n,"
+            " (select count(distinct _key) from tools_raw) as raw_keys",
+            env,
+        )[0]
+        assert counts == {"n": n, "keys": n, "names": n, "raw_n": n, "raw_keys": n}
