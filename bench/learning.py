@@ -10,19 +10,24 @@ Prints ONE JSON object on stdout; progress and the trainer's log lines go to std
 
 What it does, all on a private ``ARENA_HOME`` in a temporary folder:
 
-1. ``arena demo`` (the real pipeline, ``rules`` backend) with more QA instances per knowledge
-   base, so the catalog holds train-split and held-out environment packages, ``samples.verified``
-   holds the train split and ``samples.sft`` the SFT track's MCP tool trajectories.
+1. ``arena demo --tracks env`` (the real pipeline, ``rules`` backend) with 96 QA instances per
+   knowledge base and no complexity-scaling parameters (shorter tool schemas, so prompts suit a
+   CPU model), so the catalog holds train-split and held-out environment packages (a quarter) and
+   ``samples.verified`` holds the train split. Held-out packages whose tools all occur in train
+   packages are held-out *instances of seen families* (new questions and keys, same tools); the
+   others use a tool family never seen.
 2. Synthetic SFT data from the TRAIN split only (ASTRA §3.1's SFT trajectories): for every
    train-split package, the system prompt and question, then one assistant turn per job calling
    the job's tool with the job's invocation arguments, the tool's real output from the sandbox,
    and a final assistant message stating the main answer a0. Each trajectory is checked (F1 = 1
    against the package's jobs) before it is published to ``samples.sft``; held-out packages are
-   never read here. Copies for several epochs get distinct sample ids (so they spread over the
-   topic's partitions, which mixes the epochs); ``samples.verified`` gets copies the same way
-   for several GRPO passes, since ``arena train`` consumes each record once per run.
+   never read here. Only a seeded half of the train packages goes to SFT: GRPO's extra passes are
+   over the other half, which SFT never showed it, so its groups have reward spread. Copies for
+   several epochs get distinct sample ids (so they spread over the topic's partitions, which
+   mixes the epochs); ``samples.verified`` gets copies the same way for several GRPO passes,
+   since ``arena train`` consumes each record once per run.
 3. A tiny Llama (``trainer.tiny.build_tiny``, tokenizer trained on the lake's text and the SFT
-   texts) saved to a folder and handed to the trainer as ``ARENA_TRAIN__MODEL``.
+   texts, digits split one by one so an id it never produced is digits it has) saved to a folder and handed to the trainer as ``ARENA_TRAIN__MODEL``.
 4. ``arena train`` three ways, each a subprocess: run ``sft`` (SFT only: ``--steps`` = SFT
    steps), run ``grpo-f1`` from the SFT weights (F1 reward, GRPO only, stopped by ``--steps``,
    the topic running dry, or a time budget via SIGTERM, which the service turns into a final
@@ -73,25 +78,27 @@ console = Console(stderr=True)
 class Profile:
     """Every knob of one benchmark run."""
 
-    demo_instances: int = 16  # QA instances per built-in knowledge base in the demo
-    demo_tracks: str = "sft,env,eigen"  # `arena demo --tracks`: the smoke run needs the env track only
+    demo_instances: int = 96  # QA instances per built-in knowledge base in the demo
+    demo_tracks: str = "env"  # `arena demo --tracks`
+    extra_params: int = 0  # complexity scaling's added tool parameters: shorter prompts for a CPU model
     heldout_k: int = 4  # env hash mod k == 0 is held out
     hidden: int = 128
     layers: int = 2
     heads: int = 4
     vocab: int = 2048
-    sft_copies: int = 16  # epochs over the synthetic env trajectories
+    sft_share: float = 0.5  # train packages SFT sees; GRPO's rollouts are on the rest (and these)
+    sft_copies: int = 48  # epochs over the SFT share's trajectories (the step cap decides)
     sft_batch: int = 4
     sft_lr: float = 3e-3
-    sft_max_steps: int = 250
-    rl_copies: int = 8  # passes over samples.verified available to GRPO
-    grpo_steps: int = 60
+    sft_max_steps: int = 650
+    rl_copies: int = 12  # passes over the GRPO share of samples.verified
+    grpo_steps: int = 400
     grpo_budget_s: float = 480.0
-    lr: float = 1e-4
+    lr: float = 3e-4
     group_size: int = 4
     batch_groups: int = 4
     ablation_steps: int = 10
-    ablation_budget_s: float = 150.0
+    ablation_budget_s: float = 60.0
     max_turns: int = 5
     max_new_tokens: int = 64
     max_seq_len: int = 2048
@@ -109,6 +116,7 @@ PROFILES = {
         demo_instances=4,
         demo_tracks="env",
         hidden=64,
+        sft_share=0.5,
         sft_copies=2,
         sft_max_steps=12,
         sft_lr=5e-3,
@@ -245,6 +253,19 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
     finally:
         await pool.close()
     return out, {"train_packages": len(packages), "trajectories": len(out), "skipped": skipped}
+
+
+def sft_share(env_ids: list[str], share: float, seed: int) -> set[str]:
+    """The train packages whose trajectories SFT sees: a seeded hash-ordered ``share`` of them.
+
+    GRPO's extra passes are over the others, so its groups have reward spread (a policy that
+    memorised a package solves it in every rollout) and what it gains is solving packages it was
+    never shown the answer to -- the skill held-out instances of seen tool families test.
+    """
+    from arena.hashing import content_hash
+
+    ranked = sorted(env_ids, key=lambda e: content_hash([seed, e]))
+    return set(ranked[: round(share * len(ranked))])
 
 
 def copies(records: list[Any], n: int, seed: int, tag: str) -> list[Any]:
@@ -499,7 +520,10 @@ def bench(p: Profile, profile: str, home: Path, run_demo: bool, stop_stack: bool
     work.mkdir(parents=True, exist_ok=True)
     log = work / "arena.log"
     base_env = cli_env(
-        home, ARENA_ENVS__DEMO_INSTANCES=str(p.demo_instances), ARENA_ENVS__HELDOUT_K=str(p.heldout_k)
+        home,
+        ARENA_ENVS__DEMO_INSTANCES=str(p.demo_instances),
+        ARENA_ENVS__HELDOUT_K=str(p.heldout_k),
+        ARENA_ENVS__EXTRA_PARAMS=str(p.extra_params),
     )
     os.environ.update({k: v for k, v in base_env.items() if k.startswith("ARENA_")})
     timings: dict[str, float] = {}
@@ -549,14 +573,16 @@ def _after_demo(
         v for v in topic_values(bootstrap, "samples.verified") if not v["sample_id"].startswith("cp-")
     ]
     heldout = heldout_cases(settings)
-    sft_records = copies(env_sft, p.sft_copies, p.seed, f"{tag}-sft")
+    sft_ids = sft_share(sorted(s.origin_id or "" for s in env_sft), p.sft_share, p.seed)
+    sft_records = copies([s for s in env_sft if s.origin_id in sft_ids], p.sft_copies, p.seed, f"{tag}-sft")
     asyncio.run(publish_all(bootstrap, "samples.sft", sft_records))
     from arena.records.envs import VerifiedSample
 
-    rl_records = copies(
-        [VerifiedSample.model_validate(v) for v in verified], p.rl_copies, p.seed, f"{tag}-rl"
-    )
-    asyncio.run(publish_all(bootstrap, "samples.verified", rl_records[len(verified) :]))
+    # GRPO prompts: the packages SFT never saw (the demo's one pass over every train package is
+    # in the topic already; the copies are of the GRPO share only).
+    rl_pool = [VerifiedSample.model_validate(v) for v in verified if v["env_ref"] not in sft_ids]
+    rl_records = copies(rl_pool, p.rl_copies, p.seed, f"{tag}-rl")[len(rl_pool) :]
+    asyncio.run(publish_all(bootstrap, "samples.verified", rl_records))
     in_sft_topic = len(in_sft_before) + len(sft_records)
     sft_steps = min(p.sft_max_steps, in_sft_topic // p.sft_batch)
     timings["data_s"] = round(time.perf_counter() - t, 1)
@@ -690,6 +716,7 @@ def _after_demo(
                 "ran_here": "demo_s" in timings,  # False: --home reused a finished demo
                 "instances_per_knowledge_base": p.demo_instances,
                 "heldout_k": p.heldout_k,
+                "extra_params": p.extra_params,
             },
             "train_packages": built["train_packages"],
             "heldout_packages": len(heldout),
@@ -697,15 +724,18 @@ def _after_demo(
                 "demo_sft_track": len(demo_sft),
                 "synthetic_env_trajectories": built["trajectories"],
                 "synthetic_skipped": built["skipped"],
+                "sft_share_packages": len(sft_ids),
                 "synthetic_copies": p.sft_copies,
                 "records_in_topic": in_sft_topic,
                 "note": "synthetic trajectories are built from TRAIN-split packages only (job invocations, "
-                "real sandbox outputs, final answer a0); held-out packages are never used for training",
+                "real sandbox outputs, final answer a0), and SFT sees only its share of them; held-out "
+                "packages are never used for training",
             },
             "samples_verified": {
                 "demo": len(verified),
+                "grpo_share_packages": len(rl_pool),
                 "copies": p.rl_copies,
-                "records_in_topic": len(rl_records),
+                "records_in_topic": len(verified) + len(rl_records),
             },
         },
         "train": {

@@ -122,7 +122,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one (as Llama and Qwen2.5 split them): an id like AG-103 is then AG, -, 1, 0, 3,
+    # so copying an id the model never produced is copying digits it has, not a token it never
+    # learned to emit (a merged "103" token would be a different output for every id).
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
