@@ -6,7 +6,8 @@ Usage::
     python bench/learning.py --quick    # a smoke run of a few minutes (env track only, tiny budgets)
     python bench/learning.py --home DIR # reuse a finished `arena demo` home (skips the demo)
 
-Prints ONE JSON object on stdout; progress and the trainer's log lines go to stderr.
+Prints ONE JSON object on stdout; progress and the trainer's log lines go to stderr. Writes a PNG
+plot of the held-out figures (``--plot``; its path is the JSON's ``plot``).
 
 What it does, all on a private ``ARENA_HOME`` in a temporary folder:
 
@@ -27,7 +28,8 @@ What it does, all on a private ``ARENA_HOME`` in a temporary folder:
    mixes the epochs); ``samples.verified`` gets copies the same way for several GRPO passes,
    since ``arena train`` consumes each record once per run.
 3. A tiny Llama (``trainer.tiny.build_tiny``, tokenizer trained on the lake's text and the SFT
-   texts, digits split one by one so an id it never produced is digits it has) saved to a folder and handed to the trainer as ``ARENA_TRAIN__MODEL``.
+   texts, digits split one by one so an id it never produced is digits it has) saved to a
+   folder and handed to the trainer as ``ARENA_TRAIN__MODEL``.
 4. ``arena train`` three ways, each a subprocess: run ``sft`` (SFT only: ``--steps`` = SFT
    steps), run ``grpo-f1`` from the SFT weights (F1 reward, GRPO only, stopped by ``--steps``,
    the topic running dry, or a time budget via SIGTERM, which the service turns into a final
@@ -116,7 +118,6 @@ PROFILES = {
         demo_instances=4,
         demo_tracks="env",
         hidden=64,
-        sft_share=0.5,
         sft_copies=2,
         sft_max_steps=12,
         sft_lr=5e-3,
@@ -801,6 +802,40 @@ def _disjoint_above(stages: dict[str, Any], upper: str, lower: str) -> bool | No
     return None if a is None or b is None else a[0] > b[1]
 
 
+STAGES = ("base", "sft", "grpo")
+
+
+def plot(result: dict[str, Any], path: Path) -> Path:
+    """Held-out mean F1 (95% interval) and pass@1 per stage, seen and unseen families, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display; files only
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    for ax, family in zip(axes, ("seen", "unseen"), strict=True):
+        figures = [result[family][stage] for stage in STAGES]
+        xs = range(len(STAGES))
+        f1 = [f["f1"] or 0.0 for f in figures]
+        err = [
+            [m - f["f1_ci"][0] if f["f1_ci"] else 0.0 for m, f in zip(f1, figures, strict=True)],
+            [f["f1_ci"][1] - m if f["f1_ci"] else 0.0 for m, f in zip(f1, figures, strict=True)],
+        ]
+        ax.bar([x - 0.2 for x in xs], f1, 0.4, yerr=err, capsize=4, label="mean F1 (95% CI)")
+        ax.bar([x + 0.2 for x in xs], [f["pass1"] or 0.0 for f in figures], 0.4, label="pass@1")
+        ax.set_xticks(list(xs), ["base", "SFT", "SFT+GRPO"])
+        ax.set_title(f"held-out, {family} tool families ({figures[0]['packages']} packages)")
+    axes[0].set_ylabel("score")
+    axes[1].legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+    tmp.replace(path)  # atomic: never a torn PNG
+    return path
+
+
 def _torch_threads() -> int:
     import torch
 
@@ -825,6 +860,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, help="Evaluation trials per held-out package.")
     parser.add_argument("--lr", type=float, help="GRPO learning rate.")
     parser.add_argument("--seed", type=int, help="Seed of the model, data order and evaluation.")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bench-learning.png",
+        help="Where to write the PNG plot of the held-out figures (default: %(default)s).",
+    )
     args = parser.parse_args(argv)
     name = "quick" if args.quick else "default"
     p = PROFILES[name]
@@ -845,6 +886,8 @@ def main(argv: list[str] | None = None) -> int:
         p = replace(p, k=p.trials)
     with arena_home(args.home, args.keep) as (home, run_demo):
         result = bench(p, name, home, run_demo, stop_stack=args.home is None and not args.keep)
+    result["plot"] = str(plot(result, args.plot.resolve()))
+    console.print(f"plot: {result['plot']}")
     print(json.dumps(result, indent=2))
     return 0
 

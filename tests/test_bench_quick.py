@@ -166,6 +166,7 @@ def _check_learning(r: dict[str, Any]) -> None:
         assert r["heldout_eval"][stage]["packages"] > 0, stage
     assert r["train"]["sft"]["steps"] > 0
     assert set(r["reward_ablation"]) >= {"f1", "recall", "precision"}
+    assert Path(r["plot"]).read_bytes().startswith(b"\x89PNG"), r["plot"]  # written under the run's TMPDIR
 
 
 def _keys(*names: str) -> frozenset[str]:

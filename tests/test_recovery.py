@@ -40,6 +40,28 @@ N_SERVERS = 300
 STAGES = ["--stage", "tools-servers", "--stage", "lake-sink"]
 
 
+def assert_restarted_exactly_once(
+    code: int | None, err: str, bootstrap: str, env: dict[str, str], n: int
+) -> None:
+    """The supervisor restarted a killed worker and ended cleanly; each of the n servers is out once."""
+    assert code == 0, err[-3000:]
+    assert "restarting" in err
+    # Kafka: every input produced exactly one committed output (aborted transactions are invisible).
+    outputs = read_all(bootstrap, "tools.servers")
+    names = sorted(json.loads(r.value)["name"] for r in outputs)
+    assert names == [f"svc{i:04d}" for i in range(n)]
+    # Lake: every server once (one query: each `arena lake query` starts a process).
+    counts = lake_json(
+        "select (select count(*) from tools_servers) as n,"
+        " (select count(distinct _key) from tools_servers) as keys,"
+        " (select count(distinct name) from tools_servers) as names,"
+        " (select count(*) from tools_raw) as raw_n,"
+        " (select count(distinct _key) from tools_raw) as raw_keys",
+        env,
+    )[0]
+    assert counts == {"n": n, "keys": n, "names": n, "raw_n": n, "raw_keys": n}
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -92,21 +114,7 @@ def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -
         finally:
             if sup.poll() is None:
                 sup.kill()
-        assert sup.returncode == 0, err[-3000:]
-        assert "restarting" in err
-
-        # Kafka: every input produced exactly one committed output (aborted transactions are invisible).
-        outputs = read_all(bootstrap, "tools.servers")
-        names = sorted(json.loads(r.value)["name"] for r in outputs)
-        assert names == [f"svc{i:04d}" for i in range(N_SERVERS)]
-        # Lake: every server once.
-        counts = lake_json(
-            "select count(*) as n, count(distinct _key) as keys, count(distinct name) as names from tools_servers",
-            env,
-        )[0]
-        assert counts == {"n": N_SERVERS, "keys": N_SERVERS, "names": N_SERVERS}
-        raw = lake_json("select count(*) as n, count(distinct _key) as keys from tools_raw", env)[0]
-        assert raw == {"n": N_SERVERS, "keys": N_SERVERS}
+        assert_restarted_exactly_once(sup.returncode, err, bootstrap, env, N_SERVERS)
 
 
 def _last_assignment(log: Path) -> set[int]:
@@ -180,20 +188,4 @@ def test_replicas_share_partitions_and_survive_kill9(tmp_path: Path) -> None:
         finally:
             if sup.poll() is None:
                 sup.kill()
-        assert sup.returncode == 0, err[-3000:]
-        assert "restarting" in err
-
-        # Kafka: every input produced exactly one committed output (aborted transactions are invisible).
-        outputs = read_all(bootstrap, "tools.servers")
-        names = sorted(json.loads(r.value)["name"] for r in outputs)
-        assert names == [f"svc{i:04d}" for i in range(n)]
-        # Lake: every server once (one query: each `arena lake query` starts a process).
-        counts = lake_json(
-            "select (select count(*) from tools_servers) as n,"
-            " (select count(distinct _key) from tools_servers) as keys,"
-            " (select count(distinct name) from tools_servers) as names,"
-            " (select count(*) from tools_raw) as raw_n,"
-            " (select count(distinct _key) from tools_raw) as raw_keys",
-            env,
-        )[0]
-        assert counts == {"n": n, "keys": n, "names": n, "raw_n": n, "raw_keys": n}
+        assert_restarted_exactly_once(sup.returncode, err, bootstrap, env, n)
