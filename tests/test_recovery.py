@@ -71,33 +71,32 @@ def wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-u
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    env = arena_env(home)
+def publish_servers(tmp_path: Path, env: dict[str, str], n: int) -> str:
+    """Publish n small tool docs to tools.raw; returns the broker's bootstrap address."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    for i in range(N_SERVERS):
+    for i in range(n):
         (docs / f"s{i:04d}.json").write_text(json.dumps(small_server(f"svc{i:04d}")))
+    run_arena(["publish", "tools", str(docs)], env)
+    return broker_of(Path(env["ARENA_HOME"]))
+
+
+def start_workers(env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    """The supervisor of the tools-servers and lake-sink workers, until the topics are drained."""
+    return subprocess.Popen(
+        [ARENA, "worker", *STAGES, *extra, "--until-drained", "--timeout", "300"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    env = arena_env(tmp_path / "home")
     with stack_stopped_after(env):
-        run_arena(["publish", "tools", str(docs)], env)
-        bootstrap = broker_of(home)
-        sup = subprocess.Popen(
-            [
-                ARENA,
-                "worker",
-                "--stage",
-                "tools-servers",
-                "--stage",
-                "lake-sink",
-                "--until-drained",
-                "--timeout",
-                "300",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        bootstrap = publish_servers(tmp_path, env, N_SERVERS)
+        sup = start_workers(env)
         try:
 
             def progress() -> int:
@@ -150,21 +149,10 @@ def test_replicas_share_partitions_and_survive_kill9(tmp_path: Path) -> None:
     n = 200
     home = tmp_path / "home"
     env = arena_env(home)
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    for i in range(n):
-        (docs / f"s{i:04d}.json").write_text(json.dumps(small_server(f"svc{i:04d}")))
     logs = [home / "logs" / "worker-tools-servers.log", home / "logs" / "worker-tools-servers-r1.log"]
     with stack_stopped_after(env):
-        run_arena(["publish", "tools", str(docs)], env)
-        bootstrap = broker_of(home)
-        sup = subprocess.Popen(
-            [ARENA, "worker", *STAGES, "--replicas", "2", "--until-drained", "--timeout", "300"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        bootstrap = publish_servers(tmp_path, env, n)
+        sup = start_workers(env, "--replicas", "2")
         try:
 
             def progress() -> int:
