@@ -458,7 +458,6 @@ def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *
 
     async def agent(stream: Any) -> None:
         gate.install(app.consumer)
-        exact_offset_marks(app.consumer)
         runner = OrderedRunner(
             app,
             stage,

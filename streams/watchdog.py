@@ -92,7 +92,6 @@ class StallWatchdog:
         consumer = self.app._consumer  # not ``app.consumer``: that would create it, from this thread
         if consumer is None:
             return
-        exact_offset_marks(consumer)
         reason = self.coordinator_dead(consumer) or self.commit_stuck(consumer)
         if reason:
             log.error("worker stalled (%s); exiting so that the supervisor restarts it", reason)
