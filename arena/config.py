@@ -417,6 +417,28 @@ class TrainSettings(Section):
             "mini-batch, strictly on-policy.",
         ),
     ]
+    max_off_policy_steps: Annotated[
+        int,
+        Field(
+            default=0,
+            ge=0,
+            le=8,
+            description="s: rollouts for step t use the weights of step t-1-s, so the next batch rolls out "
+            "while the current update runs (trainer.rollout_weights). 0 = strictly on-policy, no overlap "
+            "(ASTRA); > 0 adds the truncated importance-sampling correction (is_cap) and s+1 copies of "
+            "the weights in host memory.",
+        ),
+    ]
+    is_cap: Annotated[
+        float,
+        Field(
+            default=2.0,
+            ge=1,
+            le=100,
+            description="With max_off_policy_steps > 0: cap C of the per-token importance weight "
+            "pi_prox / pi_behaviour (truncated IS, as verl's rollout correction).",
+        ),
+    ]
     micro_batch: Annotated[
         int, Field(default=4, ge=1, le=4096, description="Sequences per forward/backward pass.")
     ]

@@ -261,3 +261,52 @@ def test_micro_batches_without_global_norm_would_differ() -> None:
         policy_loss(model(x[p], actions[p]), old[p], adv[p], mask[p])[0].item() for p in micro_batches(7, 3)
     )
     assert abs(local - full.item()) > 1e-3
+
+
+# ---------------------------------------------------------------- off-policy (lagged rollouts)
+
+
+def test_truncated_importance_weights_hand_computed() -> None:
+    # One sequence of 3 tokens, advantage +1. Current (= proximal) log-probs ln 0.5, ln 0.2, ln 0.4;
+    # behaviour (stale rollout weights) ln 0.25, ln 0.4, ln 0.1: weights pi_prox / pi_behaviour =
+    # 2, 0.5, 4 -> capped at 3: 2, 0.5, 3. With one optimizer step the ratio to the proximal policy
+    # is 1 (clip inactive), so token-mean loss = -(2 + 0.5 + 3) / 3, and d loss / d logp_t = -w_t / 3.
+    current = torch.log(torch.tensor([[0.5, 0.2, 0.4]])).requires_grad_(True)
+    behaviour = torch.log(torch.tensor([[0.25, 0.4, 0.1]]))
+    mask = torch.ones(1, 3)
+    loss, metrics = policy_loss(current, behaviour, torch.tensor([1.0]), mask, is_cap=3.0)
+    assert loss.item() == pytest.approx(-(2 + 0.5 + 3) / 3, rel=1e-6)
+    loss.backward()
+    assert current.grad is not None
+    torch.testing.assert_close(current.grad, torch.tensor([[-2 / 3, -0.5 / 3, -3 / 3]]))
+    assert metrics["is_weight_mean"] == pytest.approx((2 + 0.5 + 3) / 3, rel=1e-6)
+    assert metrics["is_truncated_frac"] == pytest.approx(1 / 3)
+    assert metrics["clip_frac"] == 0.0 and metrics["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_off_policy_ratio_is_against_the_proximal_policy() -> None:
+    # Two optimizer steps per batch: the second mini-batch's ratio is pi / pi_prox (weights at the
+    # update's start), clipped at 1 + 0.2, while the behaviour gap only sets the weight.
+    # pi = 0.9, prox = 0.6 -> ratio 1.5 -> clipped 1.2; behaviour 0.3 -> weight 2 (cap 5).
+    # Advantage +1: loss = max(-1.5, -1.2) * 2 = -2.4, and the clipped token gets no gradient.
+    current = torch.log(torch.tensor([[0.9]])).requires_grad_(True)
+    prox = torch.log(torch.tensor([[0.6]]))
+    behaviour = torch.log(torch.tensor([[0.3]]))
+    loss, metrics = policy_loss(
+        current, behaviour, torch.tensor([1.0]), torch.ones(1, 1), is_cap=5.0, prox_logprobs=prox
+    )
+    assert loss.item() == pytest.approx(-2.4, rel=1e-5)
+    loss.backward()
+    assert current.grad is not None and current.grad.abs().sum().item() == 0.0
+    assert metrics["clip_frac"] == 1.0 and metrics["is_weight_mean"] == pytest.approx(2.0, rel=1e-5)
+
+
+def test_on_policy_weights_are_one_and_cap_below_one_is_refused() -> None:
+    # Fresh rollouts (behaviour = current): the off-policy loss equals the on-policy one.
+    logp = torch.log(torch.tensor([[0.3, 0.6], [0.5, 0.5]]))
+    adv, mask = torch.tensor([1.0, -1.0]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    on, _ = policy_loss(logp, logp, adv, mask)
+    off, metrics = policy_loss(logp, logp, adv, mask, is_cap=2.0)
+    assert off.item() == pytest.approx(on.item()) and metrics["is_weight_mean"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="is_cap"):
+        policy_loss(logp, logp, adv, mask, is_cap=0.5)

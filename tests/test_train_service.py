@@ -51,22 +51,27 @@ def _train_env(demo: Demo) -> dict[str, str]:
     }
 
 
-def _lake(demo: Demo) -> Path:
-    return demo.home / "lake" / "trainer" / RUN
+def _lake(demo: Demo, run: str = RUN) -> Path:
+    return demo.home / "lake" / "trainer" / run
 
 
-def _steps(demo: Demo) -> list[dict]:
-    folder = _lake(demo) / "steps"
+def _steps(demo: Demo, run: str = RUN) -> list[dict]:
+    folder = _lake(demo, run) / "steps"
     return [json.loads(p.read_text()) for p in sorted(folder.glob("step-*.json"))]
 
 
-def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> None:
-    env = _train_env(demo_run)
+@pytest.mark.parametrize("lag", [0, 1], ids=["on-policy", "overlapped"])
+def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo, lag: int) -> None:
+    """lag 1 (``max_off_policy_steps``): the next batch rolls out during each update, so the kill
+    lands with samples taken for a step that never trained; the checkpoint's offsets stop before
+    them, and it carries the lagged rollout weights, so the resumed run stays one update behind."""
+    run = RUN if lag == 0 else f"{RUN}-lag{lag}"
+    env = _train_env(demo_run) | {"ARENA_TRAIN__RUN": run, "ARENA_TRAIN__MAX_OFF_POLICY_STEPS": str(lag)}
     argv = [ARENA, "train", "--tiny", "--until-drained"]
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    states = _lake(demo_run) / "state"
+    states = _lake(demo_run, run) / "state"
     try:
         deadline = time.monotonic() + 400
         # Kill once a full state exists and at least one step after it has been recorded.
@@ -74,7 +79,7 @@ def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> No
             assert proc.poll() is None, f"trainer exited early:\n{proc.communicate()[0][-4000:]}"
             assert time.monotonic() < deadline, "no training state after 400 s"
             saved = sorted(states.glob("step-*.pt")) if states.is_dir() else []
-            if saved and len(_steps(demo_run)) > int(saved[-1].stem.split("-")[1]):
+            if saved and len(_steps(demo_run, run)) > int(saved[-1].stem.split("-")[1]):
                 break
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -82,12 +87,12 @@ def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> No
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    steps_at_kill = len(_steps(demo_run))
+    steps_at_kill = len(_steps(demo_run, run))
 
     out = run_arena(["train", "--tiny", "--until-drained"], env, timeout=900)
     assert "resumed" in out.stdout, out.stdout[-3000:]
 
-    records = _steps(demo_run)
+    records = _steps(demo_run, run)
     assert [r["step"] for r in records] == list(range(1, len(records) + 1))
     assert len(records) >= steps_at_kill
     consumed = Counter(i for r in records for i in r["consumed"])
@@ -114,9 +119,9 @@ def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> No
 
     # Decoupled checkpoints: at most 2 full states, weights folders on their cadence, catalog rows.
     assert 1 <= len(list(states.glob("step-*.pt"))) <= 2
-    weights = sorted(p.name for p in (_lake(demo_run) / "weights").iterdir())
+    weights = sorted(p.name for p in (_lake(demo_run, run) / "weights").iterdir())
     assert "step-00000003" in weights
-    metrics = [v for v in values(demo_run.bootstrap, "trainer.metrics") if v["run_id"] == RUN]
+    metrics = [v for v in values(demo_run.bootstrap, "trainer.metrics") if v["run_id"] == run]
     assert {m["step"] for m in metrics} == {r["step"] for r in records}
     grpo_metric = next(m for m in metrics if m["metrics"]["phase_grpo"] == 1.0)
     for key in ("reward_mean", "reward_std", "fill_ratio", "loss", "step_s", "turns_mean", "tool_calls_mean"):
@@ -126,10 +131,10 @@ def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> No
 
     # What the policy was paid for can be audited: every GRPO step recorded its QA rollouts, and
     # `arena reward score` on them gives the rewards the service trained on.
-    logs = sorted((_lake(demo_run) / "rollouts").glob("step-*.jsonl"))
+    logs = sorted((_lake(demo_run, run) / "rollouts").glob("step-*.jsonl"))
     assert {int(p.stem.split("-")[1]) for p in logs} <= {r["step"] for r in grpo_steps} and logs
     recorded = [json.loads(line) for p in logs for line in p.read_text().splitlines()]
-    joined = demo_run.home / "recorded.jsonl"
+    joined = demo_run.home / f"recorded-{run}.jsonl"
     joined.write_text("".join(json.dumps(line) + "\n" for line in recorded))
     rescored = [
         json.loads(line) for line in run_arena(["reward", "score", str(joined)], env).stdout.splitlines()
@@ -138,3 +143,15 @@ def test_train_killed_and_resumed_trains_every_sample_once(demo_run: Demo) -> No
     for line, again in zip(recorded, rescored, strict=True):
         assert again["f1"] == pytest.approx(line["reward"]), line["sample_id"]
         assert (again["solved"], again["calls"]) == (line["reward_parts"]["n_hat"], line["reward_parts"]["c"])
+
+    # Staleness: on-policy rollouts are fresh (a group the buffer carried is one step old); lagged
+    # ones are one update behind from the second GRPO step on, after the resume as well.
+    stale = [r["metrics"]["staleness_mean"] for r in grpo_steps if "staleness_mean" in r["metrics"]]
+    assert len(stale) == len(grpo_steps)
+    if lag == 0:
+        assert stale[0] == 0.0 and all(s <= 1.0 for s in stale)
+        assert not any(r["metrics"]["rollout_overlapped"] for r in grpo_steps)
+    else:
+        assert stale[0] == 0.0 and all(1.0 <= s <= 2.0 for s in stale[1:]), stale
+        assert all("is_weight_mean" in r["metrics"] for r in grpo_steps)
+        assert any(r["metrics"]["rollout_overlapped"] for r in grpo_steps)

@@ -37,6 +37,14 @@ class Group(BaseModel):
         Field(description="opaque, JSON-able rollouts (token ids, masks, rollout log-probs)"),
     ]
     born_step: Annotated[int, Field(description="training step at which it was rolled out (staleness)")] = 0
+    behaviour_step: Annotated[
+        int | None,
+        Field(
+            description="training step whose weights generated the rollouts (the behaviour policy): the "
+            "step before born_step on-policy, older when rollouts lag the update; None in states written "
+            "before it was recorded"
+        ),
+    ] = None
 
 
 class AddOutcome(BaseModel):

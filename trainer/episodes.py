@@ -142,9 +142,12 @@ class Episodes:
         return {"package": package, "extras": extras, "tools": tools}
 
     async def groups(
-        self, samples: list[VerifiedSample], *, step: int, round_: int
+        self, samples: list[VerifiedSample], *, step: int, round_: int, behaviour_step: int | None = None
     ) -> tuple[list[Group], dict[str, str]]:
         """One group of G trajectories per usable sample, and why the others were skipped.
+
+        ``behaviour_step``: the training step whose weights the rollout backend holds (recorded on
+        each group, for the update's staleness figures; default: the step before ``step``).
 
         Every rollout of the round -- G per sample, all samples -- is one lockstep batch
         (``rollout_batch``): each turn of all of them is one batched generate call.
@@ -192,6 +195,7 @@ class Episodes:
                     rewards=[t.reward for t in mine],
                     rollouts=[t.model_dump(include=set(KEEP)) for t in mine],
                     born_step=step,
+                    behaviour_step=step - 1 if behaviour_step is None else behaviour_step,
                 )
             )
         return groups, skipped

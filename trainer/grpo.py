@@ -12,6 +12,10 @@ tensors (tests/test_verl_parity.py):
   * "group-token-mean" (eq. 32 read per group): mean over groups of (group's token-loss sum / its tokens);
   * "seq-mean-token-mean": mean over sequences of each sequence's token mean.
 
+Off-policy rollouts (``max_off_policy_steps`` > 0, rollouts overlapping the update): ``is_cap`` turns on
+the decoupled objective (clip around the proximal policy, tokens weighted by the truncated importance
+weight pi_prox / pi_behaviour); without it the loss is exactly the on-policy one above.
+
 Micro-batching: the denominators come from ``LossNorm``, computed once on the whole batch, so the losses
 of the micro-batches add up to the full-batch loss, and so do their gradients (as verl's
 ``global_batch_info``). Without a norm, the call's own batch is the whole batch.
@@ -113,18 +117,34 @@ def policy_loss(
     agg: LossAggMode = "token-mean",
     group_ids: Sequence[GroupId] | None = None,
     norm: LossNorm | None = None,
+    is_cap: float | None = None,
+    prox_logprobs: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped-ratio GRPO loss (to minimise) of a batch or micro-batch, and its metrics.
 
     logprobs, old_logprobs, mask: [B, T]; advantages: [B] (one per trajectory) or [B, T].
     ``norm``: the whole batch's denominators when this is a micro-batch (``loss_norm`` of the full mask);
     None means this call's batch is the whole batch. Metrics are over this call's tokens.
+
+    Off-policy rollouts (``is_cap`` set; ``old_logprobs`` are then the behaviour policy's, the stale
+    weights that generated the tokens): the decoupled objective of AReaL (Fu et al. 2025). The ratio
+    is taken against the proximal policy ``prox_logprobs`` (the weights at the start of this update;
+    default ``logprobs.detach()``, exact for one optimizer step per batch) and each token's loss is
+    weighted by the truncated importance weight min(pi_prox / pi_behaviour, is_cap), no gradient.
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    if is_cap is not None and is_cap < 1.0:
+        raise ValueError(f"is_cap must be >= 1, got {is_cap}")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.expand_as(logprobs)
+    weight: Tensor | None = None
+    if is_cap is not None:
+        prox = logprobs.detach() if prox_logprobs is None else prox_logprobs
+        behaviour_gap = torch.clamp(prox - old_logprobs, min=-LOG_RATIO_LIMIT, max=LOG_RATIO_LIMIT)
+        weight = torch.exp(behaviour_gap).clamp(max=is_cap)
+        old_logprobs = prox
     log_ratio = torch.clamp(logprobs - old_logprobs, min=-LOG_RATIO_LIMIT, max=LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -136,6 +156,8 @@ def policy_loss(
         bound = -advantages * dual_clip
         dual_clipped = (advantages < 0) & (token_loss > bound)
         token_loss = torch.where(advantages < 0, torch.minimum(token_loss, bound), token_loss)
+    if weight is not None:
+        token_loss = token_loss * weight
     live = mask.bool()
     # where() first (as verl masked_sum), so NaN/inf in padded positions cannot leak into the sum.
     token_loss = torch.where(live, token_loss, torch.zeros_like(token_loss)) * mask
@@ -146,6 +168,9 @@ def policy_loss(
         "approx_kl": _masked_mean(-log_ratio.detach(), mask),
         "ratio_mean": _masked_mean(ratio.detach(), mask),
     }
+    if weight is not None and is_cap is not None:
+        metrics["is_weight_mean"] = _masked_mean(weight, mask)
+        metrics["is_truncated_frac"] = _masked_mean(torch.ge(weight, is_cap).float(), mask)
     return loss, metrics
 
 

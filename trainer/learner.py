@@ -6,6 +6,11 @@ optimisation problem; SFT's moments would only bias it). After every GRPO
 update the rollout backend gets the new weights (a no-op for the ``hf``
 backend, which generates with the trained module itself).
 
+With ``max_off_policy_steps`` = s > 0 the HF backend generates with a copy of the module instead, and
+``rollout_weights`` (``trainer.rollout_weights.LaggedWeights``) keeps that copy (or the vLLM engine)
+s steps behind, so the service can roll the next batch out while an update runs; the update then
+corrects the stale rollouts with truncated importance weights (``is_cap``).
+
 ``frozen_backend`` / ``load_frozen`` give a generation-only copy of the policy (no gradients, never
 synced): the SFT-tuned user simulator of interactive GRPO rollouts, which GRPO must not change.
 """
@@ -34,6 +39,8 @@ from trainer.policy import (
     stop_ids_of,
 )
 from trainer.policy_update import grpo_update
+from trainer.response_logprobs import response_logprobs
+from trainer.rollout_weights import LaggedWeights
 from trainer.sft import SftExample, cosine_schedule, sft_loss_backward
 
 Phase = Literal["sft", "grpo"]
@@ -59,6 +66,10 @@ class Learner:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         self.optimizer: AdamW | None = None
         self.scheduler: LambdaLR | None = None
+        self.rollout_weights: LaggedWeights | None = None
+        """Set when rollouts may lag the update (``max_off_policy_steps`` > 0)."""
+        if cfg.max_off_policy_steps > 0:
+            self.rollout_weights = LaggedWeights(backend, cfg.max_off_policy_steps, _staging(backend, model))
 
     @classmethod
     def load(cls, folder: Path, cfg: TrainSettings) -> Learner:
@@ -72,9 +83,30 @@ class Learner:
             from trainer.policy import VllmBackend
 
             backend = VllmBackend(str(folder))
+        elif cfg.max_off_policy_steps > 0:  # rollouts overlap updates: they need weights of their own
+            backend = _frozen(copy.deepcopy(model), tokenizer, precision)
         else:
             backend = HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer), precision=precision)
         return cls(model, tokenizer, cfg, backend, precision)
+
+    def start_rollouts(self, step: int) -> None:
+        """GRPO starts at ``step``: the rollout backend gets the current weights (after SFT)."""
+        if self.rollout_weights is not None:
+            self.rollout_weights.reset(step, self.model)
+        else:
+            self.backend.load_weights(self.model)
+
+    def behaviour_step(self, step: int, current: int) -> int:
+        """Before the rollouts for training step ``step`` (``current``: the last step trained): put
+        the rollout backend on the weights they must use and return whose those are."""
+        if self.rollout_weights is None:
+            return current
+        return self.rollout_weights.sync_for(step)
+
+    def push_weights(self, step: int) -> None:
+        """After step ``step``'s update: keep its weights for the lagged rollouts (no-op on-policy)."""
+        if self.rollout_weights is not None:
+            self.rollout_weights.push(step, self.model)
 
     def frozen_backend(self) -> HfBackend:
         """A generation-only HF backend on a copy of the current weights (GRPO updates never reach it).
@@ -122,10 +154,18 @@ class Learner:
 
         With one mini-batch (the default) the update is strictly on-policy; with more, later
         mini-batches are off-policy by the earlier steps and the clipped ratio corrects them.
+        Lagged rollouts (``rollout_weights``): the decoupled, importance-weighted loss, and no sync
+        here -- the service pushes the new weights, which reach the rollouts s steps later.
         """
         parts = [list(groups[i :: self.cfg.mini_batches]) for i in range(self.cfg.mini_batches)]
+        lagged = self.rollout_weights is not None
+        # Off-policy: every mini-batch's ratio is against the weights at the start of the update.
+        proximal = self._proximal(groups) if lagged and self.cfg.mini_batches > 1 else None
         totals: dict[str, float] = {}
         for part in (p for p in parts if p):
+            prox = None
+            if proximal is not None:
+                prox = [row for g in part for row in proximal[id(g)]]
             with autocast(self.device, self.precision):
                 metrics = grpo_update(
                     self.model,
@@ -136,30 +176,73 @@ class Learner:
                     clip_high=self.cfg.clip_high,
                     agg=self.cfg.loss_agg,
                     adv_std=self.cfg.adv_std,
+                    is_cap=self.cfg.is_cap if lagged else None,
+                    prox=prox,
                 )
             metrics["lr"] = self.optimizer_step()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
         steps = sum(1 for p in parts if p)
         averaged = {k: v / steps for k, v in totals.items() if k not in ("sequences", "response_tokens")}
-        self.backend.load_weights(self.model)
+        if not lagged:  # lagged rollouts get these weights s steps later (push_weights)
+            self.backend.load_weights(self.model)
         return averaged | {k: totals[k] for k in ("sequences", "response_tokens") if k in totals}
+
+    def _proximal(self, groups: Sequence[Group]) -> dict[int, list[list[float]]]:
+        """Per group (by ``id``), each rollout's response log-probs under the current weights, no gradient."""
+        rows = [(id(g), r) for g in groups for r in g.rollouts]
+        out: dict[int, list[list[float]]] = {id(g): [] for g in groups}
+        micro = self.cfg.micro_batch
+        with torch.no_grad(), autocast(self.device, self.precision):
+            for start in range(0, len(rows), micro):
+                chunk = rows[start : start + micro]
+                values = response_logprobs(
+                    self.model,
+                    [list(r["prompt_ids"]) for _, r in chunk],
+                    [list(r["response_ids"]) for _, r in chunk],
+                    self.pad_id,
+                )
+                for (gid, r), row in zip(chunk, values.tolist(), strict=True):
+                    out[gid].append(row[: len(r["response_ids"])])
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         assert self.optimizer is not None and self.scheduler is not None
-        return {
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
+        if self.rollout_weights is not None and (rollout := self.rollout_weights.state_dict()) is not None:
+            state["rollout_weights"] = rollout
+        return state
 
     def load_state(self, state: dict[str, Any], phase: Phase) -> None:
+        """Restore a training state; in GRPO the rollout backend gets the weights it was using."""
         self.model.load_state_dict(state["model"])
         self.new_optimizer(phase)
         assert self.optimizer is not None and self.scheduler is not None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.backend.load_weights(self.model)
+        rollout = state.get("rollout_weights")
+        if self.rollout_weights is None or phase != "grpo":
+            self.backend.load_weights(self.model)
+        elif rollout is not None and int(rollout["lag"]) == self.rollout_weights.lag:
+            self.rollout_weights.load_state_dict(rollout)
+        else:  # written on-policy or with another lag: the lag restarts from these weights
+            self.rollout_weights.reset(int(state.get("step", 0)), self.model)
+
+
+def _staging(backend: RolloutBackend, model: Any) -> torch.nn.Module:
+    """Where lagged weights are loaded before a sync: the HF rollout copy itself, else a host copy."""
+    if isinstance(backend, HfBackend):
+        if backend.model is model:
+            raise ValueError(
+                "max_off_policy_steps > 0 needs a rollout backend with its own weights, not the trained module"
+            )
+        staging: torch.nn.Module = backend.model
+        return staging
+    return copy.deepcopy(model).to("cpu")
 
 
 def _frozen(model: Any, tokenizer: Any, precision: Precision) -> HfBackend:

@@ -43,8 +43,14 @@ def grpo_update(
     clip_high: float,
     agg: Any,
     adv_std: Any,
+    is_cap: float | None = None,
+    prox: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, float]:
-    """Backward of the GRPO loss over ``groups`` (the caller steps the optimizer); returns metrics."""
+    """Backward of the GRPO loss over ``groups`` (the caller steps the optimizer); returns metrics.
+
+    ``is_cap``: the rollouts may be off-policy; the decoupled, importance-weighted loss
+    (``trainer.grpo.policy_loss``) with ``prox`` as the proximal log-probs per row (None: the
+    current weights', exact when this is the update's only optimizer step)."""
     rows, group_ids = _rows(groups)
     rewards = torch.tensor([float(r["reward"]) for r in rows])
     advantages = group_advantages(rewards, group_ids, std=adv_std)
@@ -56,12 +62,16 @@ def grpo_update(
     norm = loss_norm(full_mask, group_ids, agg)
     loss_total = 0.0
     clip_frac = 0.0
+    is_stats: dict[str, float] = {}
     for part in micro_batches(len(rows), micro):
         idx = list(range(len(rows)))[part]
         logprobs = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], pad_id)
         width = logprobs.shape[1]
         mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in idx], dtype=torch.float32)
         old = torch.tensor([olds[i] + [0.0] * (width - len(olds[i])) for i in idx])
+        proximal = None
+        if prox is not None:
+            proximal = torch.tensor([list(prox[i]) + [0.0] * (width - len(prox[i])) for i in idx])
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -72,11 +82,16 @@ def grpo_update(
             agg=agg,
             group_ids=[group_ids[i] for i in idx],
             norm=norm,
+            is_cap=is_cap,
+            prox_logprobs=proximal,
         )
         loss.backward()
         loss_total += float(loss.detach())
         clip_frac += float(stats.get("clip_frac", 0.0)) * len(idx) / len(rows)
-    return {
+        for key in ("is_weight_mean", "is_truncated_frac"):
+            if key in stats:
+                is_stats[key] = is_stats.get(key, 0.0) + stats[key] * len(idx) / len(rows)
+    return is_stats | {
         "loss": loss_total,
         "clip_frac": clip_frac,
         "adv_abs_mean": float(advantages.abs().mean()),

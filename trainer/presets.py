@@ -25,6 +25,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr": 2e-6,
         "batch_groups": 256,
         "mini_batches": 1,
+        "max_off_policy_steps": 0,  # strictly on-policy: no rollout overlaps an update
         "group_size": 8,
         "delta": 0.0,
         "loss_agg": "token-mean",

@@ -200,10 +200,13 @@ class SampleSource(Generic[T]):
             else:
                 await self._consumer.seek_to_beginning(tp)
 
-    async def commit(self) -> None:
-        """Tell the consumer group how far training got (for `arena lag`; restarts use the checkpoint)."""
-        if self._consumer is None or not self._next:
+    async def commit(self, offsets: dict[int, int] | None = None) -> None:
+        """Tell the consumer group how far training got (for `arena lag`; restarts use the checkpoint):
+        ``offsets`` (a checkpoint's, behind samples already taken for a later step), else ``offsets``
+        of everything taken."""
+        offsets = self._next if offsets is None else offsets
+        if self._consumer is None or not offsets:
             return
         await self._consumer.commit(
-            {TopicPartition(self.name, p): OffsetAndMetadata(o, "") for p, o in self._next.items()}
+            {TopicPartition(self.name, p): OffsetAndMetadata(o, "") for p, o in offsets.items()}
         )

@@ -16,6 +16,11 @@ then GRPO for as long as the service runs. Each step:
 3. writes a step record (what it consumed, trained, filtered, dropped),
    publishes metrics, and saves weights / the full state on their cadence.
 
+With ``max_off_policy_steps`` = s > 0 the rollout rounds of step t+1 run while
+step t's update does, on the weights of step t-s (``trainer.rollout_weights``);
+step t's record and checkpoint hold the offsets, batch buffer and RNG as step t's
+own rounds left them, so the prefetched samples are rolled out again on resume.
+
 On start the newest full state is loaded and both sources seek to its
 offsets; step records and checkpoints after it are deleted, so a run killed
 with ``kill -9`` redoes the lost steps and every consumed sample ends up in
@@ -34,12 +39,14 @@ reloads the same user; every GRPO step's metrics say which user it had.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import shutil
 import signal
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -112,6 +119,34 @@ class NoCheckpoint(Exception):
     """``--resume`` was asked for but the run has no full state yet."""
 
 
+@dataclass
+class StepView:
+    """What a step's checkpoint and record hold: the sources' offsets, the batch buffer and the RNG
+    as that step left them (with rollouts of the next step overlapping it, not the live ones)."""
+
+    offsets: dict[str, dict[int, int]]
+    filler: dict[str, Any]
+    rng: dict[str, Any]
+
+
+@dataclass
+class Fill:
+    """The rollout rounds of one GRPO step."""
+
+    step: int
+    at_start: StepView
+    consumed: list[str] = field(default_factory=list)
+    filtered: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    rolled: list[Group] = field(default_factory=list)
+    recorded: list[dict[str, Any]] = field(default_factory=list)
+    drained: bool = False
+    rounds: int = 0
+    rollout_s: float = 0.0
+    overlapped: bool = False
+    at_end: StepView | None = None
+
+
 class TrainerService:
     """Owns the model, optimizer, sources and checkpoints of one run."""
 
@@ -137,6 +172,8 @@ class TrainerService:
         self.learner: Learner | None = None
         self.episodes: Episodes | None = None
         self.sources: dict[str, SampleSource[Any]] = {}
+        self._prefetch: asyncio.Task[Fill] | None = None
+        """The next GRPO step's rollout rounds, running during this step's update (s > 0)."""
 
     # --- set-up -----------------------------------------------------------
     @staticmethod
@@ -162,6 +199,7 @@ class TrainerService:
         if state_step is None:
             self.learner.new_optimizer(self.phase)
             if self.phase == "grpo":  # no SFT phase: GRPO starts now
+                self.learner.start_rollouts(self.step)
                 self._start_user_simulator()
             return {}
         state = self.checkpoints.load_state(state_step)
@@ -234,6 +272,10 @@ class TrainerService:
             await self._loop()
             status = "succeeded"
         finally:
+            if self._prefetch is not None:  # an error ended the loop while the next step rolled out
+                self._prefetch.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._prefetch
             if status == "succeeded" or self.stop.is_set():
                 await self._checkpoint(force=True)
             for source in self.sources.values():
@@ -256,12 +298,17 @@ class TrainerService:
                     await self._enter_grpo()
                 continue
             if not await self._grpo_step():
-                return  # drained
+                break  # drained
+        if self._prefetch is not None:  # stopping: the next step's rounds are no step
+            fill = await self._prefetch
+            self._prefetch = None
+            await self._abandon_step(fill)
 
     async def _enter_grpo(self) -> None:
         assert self.learner is not None
         self.phase = "grpo"
         self.learner.new_optimizer("grpo")
+        self.learner.start_rollouts(self.step)
         self.console.print(
             f"[cyan]SFT done[/cyan] after {self.sft_step} steps; GRPO from step {self.step + 1}"
         )
@@ -368,96 +415,121 @@ class TrainerService:
         ``final_short_batch`` they are trained as a short step; without it, or on a stop signal,
         the step is abandoned -- nothing trained, no step counted, the filler and offsets put back
         as the step found them -- so the samples are rolled out again when the run resumes.
+        With ``max_off_policy_steps`` > 0 the next step's rounds start as this step's update does.
         """
-        assert self.learner is not None and self.episodes is not None
-        learner, episodes, filler = self.learner, self.episodes, self.filler
-        source = self.sources["samples.verified"]
-        at_start = (filler.state_dict(), source.offsets, _rng_state())
+        assert self.learner is not None
+        learner, filler = self.learner, self.filler
         started = time.perf_counter()
-        consumed: list[str] = []
-        filtered: list[str] = []
-        skipped: dict[str, str] = {}
-        rolled: list[Group] = []
-        drained = False
-        rounds = 0
-        rollout_s = 0.0
-        while not filler.ready() and not self.stop.is_set():
-            taken: list[Taken[VerifiedSample]] = await source.take(
-                self.cfg.batch_groups, wait_s=self.options.wait_s
-            )
-            if not taken:
-                if self.options.until_drained and await source.pending() == 0:
-                    drained = True
-                    break
-                continue
-            consumed += [t.record.sample_id for t in taken]
-            rounds += 1
-            t0 = time.perf_counter()
-            groups, why = await episodes.groups([t.record for t in taken], step=self.step + 1, round_=rounds)
-            rollout_s += time.perf_counter() - t0
-            skipped.update(why)
-            rolled += groups
-            filtered += [g.sample_id for g in groups if not is_valid(g, filler.delta)]
-            filler.add(groups)
-        short = not filler.ready() and drained and bool(filler.buffer) and self.cfg.final_short_batch
+        if self._prefetch is not None:
+            fill = await self._prefetch
+            self._prefetch = None
+        else:
+            fill = await self._fill(self.step + 1)
+        short = not filler.ready() and fill.drained and bool(filler.buffer) and self.cfg.final_short_batch
         if not filler.ready() and not short:
-            await self._abandon_step(at_start, consumed, len(filler.buffer))
+            await self._abandon_step(fill)
             return False
         waiting = [g.sample_id for g in filler.buffer]
         batch = filler.take_short() if short else filler.take()
         trained = [g.sample_id for g in batch]
         carried = {g.sample_id for g in filler.buffer}
         dropped = [i for i in waiting if i not in set(trained) and i not in carried]
+        assert fill.at_end is not None
+        view = StepView(fill.at_end.offsets, filler.state_dict(), fill.at_end.rng)
+        if self._overlap_next(fill):
+            self._prefetch = asyncio.create_task(self._fill(self.step + 2, overlapped=True))
         t1 = time.perf_counter()
         update: dict[str, float] = {}
         if batch:
             update = await asyncio.to_thread(learner.grpo_step, batch)
+            await asyncio.to_thread(learner.push_weights, self.step + 1)
         update_s = time.perf_counter() - t1
         self.step += 1
-        recorded = episodes.take_recorded()
-        if recorded:  # what the policy was paid for, rescorable with `arena reward score`
+        if fill.recorded:  # what the policy was paid for, rescorable with `arena reward score`
             await asyncio.to_thread(
-                save_rollouts, self.checkpoints.store, self.checkpoints.prefix, self.step, recorded
+                save_rollouts, self.checkpoints.store, self.checkpoints.prefix, self.step, fill.recorded
             )
-        fill = filler.last
-        metrics = _rollout_metrics(rolled) | update | self._user_sim_metrics()
+        last = filler.last
+        metrics = _rollout_metrics(fill.rolled) | update | self._user_sim_metrics()
+        metrics |= _staleness(batch, self.step)
         metrics |= {
             "short_batch": float(short),
-            "fill_ratio": filler.fill_ratio(),
-            "valid_ratio": filler.valid_ratio(),
-            "groups_trained": float(fill.trained_groups),
-            "groups_dropped": float(fill.dropped_groups),
-            "groups_carried": float(len(filler.buffer)),
-            "shortfall": float(fill.shortfall),
-            "rounds": float(fill.rounds),
-            "rollout_s": rollout_s,
+            "fill_ratio": last.fill_ratio,
+            "valid_ratio": last.valid_ratio,
+            "groups_trained": float(last.trained_groups),
+            "groups_dropped": float(last.dropped_groups),
+            "groups_carried": float(len(view.filler["buffer"])),
+            "shortfall": float(last.shortfall),
+            "rounds": float(last.rounds),
+            "rollout_s": fill.rollout_s,
+            "rollout_overlapped": float(fill.overlapped),
             "update_s": update_s,
             "step_s": time.perf_counter() - started,
         }
-        await self._finish_step("grpo", consumed, trained, metrics, filtered, dropped, skipped)
-        return not drained
+        await self._finish_step(
+            "grpo", fill.consumed, trained, metrics, fill.filtered, dropped, fill.skipped, view=view
+        )
+        return not fill.drained
 
-    async def _abandon_step(
-        self,
-        at_start: tuple[dict[str, Any], dict[int, int], dict[str, Any]],
-        consumed: list[str],
-        waiting: int,
-    ) -> None:
+    def _overlap_next(self, fill: Fill) -> bool:
+        """Whether the next step's rounds start now, during this step's update: rollouts may lag
+        (s > 0), and that step will run (no stop, not drained, within ``--steps``)."""
+        if self.cfg.max_off_policy_steps == 0 or fill.drained or self.stop.is_set():
+            return False
+        return self.options.steps is None or self.step + 2 <= self.options.steps
+
+    async def _fill(self, step: int, *, overlapped: bool = False) -> Fill:
+        """Rollout rounds for training step ``step`` until the filler holds n valid groups, the run
+        stops, or (``--until-drained``) the topic is dry."""
+        assert self.learner is not None and self.episodes is not None
+        episodes, filler = self.episodes, self.filler
+        source = self.sources["samples.verified"]
+        behaviour = await asyncio.to_thread(self.learner.behaviour_step, step, self.step)
+        fill = Fill(step, self._view(), overlapped=overlapped)
+        while not filler.ready() and not self.stop.is_set():
+            taken: list[Taken[VerifiedSample]] = await source.take(
+                self.cfg.batch_groups, wait_s=self.options.wait_s
+            )
+            if not taken:
+                if self.options.until_drained and await source.pending() == 0:
+                    fill.drained = True
+                    break
+                continue
+            fill.consumed += [t.record.sample_id for t in taken]
+            fill.rounds += 1
+            t0 = time.perf_counter()
+            groups, why = await episodes.groups(
+                [t.record for t in taken], step=step, round_=fill.rounds, behaviour_step=behaviour
+            )
+            fill.rollout_s += time.perf_counter() - t0
+            fill.skipped.update(why)
+            fill.rolled += groups
+            fill.filtered += [g.sample_id for g in groups if not is_valid(g, filler.delta)]
+            filler.add(groups)
+        fill.recorded = episodes.take_recorded()
+        fill.at_end = self._view()
+        return fill
+
+    async def _abandon_step(self, fill: Fill) -> None:
         """A step that cannot fill (stop signal, or drained without ``final_short_batch``) is no step:
         the filler, the source position and the RNG go back to where the step began, so the state
         saved at exit holds none of it and a resumed run rolls the same samples out again."""
-        assert self.episodes is not None
-        filler_state, offsets, rng = at_start
-        self.filler.load_state_dict(filler_state)
-        await self.sources["samples.verified"].rewind(offsets)
-        _set_rng(rng)
-        self.episodes.take_recorded()  # rollouts of a step that is not one are not recorded
+        waiting = len(self.filler.buffer)
+        start = fill.at_start
+        self.filler.load_state_dict(start.filler)
+        await self.sources["samples.verified"].rewind(start.offsets["samples.verified"])
+        _set_rng(start.rng)
         why = "stopping" if self.stop.is_set() else "samples.verified is drained"
         self.console.print(
             f"[yellow]{why}[/yellow]: {waiting} of {self.cfg.batch_groups} valid groups after "
-            f"{len(consumed)} new samples; no step trained (ARENA_TRAIN__FINAL_SHORT_BATCH=true trains a "
+            f"{len(fill.consumed)} new samples; no step trained (ARENA_TRAIN__FINAL_SHORT_BATCH=true trains a "
             "short final step); they are rolled out again when the run resumes"
         )
+
+    def _view(self) -> StepView:
+        """The live offsets, batch buffer and RNG."""
+        offsets = {name: s.offsets for name, s in self.sources.items()}
+        return StepView(offsets, self.filler.state_dict(), _rng_state())
 
     # --- bookkeeping ------------------------------------------------------
     async def _finish_step(
@@ -469,8 +541,9 @@ class TrainerService:
         filtered: list[str] | None = None,
         dropped: list[str] | None = None,
         skipped: dict[str, str] | None = None,
+        view: StepView | None = None,
     ) -> None:
-        offsets = {name: s.offsets for name, s in self.sources.items()}
+        view = view or self._view()
         record = StepRecord(
             step=self.step,
             phase=phase,
@@ -479,13 +552,13 @@ class TrainerService:
             filtered=filtered or [],
             dropped=dropped or [],
             skipped=skipped or {},
-            offsets=offsets,
+            offsets=view.offsets,
             metrics=metrics,
         )
         await asyncio.to_thread(self.checkpoints.save_step, record)
         await self._publish_metrics(phase, metrics)
         export_step(self.cfg.run, phase, self.step, metrics)
-        await self._checkpoint()
+        await self._checkpoint(view=view)
         self._print(phase, metrics)
 
     async def _publish_metrics(self, phase: Phase, metrics: dict[str, float]) -> None:
@@ -496,10 +569,13 @@ class TrainerService:
         key, data, headers = encode(emit, stage=STAGE, stage_version=STAGE_VERSION)
         await (await self.producer.send("trainer.metrics", data, key=key, headers=headers))
 
-    async def _checkpoint(self, force: bool = False) -> None:
+    async def _checkpoint(self, force: bool = False, view: StepView | None = None) -> None:
+        """Weights and full state on their cadence (``force``: both now); ``view``: the step's own
+        offsets, buffer and RNG (default: the live ones)."""
         assert self.learner is not None
         if self.step == 0:
             return
+        view = view or self._view()
         learner = self.learner
         if self.step % self.cfg.weights_every == 0 or force:
             if self.step not in self.checkpoints.weights_steps():
@@ -508,24 +584,25 @@ class TrainerService:
                 )
         if self.step % self.cfg.state_every == 0 or force:
             if self.checkpoints.latest_state() != self.step:
-                state = self._state()
+                state = self._state(view)
                 await asyncio.to_thread(
                     self.checkpoints.save_state, self.step, self.phase, state, self.cfg.keep_states
                 )
-                for source in self.sources.values():
-                    await source.commit()
+                for name, source in self.sources.items():
+                    await source.commit(view.offsets.get(name))
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self, view: StepView | None = None) -> dict[str, Any]:
         assert self.learner is not None
+        view = view or self._view()
         return {
             "step": self.step,
             "sft_step": self.sft_step,
             "sft_user_samples": self.sft_user_samples,
             "user_sim": self.user_sim.model_dump() if self.user_sim is not None else None,
             "phase": self.phase,
-            "filler": self.filler.state_dict(),
-            "offsets": {name: s.offsets for name, s in self.sources.items()},
-            "rng": _rng_state(),
+            "filler": view.filler,
+            "offsets": view.offsets,
+            "rng": view.rng,
             "train": self.cfg.model_dump(),
         } | self.learner.state_dict()
 
@@ -559,6 +636,15 @@ def _rollout_metrics(groups: list[Group]) -> dict[str, float]:
         if values:
             out[part] = statistics.fmean(values)
     return out
+
+
+def _staleness(batch: list[Group], step: int) -> dict[str, float]:
+    """How many updates behind the weights being trained (those of step - 1) the batch's rollouts
+    were generated: 0 on-policy, 1 for a group the buffer carried over, up to s more when lagged."""
+    lags = [step - 1 - g.behaviour_step for g in batch if g.behaviour_step is not None]
+    if not lags:
+        return {}
+    return {"staleness_mean": statistics.fmean(lags), "staleness_max": float(max(lags))}
 
 
 def _rng_state() -> dict[str, Any]:
