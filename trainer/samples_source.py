@@ -29,6 +29,7 @@ from arena.hashing import content_hash
 from arena.records.common import Rejection
 from arena.topics import topic
 from lake.store import ClaimCheck
+from streams import fetch_pacing
 from streams.runtime import Emit, dead_letter_key, decode_async, encode, encode_claimed
 
 T = TypeVar("T", bound=BaseModel)
@@ -82,6 +83,9 @@ class SampleSource(Generic[T]):
         """Samples the screen sent to ``<topic>.rejected`` instead of training."""
 
     async def start(self, producer: AIOKafkaProducer) -> None:
+        # An idle source (samples.sft all through GRPO) must not re-fetch in a tight loop on a
+        # broker that answers empty fetches at once: that took a whole core from the trainer.
+        fetch_pacing.install()
         self._producer = producer
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap,
