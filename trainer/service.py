@@ -442,7 +442,7 @@ class TrainerService:
         update: dict[str, float] = {}
         if batch:
             update = await asyncio.to_thread(learner.grpo_step, batch)
-            await asyncio.to_thread(learner.push_weights, self.step + 1)
+        await asyncio.to_thread(learner.push_weights, self.step + 1)  # every step has weights to lag
         update_s = time.perf_counter() - t1
         self.step += 1
         if fill.recorded:  # what the policy was paid for, rescorable with `arena reward score`
