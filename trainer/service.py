@@ -437,7 +437,9 @@ class TrainerService:
         assert fill.at_end is not None
         view = StepView(fill.at_end.offsets, filler.state_dict(), fill.at_end.rng)
         if self._overlap_next(fill):
-            self._prefetch = asyncio.create_task(self._fill(self.step + 2, overlapped=True))
+            # Sync the rollout weights here, not in the task: the checkpoint below reads them.
+            behaviour = await asyncio.to_thread(learner.behaviour_step, self.step + 2, self.step)
+            self._prefetch = asyncio.create_task(self._fill(self.step + 2, behaviour, overlapped=True))
         t1 = time.perf_counter()
         update: dict[str, float] = {}
         if batch:
@@ -478,13 +480,15 @@ class TrainerService:
             return False
         return self.options.steps is None or self.step + 2 <= self.options.steps
 
-    async def _fill(self, step: int, *, overlapped: bool = False) -> Fill:
+    async def _fill(self, step: int, behaviour: int | None = None, *, overlapped: bool = False) -> Fill:
         """Rollout rounds for training step ``step`` until the filler holds n valid groups, the run
-        stops, or (``--until-drained``) the topic is dry."""
+        stops, or (``--until-drained``) the topic is dry. ``behaviour``: the step whose weights the
+        rollout backend was synced to (None: sync it now)."""
         assert self.learner is not None and self.episodes is not None
         episodes, filler = self.episodes, self.filler
         source = self.sources["samples.verified"]
-        behaviour = await asyncio.to_thread(self.learner.behaviour_step, step, self.step)
+        if behaviour is None:
+            behaviour = await asyncio.to_thread(self.learner.behaviour_step, step, self.step)
         fill = Fill(step, self._view(), overlapped=overlapped)
         while not filler.ready() and not self.stop.is_set():
             taken: list[Taken[VerifiedSample]] = await source.take(
