@@ -425,8 +425,8 @@ class TrainSettings(Section):
             le=8,
             description="s: rollouts for step t use the weights of step t-1-s, so the next batch rolls out "
             "while the current update runs (trainer.rollout_weights). 0 = strictly on-policy, no overlap "
-            "(ASTRA); > 0 adds the truncated importance-sampling correction (is_cap) and s+1 copies of "
-            "the weights in host memory.",
+            "(ASTRA); > 0 adds the truncated importance-sampling correction (is_cap) and a rollout copy "
+            "of the weights plus up to s host-memory snapshots.",
         ),
     ]
     is_cap: Annotated[

@@ -8,7 +8,7 @@ from its step alone, never from timing: a run is reproducible for its seed and b
 and a run resumed from a checkpoint rolls out exactly what the crashed one would have.
 
 ``LaggedWeights`` keeps the rollout backend on those weights. Each update's result is ``push``-ed as
-a host-memory snapshot; ``sync_for(step)`` moves the backend to the newest snapshot the lag allows
+a host-memory snapshot (at most s are kept); ``sync_for(step)`` moves the backend to the newest snapshot the lag allows
 before a step's rollouts start. Its ``state_dict`` (the weights in use and the snapshots still to
 come) is part of the training state, since a resumed run needs weights older than the model's.
 """
@@ -43,8 +43,7 @@ class LaggedWeights:
         self.lag = lag
         self._staging = staging
         self.step: int | None = None
-        """Training step whose weights the backend holds (None until ``reset``)."""
-        self._current: Weights = {}
+        """Training step whose weights the backend (and ``staging``) holds (None until ``reset``)."""
         self._pending: deque[tuple[int, Weights]] = deque()
 
     def reset(self, step: int, model: torch.nn.Module) -> None:
@@ -84,7 +83,7 @@ class LaggedWeights:
     def _load(self, step: int, weights: Weights) -> None:
         self._staging.load_state_dict(weights)
         self.backend.load_weights(self._staging)
-        self.step, self._current = step, weights
+        self.step = step
 
     def state_dict(self) -> dict[str, Any] | None:
         """The weights in use and those still to come (None before ``reset``: nothing to resume)."""
@@ -93,7 +92,7 @@ class LaggedWeights:
         return {
             "lag": self.lag,
             "step": self.step,
-            "current": self._current,
+            "current": snapshot(self._staging),  # the weights in use live in the staging module
             "pending": [[step, weights] for step, weights in self._pending],
         }
 

@@ -206,8 +206,8 @@ class SampleSource(Generic[T]):
 
     async def commit(self, offsets: dict[int, int] | None = None) -> None:
         """Tell the consumer group how far training got (for `arena lag`; restarts use the checkpoint):
-        ``offsets`` (a checkpoint's, behind samples already taken for a later step), else ``offsets``
-        of everything taken."""
+        ``offsets`` when given (a checkpoint's, which may lie behind samples already taken for a
+        later step), else the position after everything taken."""
         offsets = self._next if offsets is None else offsets
         if self._consumer is None or not offsets:
             return

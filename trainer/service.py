@@ -133,7 +133,6 @@ class StepView:
 class Fill:
     """The rollout rounds of one GRPO step."""
 
-    step: int
     at_start: StepView
     consumed: list[str] = field(default_factory=list)
     filtered: list[str] = field(default_factory=list)
@@ -489,7 +488,7 @@ class TrainerService:
         source = self.sources["samples.verified"]
         if behaviour is None:
             behaviour = await asyncio.to_thread(self.learner.behaviour_step, step, self.step)
-        fill = Fill(step, self._view(), overlapped=overlapped)
+        fill = Fill(self._view(), overlapped=overlapped)
         while not filler.ready() and not self.stop.is_set():
             taken: list[Taken[VerifiedSample]] = await source.take(
                 self.cfg.batch_groups, wait_s=self.options.wait_s
@@ -579,7 +578,6 @@ class TrainerService:
         assert self.learner is not None
         if self.step == 0:
             return
-        view = view or self._view()
         learner = self.learner
         if self.step % self.cfg.weights_every == 0 or force:
             if self.step not in self.checkpoints.weights_steps():
@@ -588,6 +586,7 @@ class TrainerService:
                 )
         if self.step % self.cfg.state_every == 0 or force:
             if self.checkpoints.latest_state() != self.step:
+                view = view or self._view()
                 state = self._state(view)
                 await asyncio.to_thread(
                     self.checkpoints.save_state, self.step, self.phase, state, self.cfg.keep_states
