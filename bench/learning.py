@@ -93,7 +93,7 @@ class Profile:
     sft_batch: int = 4
     sft_lr: float = 3e-3
     sft_max_steps: int = 650
-    rl_copies: int = 12  # passes over the GRPO share of samples.verified
+    rl_copies: int = 24  # passes over the GRPO share of samples.verified (enough for the time budget)
     grpo_steps: int = 400
     grpo_budget_s: float = 480.0
     lr: float = 3e-4
@@ -575,14 +575,21 @@ def _after_demo(
     ]
     heldout = heldout_cases(settings)
     sft_ids = sft_share(sorted(s.origin_id or "" for s in env_sft), p.sft_share, p.seed)
-    sft_records = copies([s for s in env_sft if s.origin_id in sft_ids], p.sft_copies, p.seed, f"{tag}-sft")
+    # Copy ids follow the seed, not the run's tag: the same ids land on the same partitions in the
+    # same order every run, so the trainer's batches (and SFT's figure) are reproducible.
+    sft_records = copies(
+        [s for s in env_sft if s.origin_id in sft_ids], p.sft_copies, p.seed, f"s{p.seed}-sft"
+    )
     asyncio.run(publish_all(bootstrap, "samples.sft", sft_records))
     from arena.records.envs import VerifiedSample
 
     # GRPO prompts: the packages SFT never saw (the demo's one pass over every train package is
     # in the topic already; the copies are of the GRPO share only).
-    rl_pool = [VerifiedSample.model_validate(v) for v in verified if v["env_ref"] not in sft_ids]
-    rl_records = copies(rl_pool, p.rl_copies, p.seed, f"{tag}-rl")[len(rl_pool) :]
+    rl_pool = sorted(
+        (VerifiedSample.model_validate(v) for v in verified if v["env_ref"] not in sft_ids),
+        key=lambda v: v.sample_id,  # the topic's read order depends on the demo's timing
+    )
+    rl_records = copies(rl_pool, p.rl_copies, p.seed, f"s{p.seed}-rl")[len(rl_pool) :]
     asyncio.run(publish_all(bootstrap, "samples.verified", rl_records))
     in_sft_topic = len(in_sft_before) + len(sft_records)
     sft_steps = min(p.sft_max_steps, in_sft_topic // p.sft_batch)

@@ -7,9 +7,14 @@ max 4 rounds) drops all-equal groups; one Adam step (lr 0.05) per batch on the t
 
 Claim (seeds 0, 1, 2): the mean reward of a step's rollouts reaches >= 0.8 within 25 steps (it did at
 steps 8, 15 and 11 when written), and never does with lr = 0.
+
+Then the same claim through the trainer's own generate-and-update path (``run_learner``): a tiny Llama
+learns to emit digits when digits are what the reward pays for.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -93,3 +98,72 @@ def test_grpo_with_zero_learning_rate_does_not_learn(seed: int) -> None:
     rewards, expected = run(lr=0.0, seed=seed)
     assert max(rewards) < 0.8, rewards
     assert expected == 0.5  # zero-initialised and never updated
+
+
+# --- The same claim through the trainer's own path ---------------------------------------------------
+# A tiny Llama (trainer.tiny) generating with HfBackend (batched, plain sampling at temperature 1,
+# rollout log-probs from generate's logits) and updated by Learner.grpo_step (prompt-shared
+# response log-probs, token-mean clipped loss, AdamW, grad clipping): what the service runs per
+# step. Reward: the share of digit tokens in an 8-token continuation, which a random model emits
+# about 1 time in 30. If rollout log-probs, masks or advantages were misaligned with the ids the
+# update trains on, this reward would drift instead of climbing.
+LEARNER_STEPS, LEARNER_G, NEW_TOKENS = 15, 8, 8
+
+
+def run_learner(lr: float, seed: int, tmp_path: Any) -> list[float]:
+    """Per-step mean reward of the rollouts of a GRPO run through Learner + HfBackend."""
+    import random
+
+    from arena.config import TrainSettings
+    from trainer.learner import Learner
+    from trainer.policy import HfBackend, load_policy, stop_ids_of
+    from trainer.tiny import build_tiny
+
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "call", "tool", "id"]
+    texts = [" ".join(f"{rng.choice(words)}{rng.randint(0, 999)}" for _ in range(12)) for _ in range(120)]
+    folder = build_tiny(tmp_path / "tiny", texts, seed=seed, vocab_size=384, hidden_size=64, layers=2)
+    model, tokenizer = load_policy(str(folder))
+    model.train()
+    backend = HfBackend(model, tokenizer, stop_ids=stop_ids_of(tokenizer))
+    learner = Learner(model, tokenizer, TrainSettings(lr=lr, micro_batch=LEARNER_G * 2), backend)
+    learner.new_optimizer("grpo")
+    digits = {tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)} - {tokenizer.unk_token_id}
+    prompts = [tokenizer(t)["input_ids"][:12] for t in texts[:PROMPTS]]
+    step_rewards: list[float] = []
+    for step in range(LEARNER_STEPS):
+        rows = backend.generate(
+            [p for p in prompts for _ in range(LEARNER_G)],
+            max_new_tokens=NEW_TOKENS,
+            temperature=1.0,
+            seed=seed * 1000 + step,
+        )
+        groups = []
+        for i, prompt in enumerate(prompts):
+            mine = rows[i * LEARNER_G : (i + 1) * LEARNER_G]
+            rewards = [sum(t in digits for t in g.token_ids) / NEW_TOKENS for g in mine]
+            rollouts = [
+                {
+                    "prompt_ids": prompt,
+                    "response_ids": g.token_ids,
+                    "response_mask": [1] * len(g.token_ids),
+                    "logprobs": g.logprobs,
+                    "reward": r,
+                }
+                for g, r in zip(mine, rewards, strict=True)
+            ]
+            groups.append(Group(sample_id=f"p{i}", rewards=rewards, rollouts=rollouts, born_step=step))
+        step_rewards.append(sum(r for g in groups for r in g.rewards) / (PROMPTS * LEARNER_G))
+        learner.grpo_step(groups)
+    return step_rewards
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_trainers_grpo_path_learns_a_simple_reward(seed: int, tmp_path: Any) -> None:
+    """Claim (seeds 0, 1): the last 3 steps' mean reward is >= 0.5 (0.75 and 0.79 when written, from
+    0.03 over the first 3 steps), and with lr = 0 no step reaches 0.2."""
+    learned = run_learner(lr=1e-2, seed=seed, tmp_path=tmp_path)
+    frozen = run_learner(lr=0.0, seed=seed, tmp_path=tmp_path)
+    head, tail = sum(learned[:3]) / 3, sum(learned[-3:]) / 3
+    assert tail >= 0.5 and tail >= 5 * head, learned
+    assert max(frozen) < 0.2, frozen

@@ -16,6 +16,7 @@ goes to ``<topic>.rejected`` with the reason and counts as taken too.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +35,13 @@ from streams.runtime import Emit, dead_letter_key, decode_async, encode, encode_
 
 T = TypeVar("T", bound=BaseModel)
 
+log = logging.getLogger(__name__)
+
 STAGE = "trainer"
 STAGE_VERSION = "1"
+
+HEAD_PATIENCE_S = 30.0
+"""How long ``take`` waits on a partition for records the broker says are committed."""
 
 Screen = Callable[[str, BaseModel], dict[str, Any] | None]
 """(topic, sample) -> None to train on it, else the ``Rejection`` fields (gate, subject, reason, details)."""
@@ -52,7 +58,15 @@ class Taken(Generic[T]):
 
 
 class SampleSource(Generic[T]):
-    """Reads one topic from given offsets; ``take`` hands out samples in partition order."""
+    """Reads one topic from given offsets; ``take`` hands out samples in a deterministic order.
+
+    Fetches deliver partitions in whatever order the broker answers, so handing records out as
+    they arrive made a run's batches depend on timing. ``take`` instead hands out the records
+    committed before it began (below each partition's last stable offset, one ``ListOffsets``
+    request) in (offset, partition) order, fetching a partition it is waiting on: the partitions
+    interleave evenly, and the same topic and start offsets give the same sequence whatever the
+    fetch timing or the sizes asked for. Records committed while a take runs wait for the next.
+    """
 
     def __init__(
         self,
@@ -73,7 +87,10 @@ class SampleSource(Generic[T]):
         self._poll_ms = poll_ms
         self._claims = claims
         """Reads claimed (large) samples from the lake and claims large dead letters."""
-        self._queue: deque[ConsumerRecord[bytes, bytes]] = deque()
+        self._queues: dict[int, deque[ConsumerRecord[bytes, bytes]]] = {
+            p: deque() for p in range(self.spec.partitions)
+        }
+        """Fetched, not yet taken records per partition, in offset order."""
         self._next: dict[int, int] = dict(self._start)
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -115,38 +132,74 @@ class SampleSource(Generic[T]):
         """Next offset per partition after everything taken so far (what a checkpoint stores)."""
         return dict(self._next)
 
-    async def _fill(self, timeout_ms: int) -> int:
+    def _partition(self, p: int) -> TopicPartition:
+        return TopicPartition(self.name, p)
+
+    async def _fill(self, timeout_ms: int, *partitions: TopicPartition) -> int:
+        """Fetch what is there (from ``partitions``, default all), waiting up to ``timeout_ms``."""
         assert self._consumer is not None, "start() the source first"
-        batches = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=500)
+        batches = await self._consumer.getmany(*partitions, timeout_ms=timeout_ms, max_records=500)
         got = 0
-        for records in batches.values():
-            self._queue.extend(records)
+        for tp, records in batches.items():
+            self._queues[tp.partition].extend(records)
             got += len(records)
         return got
+
+    async def _stable_ends(self) -> dict[int, int]:
+        """Each partition's last stable offset: every record below it is committed (read_committed)."""
+        assert self._consumer is not None, "start() the source first"
+        ends = await self._consumer.end_offsets([self._partition(p) for p in self._queues])
+        return {tp.partition: offset for tp, offset in ends.items()}
 
     async def pending(self) -> int:
         """Records not yet taken: queued locally plus what the broker still holds past our position."""
         assert self._consumer is not None
-        parts = list(self._consumer.assignment())
-        ends = await self._consumer.end_offsets(parts)
+        ends = await self._stable_ends()
         behind = 0
-        for tp in parts:
-            behind += max(0, ends[tp] - await self._consumer.position(tp))
-        return len(self._queue) + behind
+        for p, end in ends.items():
+            behind += max(0, end - await self._consumer.position(self._partition(p)))
+        return sum(len(q) for q in self._queues.values()) + behind
+
+    async def _head(self, p: int, end: int) -> int | None:
+        """Offset of partition ``p``'s next record below ``end``, fetching it when it is not queued
+        yet; None when the partition holds no more records below ``end``."""
+        assert self._consumer is not None
+        queue, tp = self._queues[p], self._partition(p)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + HEAD_PATIENCE_S
+        while not queue:
+            if await self._consumer.position(tp) >= end:  # also past commit markers and aborted records
+                return None
+            await self._fill(self._poll_ms, tp)
+            if not queue and loop.time() > give_up:  # committed records that never come: do not hang
+                log.warning("%s[%d]: no record below offset %d in %.0f s", self.name, p, end, HEAD_PATIENCE_S)
+                return None
+        offset = queue[0].offset
+        return offset if offset < end else None
+
+    async def _next_raw(self, ends: dict[int, int]) -> ConsumerRecord[bytes, bytes] | None:
+        """The lowest (offset, partition) record below ``ends``, or None when there is none."""
+        heads = [(offset, p) for p, end in ends.items() if (offset := await self._head(p, end)) is not None]
+        if not heads:
+            return None
+        return self._queues[min(heads)[1]].popleft()
 
     async def take(self, n: int, *, wait_s: float = 0.0) -> list[Taken[T]]:
-        """Up to ``n`` decoded samples; waits up to ``wait_s`` for the first one when none are queued."""
+        """Up to ``n`` decoded samples, in (offset, partition) order of the records committed before
+        the call; waits up to ``wait_s`` for the first one when there are none."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        ends = await self._stable_ends()
         out: list[Taken[T]] = []
         while len(out) < n:
-            if not self._queue:
+            raw = await self._next_raw(ends)
+            if raw is None:
                 remaining = deadline - loop.time()
-                got = await self._fill(max(0, int(min(remaining, self._poll_ms / 1000) * 1000)))
-                if not got and (out or loop.time() >= deadline):
+                if out or remaining <= 0:
                     break
+                await self._fill(int(min(remaining, self._poll_ms / 1000) * 1000))
+                ends = await self._stable_ends()
                 continue
-            raw = self._queue.popleft()
             self._next[raw.partition] = raw.offset + 1
             taken = await self._decode(raw)
             if taken is not None:
@@ -190,7 +243,8 @@ class SampleSource(Generic[T]):
 
     async def rewind(self, offsets: dict[int, int]) -> None:
         """Go back to ``offsets`` (from ``offsets`` earlier): what was taken since is taken again."""
-        self._queue.clear()
+        for queue in self._queues.values():
+            queue.clear()
         self._next = dict(offsets)
         if self._consumer is None:
             self._start = dict(offsets)
