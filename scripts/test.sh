@@ -13,12 +13,12 @@ bash scripts/install_tau2.sh
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   echo "installing Debian's PostgreSQL server for the catalog tests"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 if [ ! -x /usr/bin/chromium ]; then
   echo "installing Debian's Chromium for the dashboard's browser test (tests/test_ui_browser.py)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest -q "$@"
