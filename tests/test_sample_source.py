@@ -37,6 +37,11 @@ def _sample(sample_id: str) -> SftSample:
     )
 
 
+async def _send(producer: AIOKafkaProducer, sample_id: str) -> None:
+    key, value, headers = encode(Emit(TOPIC, sample_id, _sample(sample_id)), stage="test", stage_version="1")
+    await producer.send(TOPIC, value, key=key, headers=headers)
+
+
 async def _ends(broker: str) -> dict[int, int]:
     consumer = AIOKafkaConsumer(bootstrap_servers=broker, isolation_level="read_committed")
     await consumer.start()
@@ -57,8 +62,7 @@ async def _publish(broker: str, txn_id: str, tag: str) -> list[str]:
             ids = [f"{tag}-{t * 8 + i:03d}" for i in range(8)]
             await producer.begin_transaction()
             for sid in ids:
-                key, value, headers = encode(Emit(TOPIC, sid, _sample(sid)), stage="test", stage_version="1")
-                await producer.send(TOPIC, value, key=key, headers=headers)
+                await _send(producer, sid)
             if t == 3:
                 await producer.abort_transaction()
             else:
@@ -145,8 +149,7 @@ def test_records_of_an_open_transaction_do_not_stall_take(
         try:
             await producer.begin_transaction()
             for sid in ids:
-                key, value, headers = encode(Emit(TOPIC, sid, _sample(sid)), stage="test", stage_version="1")
-                await producer.send(TOPIC, value, key=key, headers=headers)
+                await _send(producer, sid)
             await producer.flush()
             loop = asyncio.get_running_loop()
             t0 = loop.time()
