@@ -11,9 +11,11 @@ plot of the held-out figures (``--plot``; its path is the JSON's ``plot``).
 
 What it does, all on a private ``ARENA_HOME`` in a temporary folder:
 
-1. ``arena demo --tracks env`` (the real pipeline, ``rules`` backend) with 96 QA instances per
-   knowledge base and no complexity-scaling parameters (shorter tool schemas, so prompts suit a
-   CPU model), so the catalog holds train-split and held-out environment packages (a quarter) and
+1. ``arena demo --tracks env`` (the real pipeline, ``rules`` backend) with 384 QA instances per
+   knowledge base (about 930 packages: enough distinct questions that SFT has to learn the tools
+   rather than memorise a few dozen conversations, and enough held-out ones for tight intervals)
+   and no complexity-scaling parameters (shorter tool schemas, so prompts suit a CPU model), so
+   the catalog holds train-split and held-out environment packages (a quarter) and
    ``samples.verified`` holds the train split. Held-out packages whose tools all occur in train
    packages are held-out *instances of seen families* (new questions and keys, same tools); the
    others use a tool family never seen.
@@ -80,7 +82,7 @@ console = Console(stderr=True)
 class Profile:
     """Every knob of one benchmark run."""
 
-    demo_instances: int = 96  # QA instances per built-in knowledge base in the demo
+    demo_instances: int = 384  # QA instances per built-in knowledge base in the demo
     demo_tracks: str = "env"  # `arena demo --tracks`
     extra_params: int = 0  # complexity scaling's added tool parameters: shorter prompts for a CPU model
     heldout_k: int = 4  # env hash mod k == 0 is held out
@@ -89,18 +91,18 @@ class Profile:
     heads: int = 4
     vocab: int = 2048
     sft_share: float = 0.5  # train packages SFT sees; GRPO's rollouts are on the rest (and these)
-    sft_copies: int = 48  # epochs over the SFT share's trajectories (the step cap decides)
+    sft_copies: int = 18  # epochs over the SFT share's trajectories (the step cap decides)
     sft_batch: int = 4
     sft_lr: float = 3e-3
-    sft_max_steps: int = 650
-    rl_copies: int = 24  # passes over the GRPO share of samples.verified (enough for the time budget)
+    sft_max_steps: int = 1500
+    rl_copies: int = 8  # passes over the GRPO share of samples.verified (enough for the time budget)
     grpo_steps: int = 400
-    grpo_budget_s: float = 480.0
+    grpo_budget_s: float = 360.0  # with the evaluations of 248 held-out packages: under 30 minutes
     lr: float = 3e-4
     group_size: int = 4
     batch_groups: int = 4
     ablation_steps: int = 10
-    ablation_budget_s: float = 60.0
+    ablation_budget_s: float = 45.0
     max_turns: int = 5
     max_new_tokens: int = 64
     max_seq_len: int = 2048
@@ -108,7 +110,7 @@ class Profile:
     mixing: str = "none"
     k: int = 4  # pass^4 needs 4 trials
     trials: int = 4
-    ablation_trials: int = 2
+    ablation_trials: int = 1
     seed: int = 0
 
 
