@@ -9,8 +9,9 @@ and a run resumed from a checkpoint rolls out exactly what the crashed one would
 
 ``LaggedWeights`` keeps the rollout backend on those weights. Each update's result is ``push``-ed as
 a host-memory snapshot (at most s are kept); ``sync_for(step)`` moves the backend to the newest
-snapshot the lag allows before a step's rollouts start. Its ``state_dict`` (the weights in use and the snapshots still to
-come) is part of the training state, since a resumed run needs weights older than the model's.
+snapshot the lag allows before a step's rollouts start. Its ``state_dict`` (the weights in use and
+the snapshots still to come) is part of the training state, since a resumed run needs weights
+older than the model's.
 """
 
 from __future__ import annotations
