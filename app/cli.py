@@ -259,6 +259,7 @@ def train_cmd(
 ) -> None:
     """Train continuously: SFT on samples.sft, then online GRPO on samples.verified; resumes after a crash."""
     from app.metrics_http import MetricsPortError, serve_process_metrics, with_metrics_port
+    from trainer.policy import BackendUnavailable
     from trainer.service import NoCheckpoint, TrainerService, TrainOptions
 
     cfg = with_metrics_port(settings(), metrics_port)
@@ -286,7 +287,7 @@ def train_cmd(
         err.print(f"metrics: http://{cfg.metrics.host}:{endpoint.port}/metrics")
     try:
         code = asyncio.run(service.run())
-    except (NoCheckpoint, FileNotFoundError) as exc:
+    except (NoCheckpoint, FileNotFoundError, BackendUnavailable) as exc:
         raise UserError(str(exc)) from None
     finally:
         if endpoint is not None:
@@ -345,6 +346,7 @@ def eval_cmd(
 
     from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
     from trainer.evaluate import report_table, run_eval
+    from trainer.policy import BackendUnavailable
 
     cfg = settings()
     if bench is not None:
@@ -411,6 +413,8 @@ def eval_cmd(
                 seed=seed,
             )
         except EndpointError as exc:  # the endpoint does not serve
+            raise UserError(str(exc)) from None
+        except BackendUnavailable as exc:  # train.device / train.backend cannot start here
             raise UserError(str(exc)) from None
         except ValueError as exc:  # nothing held out
             raise UserError(

@@ -329,6 +329,24 @@ class TrainSettings(Section):
         Literal["hf", "vllm"],
         Field(default="hf", description="Rollout backend: transformers generate (CPU) or vLLM (GPU extra)."),
     ]
+    vllm_gpu_memory: Annotated[
+        float,
+        Field(
+            default=0.5,
+            gt=0,
+            lt=1,
+            description="backend vllm: share of the GPU's memory the rollout engine takes (weights plus KV "
+            "cache); the rest stays for the trained policy, its gradients and optimizer state on the same GPU.",
+        ),
+    ]
+    vllm_engine_args: Annotated[
+        dict[str, Any],
+        Field(
+            default_factory=dict,
+            description='backend vllm: further keyword arguments of vllm.LLM (e.g. {"enforce_eager": true, '
+            '"attention_backend": "TRITON_ATTN"}); they win over the dtype and memory share Arena sets.',
+        ),
+    ]
     device: Annotated[
         Literal["auto", "cpu", "cuda"],
         Field(

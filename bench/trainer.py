@@ -206,6 +206,8 @@ def build_policy(
     sft_steps: int,
     sft_lr: float,
     target_loss: float,
+    hidden_size: int = 64,
+    heads: int = 4,
 ) -> dict[str, Any]:
     """build_tiny (seeded) + an SFT warm start on the reference conversations; saved under ``folder``."""
     import torch
@@ -217,7 +219,7 @@ def build_policy(
     from trainer.tiny import build_tiny
 
     texts = [render_text(c, t) for c, t in zip(conversations, tools, strict=True)]
-    base = build_tiny(folder.parent / "base", texts, seed=seed)
+    base = build_tiny(folder.parent / "base", texts, seed=seed, hidden_size=hidden_size, heads=heads)
     model, tokenizer = load_policy(base)
     examples = []
     for i, (conv, offered) in enumerate(zip(conversations, tools, strict=True)):
@@ -246,8 +248,8 @@ def build_policy(
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return {
-        "builder": "trainer.tiny.build_tiny (vocab 1024, hidden 64, 2 layers; tokenizer trained on the "
-        "reference conversations)",
+        "builder": f"trainer.tiny.build_tiny (vocab 1024, hidden {hidden_size}, {heads} heads, 2 layers; "
+        "tokenizer trained on the reference conversations)",
         "parameters": sum(p.numel() for p in model.parameters()),
         "sft_warm_start_steps": len(losses),
         "sft_max_steps": sft_steps,
@@ -821,8 +823,9 @@ class Setup:
     info: dict[str, Any]
 
 
-async def setup(args: argparse.Namespace, home: Path) -> Setup:
-    """Packages in a catalog, the samples, their offered tools, and the warm-started policy."""
+async def setup(args: argparse.Namespace, home: Path, *, hidden_size: int = 64, heads: int = 4) -> Setup:
+    """Packages in a catalog, the samples, their offered tools, and the warm-started policy
+    (``trainer.tiny.build_tiny`` of ``hidden_size`` and ``heads``)."""
     from arena.config import SandboxSettings
     from lake.env_packages import EnvPackageStore
     from sandbox import SandboxPool
@@ -853,6 +856,8 @@ async def setup(args: argparse.Namespace, home: Path) -> Setup:
         sft_steps=args.sft_steps,
         sft_lr=args.sft_lr,
         target_loss=args.sft_target_loss,
+        hidden_size=hidden_size,
+        heads=heads,
     )
     package_info["prompts"] = [
         {"env_id": p.env_id, "domain": p.domain, "jobs": len(p.jobs), "question": p.question} for p in chosen

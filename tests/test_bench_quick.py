@@ -169,6 +169,16 @@ def _check_learning(r: dict[str, Any]) -> None:
     assert Path(r["plot"]).read_bytes().startswith(b"\x89PNG"), r["plot"]  # written under the run's TMPDIR
 
 
+def _check_vllm_rollouts(r: dict[str, Any]) -> None:
+    assert r["prompts"] == 2 and r["prepared"]["model"]["builder"].startswith("trainer.tiny.build_tiny")
+    hf = r["backends"]["hf"]  # vllm joins only on a GPU machine with vllm installed
+    (step,) = hf["per_step"]
+    assert step["generated_tokens"] > 0 and step["rollout_s"] > 0 and step["update_s"] >= 0
+    assert 0.0 <= step["reward_mean"] <= 1.0
+    if "vllm" in r["backends"]:
+        assert r["backends"]["vllm"]["checks"]["rollout_vs_trainer_logprobs"]["tokens"] > 0
+
+
 def _keys(*names: str) -> frozenset[str]:
     return frozenset(("quick", *names))
 
@@ -216,6 +226,13 @@ BENCHES = [
         500,
         root=True,
         check=_check_trainer,
+    ),
+    Bench(
+        ("bench/vllm_rollouts.py",),
+        _keys("backends", "prompts", "machine", "versions"),
+        300,
+        root=True,
+        check=_check_vllm_rollouts,
     ),
     Bench(
         ("bench/learning.py",),

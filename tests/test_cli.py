@@ -3,6 +3,7 @@ and every Arena command that docker-compose.yml runs works."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import signal
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from kafka.admin import KafkaAdminClient
 
 from app.cli import app as cli_app
@@ -157,6 +159,13 @@ def test_train_eval_export_user_errors(tmp_path: Path) -> None:
         assert_user_error(run_arena(["train", "--run", "a b"], env, check=None), "--run 'a b'")
         bad_model = env | {"ARENA_TRAIN__MODEL": str(tmp_path)}
         assert_user_error(run_arena(["train"], bad_model, check=None), "no config.json", str(tmp_path))
+        once = ["train", "--tiny", "--until-drained", "--steps", "1"]
+        if importlib.util.find_spec("vllm") is None:  # the gpu extra is not installed here
+            no_vllm = run_arena(once, env | {"ARENA_TRAIN__BACKEND": "vllm"}, check=None)
+            assert_user_error(no_vllm, "vllm cannot be imported", "ARENA_TRAIN__BACKEND=hf")
+        if not torch.cuda.is_available():
+            no_gpu = run_arena(once, env | {"ARENA_TRAIN__DEVICE": "cuda"}, check=None)
+            assert_user_error(no_gpu, "torch sees no GPU", "device auto or cpu")
     assert_user_error(run_arena(["eval"], env, check=None), "has no weights yet")
     assert_user_error(run_arena(["eval", "--k", "4", "--trials", "2"], env, check=None), "--trials 2 < --k 4")
     assert_user_error(run_arena(["eval", "--user", "robot"], env, check=None), "--user 'robot'")

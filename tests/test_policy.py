@@ -6,14 +6,18 @@ Real torch and transformers on a 2-layer, hidden-64 Llama; no downloads.
 from __future__ import annotations
 
 import json
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from arena.config import TrainSettings
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
 from arena.records.tools import NormalizedTool, ToolDocFormat, ToolFunction, ToolServer
@@ -21,6 +25,7 @@ from environments.render import IM_END, assistant_text, encode_segment, generati
 from lake.parquet import LakeRow, LakeWriter
 from lake.store import LocalStore
 from trainer import policy
+from trainer.learner import Learner
 from trainer.policy import Generation, HfBackend, load_policy, stop_ids_of, token_logprobs
 from trainer.tiny import SPECIAL_TOKENS, build_tiny, lake_texts, train_tokenizer
 
@@ -292,6 +297,41 @@ def test_device_and_precision_settings_resolve_on_a_cpu_machine() -> None:
     assert policy.resolve_precision("bf16", "cpu") == "bf16"
     with pytest.raises(ValueError, match="no GPU"):
         policy.resolve_device("cuda")
+
+
+def test_vllm_engine_args_take_the_policy_precision_and_memory_share_and_yield_to_the_user() -> None:
+    assert policy.vllm_engine_args("bf16", 0.4, {}) == {"dtype": "bfloat16", "gpu_memory_utilization": 0.4}
+    chosen = policy.vllm_engine_args("fp32", 0.5, {"dtype": "float16", "enforce_eager": True})
+    assert chosen == {"dtype": "float16", "gpu_memory_utilization": 0.5, "enforce_eager": True}
+    with pytest.raises(ValidationError, match="vllm_gpu_memory"):
+        TrainSettings(vllm_gpu_memory=1.0)  # the policy and its optimizer need the rest
+
+
+def test_learner_starts_a_vllm_engine_with_the_train_settings(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No GPU or vllm here: a stand-in ``vllm`` module records what the engine is started with."""
+    started: list[dict[str, Any]] = []
+
+    class LLM:
+        def __init__(self, **kwargs: Any) -> None:
+            started.append(kwargs)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the backend sets it; restored after
+    cfg = TrainSettings(
+        backend="vllm",
+        device="cpu",
+        precision="bf16",
+        vllm_gpu_memory=0.35,
+        vllm_engine_args={"enforce_eager": True},
+    )
+    learner = Learner.load(tiny, cfg)
+    assert started == [
+        {"model": str(tiny), "dtype": "bfloat16", "gpu_memory_utilization": 0.35, "enforce_eager": True}
+    ]
+    assert isinstance(learner.backend, policy.VllmBackend)
+    assert learner.backend.stop_ids == stop_ids_of(learner.tokenizer)
 
 
 def test_bf16_autocast_generates_and_trains_with_fp32_weights(tiny: Path) -> None:

@@ -35,19 +35,6 @@ from trainer.mixing import ToolMixer, pool_from_store
 from trainer.rollout import RolloutJob, Trajectory, derive_seed, rollout_batch
 from trainer.rollout_log import rollout_line
 
-# Trajectory fields the update needs; messages and raw outputs stay out of the checkpointed buffer.
-KEEP = (
-    "prompt_ids",
-    "response_ids",
-    "response_mask",
-    "logprobs",
-    "reward",
-    "reward_parts",
-    "turns",
-    "tool_calls",
-    "stop",
-)
-
 
 class Episodes:
     """Runs group rollouts for the service; owns the sandbox pool, package store and tool mixer."""
@@ -193,7 +180,7 @@ class Episodes:
                 Group(
                     sample_id=sample.sample_id,
                     rewards=[t.reward for t in mine],
-                    rollouts=[t.model_dump(include=set(KEEP)) for t in mine],
+                    rollouts=[t.for_update() for t in mine],
                     born_step=step,
                     behaviour_step=step - 1 if behaviour_step is None else behaviour_step,
                 )

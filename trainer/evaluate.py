@@ -644,13 +644,17 @@ def _backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, 
         resolve_device,
         resolve_precision,
         stop_ids_of,
+        vllm_engine_args,
     )
 
-    if settings.train.backend == "vllm":
+    cfg = settings.train
+    if cfg.backend == "vllm":
         from transformers import AutoTokenizer
 
         vllm_tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        return VllmBackend(model_path, stop_ids=stop_ids_of(vllm_tokenizer)), vllm_tokenizer
+        precision = resolve_precision(cfg.precision, "cuda")
+        engine = vllm_engine_args(precision, cfg.vllm_gpu_memory, cfg.vllm_engine_args)
+        return VllmBackend(model_path, stop_ids=stop_ids_of(vllm_tokenizer), **engine), vllm_tokenizer
     device = resolve_device(settings.train.device)
     model, tokenizer = load_policy(model_path, device)
     model.eval()

@@ -80,9 +80,10 @@ class Learner:
         model.train()
         backend: RolloutBackend
         if cfg.backend == "vllm":
-            from trainer.policy import VllmBackend
+            from trainer.policy import VllmBackend, vllm_engine_args
 
-            backend = VllmBackend(str(folder))
+            engine = vllm_engine_args(precision, cfg.vllm_gpu_memory, cfg.vllm_engine_args)
+            backend = VllmBackend(str(folder), stop_ids=stop_ids_of(tokenizer), **engine)
         elif cfg.max_off_policy_steps > 0:  # rollouts overlap updates: they need weights of their own
             backend = _frozen(copy.deepcopy(model), tokenizer, precision)
         else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
@@ -97,12 +97,16 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
 Precision = Literal["fp32", "bf16"]
 
 
+class BackendUnavailable(ValueError):
+    """The configured device or rollout backend cannot start on this machine (a setting to fix)."""
+
+
 def resolve_device(setting: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``."""
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if setting == "cuda" and not torch.cuda.is_available():
-        raise ValueError("ARENA_TRAIN__DEVICE=cuda but torch sees no GPU (fix: device auto or cpu)")
+        raise BackendUnavailable("ARENA_TRAIN__DEVICE=cuda but torch sees no GPU (fix: device auto or cpu)")
     return setting
 
 
@@ -340,6 +344,20 @@ class HfBackend:
             self.model.load_state_dict(model.state_dict())
 
 
+def vllm_engine_args(precision: Precision, gpu_memory: float, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for a rollout engine beside the trained policy on one GPU.
+
+    The engine generates in the policy's forward precision (bf16, else fp32: vLLM's "auto" would take
+    the checkpoint's dtype) and takes ``gpu_memory`` of the GPU (vLLM's own default, 0.9, leaves too
+    little for training); ``extra`` (``train.vllm_engine_args``) wins over both.
+    """
+    return {
+        "dtype": "bfloat16" if precision == "bf16" else "float32",
+        "gpu_memory_utilization": gpu_memory,
+        **extra,
+    }
+
+
 def _load_into_vllm(weights: list[tuple[str, torch.Tensor]], model: Any) -> None:
     """Runs inside each vLLM worker (module level so it pickles)."""
     model.load_weights(weights=weights)
@@ -348,7 +366,8 @@ def _load_into_vllm(weights: list[tuple[str, torch.Tensor]], model: Any) -> None
 class VllmBackend:
     """Rollouts on an in-process vLLM engine (``pip install arena[gpu]``; needs a GPU).
 
-    Not exercised by the test suite (no GPU, no vllm in the default install). Each prompt gets
+    The test suite checks only how ``Learner.load`` starts it (no GPU, no vllm in the default
+    install); ``bench/vllm_rollouts.py`` runs GRPO steps on it on a GPU. Each prompt gets
     its own sampling seed (``seed + i``), so results do not depend on batch composition. vLLM's
     returned log-probs are of the raw (untempered) model, matching ``token_logprobs`` up to kernel
     differences; the stop id is part of ``token_ids`` (vLLM appends the token, then checks stops).
@@ -358,7 +377,13 @@ class VllmBackend:
         # load_weights sends a function to the engine's worker processes (local, ours): newer vLLM
         # only pickles callables when this is set, and reads it when the engine starts.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        import vllm  # the [gpu] extra
+        try:
+            import vllm  # the [gpu] extra
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"ARENA_TRAIN__BACKEND=vllm but vllm cannot be imported: {exc} (fix: install vllm, the gpu extra, "
+                "on a machine with a GPU, or ARENA_TRAIN__BACKEND=hf)"
+            ) from exc
 
         self._vllm = vllm
         self.llm = vllm.LLM(model=model_path, **engine_kwargs)
@@ -396,6 +421,14 @@ class VllmBackend:
             finished = bool(ids) and ids[-1] in self.stop_ids
             generations.append(Generation(token_ids=ids, logprobs=logprobs, finished=finished))
         return generations
+
+    def logprobs_of(self, prompt: list[int], tokens: list[int]) -> list[float]:
+        """The engine's log-prob of each of ``tokens`` after ``prompt`` and the tokens before it
+        (its prompt log-probs, untempered): what a weight sync is checked against."""
+        params = self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        output = self.llm.generate([{"prompt_token_ids": prompt + tokens}], params, use_tqdm=False)[0]
+        rows = output.prompt_logprobs or []
+        return [float(rows[len(prompt) + i][tok].logprob) for i, tok in enumerate(tokens)]
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Push the trained weights into every vLLM worker, then drop KV blocks cached under the old ones."""

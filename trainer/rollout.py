@@ -108,6 +108,25 @@ class Trajectory(BaseModel):
     reward: Annotated[float, Field(description="Environment reward.")] = 0.0
     reward_parts: dict[str, float] = Field(default_factory=dict, description="Reward components.")
 
+    def for_update(self) -> dict[str, Any]:
+        """The fields the GRPO update needs (a ``Group`` rollout); messages and raw outputs stay out
+        of the checkpointed buffer."""
+        return self.model_dump(include=set(UPDATE_FIELDS))
+
+
+UPDATE_FIELDS = (
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "logprobs",
+    "reward",
+    "reward_parts",
+    "turns",
+    "tool_calls",
+    "stop",
+)
+"""``Trajectory`` fields a ``Group`` keeps for the update."""
+
 
 class State(enum.Enum):
     GENERATE = "generate"
