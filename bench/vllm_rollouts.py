@@ -4,6 +4,7 @@ Usage::
 
     python bench/vllm_rollouts.py prepare --work DIR [--prompts P] [--seed S]
     python bench/vllm_rollouts.py run --work DIR [--group G] [--steps N] [--backends hf,vllm]
+    python bench/vllm_rollouts.py --quick
 
 ``prepare`` (any machine with the full install, CPU is fine): the environment track on the ``rules``
 backend verifies P packages; a tiny Llama whose attention heads are 64 wide (vLLM's kernels need at
@@ -28,7 +29,9 @@ reward, and two checks of the vLLM path:
   against the trained model's, and against the model before the update. A sync that works puts the
   engine closer to the new weights than the old ones are.
 
-Prints one JSON object on stdout; progress goes to stderr. Not part of CI (no GPU there).
+Prints one JSON object on stdout; progress goes to stderr. ``--quick`` (what CI runs) prepares 2
+prompts in a temporary folder and runs 1 step on the backends the machine has: ``hf`` on the CPU
+where there is no GPU, so CI checks the script and the hf path, never vLLM.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench
     sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
 
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True)
 HIDDEN, HEADS = 256, 4  # head size 64: every vLLM attention backend takes it
@@ -69,6 +73,7 @@ class BenchError(RuntimeError):
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Packages, samples, offered tools and a warm-started policy, written under ``--work``."""
+    import shutil
     import tempfile
 
     from bench.trainer import setup
@@ -93,10 +98,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         shared = asyncio.run(setup(setup_args, Path(tmp), hidden_size=HIDDEN, heads=HEADS))
         policy = work / "policy"
         if policy.exists():
-            import shutil
-
             shutil.rmtree(policy)
-        shared.policy.rename(policy)
+        shutil.move(shared.policy, policy)  # --work may be on another filesystem than the temporary one
     prompts = [
         {
             "sample": sample.model_dump(mode="json"),
@@ -458,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = prepare(args) if args.command == "prepare" else run(args)
     except BenchError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
     print(json.dumps(result, indent=2))
     return 0
