@@ -163,24 +163,35 @@ class SyncClock:
 
 
 def train_settings(args: argparse.Namespace, backend: str, prompts: int) -> Any:
+    """The service's train settings for this run; a bad option is a ``BenchError`` naming it."""
+    from pydantic import ValidationError
+
     from arena.config import TrainSettings
 
-    return TrainSettings.model_validate(
-        {
-            "backend": backend,
-            "device": args.device,
-            "precision": "bf16" if args.device == "cuda" else "fp32",
-            "group_size": args.group,
-            "batch_groups": prompts,
-            "lr": args.lr,
-            "max_turns": args.max_turns,
-            "max_new_tokens": args.max_new_tokens,
-            "max_seq_len": args.max_seq_len,
-            "micro_batch": prompts * args.group,
-            "vllm_gpu_memory": args.gpu_memory,
-            "vllm_engine_args": json.loads(args.engine_args),
-        }
-    )
+    try:
+        engine_args = json.loads(args.engine_args)
+    except json.JSONDecodeError as exc:
+        raise BenchError(
+            f"--engine-args is not JSON: {exc} (fix: e.g. '{{\"enforce_eager\": true}}')"
+        ) from None
+    values = {
+        "backend": backend,
+        "device": args.device,
+        "precision": "bf16" if args.device == "cuda" else "fp32",
+        "group_size": args.group,
+        "batch_groups": prompts,
+        "lr": args.lr,
+        "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens,
+        "max_seq_len": args.max_seq_len,
+        "micro_batch": prompts * args.group,
+        "vllm_gpu_memory": args.gpu_memory,
+        "vllm_engine_args": engine_args,
+    }
+    try:
+        return TrainSettings.model_validate(values)
+    except ValidationError as exc:
+        raise BenchError(f"invalid option: {exc}") from None
 
 
 async def rollouts(
