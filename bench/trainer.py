@@ -794,7 +794,8 @@ def _r(value: float, digits: int = 4) -> float:
     return round(float(value), digits)
 
 
-def _version(package: str) -> str | None:
+def installed_version(package: str) -> str | None:
+    """The installed distribution's version, or None when it is not installed."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -997,7 +998,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "machine slows both sides, and the phases run one after the other, so compare runs at "
             "similar load",
         },
-        "versions": {pkg: _version(pkg) for pkg in ("torch", "transformers", "trl", "accelerate")},
+        "versions": {pkg: installed_version(pkg) for pkg in ("torch", "transformers", "trl", "accelerate")},
         "note": (
             "seconds per GRPO step are means over the timed steps (warm-up steps excluded; per_step lists "
             "all). arena: rollout = Episodes.groups wall time minus the time inside env.reward, reward = "

@@ -356,6 +356,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
+    from bench.trainer import installed_version
+
     if args.device == "cuda" and not torch.cuda.is_available():
         raise BenchError("run needs a GPU (torch sees none; --device cpu --backends hf checks the script)")
     prompts = load_prompts(Path(args.work))
@@ -381,18 +383,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
-        "versions": {pkg: _version(pkg) for pkg in ("torch", "transformers", "vllm")},
+        "versions": {pkg: installed_version(pkg) for pkg in ("torch", "transformers", "vllm")},
     }
     if "hf" in results and "vllm" in results:
         hf, vl = results["hf"]["summary"], results["vllm"]["summary"]
-        out["ratio_rollout_s_vllm_over_hf"] = (
-            round(vl["rollout_s"] / hf["rollout_s"], 3) if hf["rollout_s"] else None
-        )
-        out["ratio_generated_tokens_per_s_vllm_over_hf"] = (
-            round(vl["generated_tokens_per_s"] / hf["generated_tokens_per_s"], 3)
-            if hf["generated_tokens_per_s"]
-            else None
-        )
+        for key in ("rollout_s", "generated_tokens_per_s"):
+            out[f"ratio_{key}_vllm_over_hf"] = round(vl[key] / hf[key], 3) if hf[key] else None
     return out
 
 
@@ -402,15 +398,6 @@ def _synchronize() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _version(pkg: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def quick(args: argparse.Namespace) -> dict[str, Any]:

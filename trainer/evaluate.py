@@ -644,7 +644,6 @@ def _backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, 
         resolve_device,
         resolve_precision,
         stop_ids_of,
-        vllm_engine_args,
     )
 
     cfg = settings.train
@@ -653,8 +652,7 @@ def _backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, 
 
         vllm_tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
         precision = resolve_precision(cfg.precision, "cuda")
-        engine = vllm_engine_args(precision, cfg.vllm_gpu_memory, cfg.vllm_engine_args)
-        return VllmBackend(model_path, stop_ids=stop_ids_of(vllm_tokenizer), **engine), vllm_tokenizer
+        return VllmBackend.for_settings(model_path, vllm_tokenizer, precision, cfg), vllm_tokenizer
     device = resolve_device(settings.train.device)
     model, tokenizer = load_policy(model_path, device)
     model.eval()

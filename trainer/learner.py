@@ -80,10 +80,9 @@ class Learner:
         model.train()
         backend: RolloutBackend
         if cfg.backend == "vllm":
-            from trainer.policy import VllmBackend, vllm_engine_args
+            from trainer.policy import VllmBackend
 
-            engine = vllm_engine_args(precision, cfg.vllm_gpu_memory, cfg.vllm_engine_args)
-            backend = VllmBackend(str(folder), stop_ids=stop_ids_of(tokenizer), **engine)
+            backend = VllmBackend.for_settings(str(folder), tokenizer, precision, cfg)
         elif cfg.max_off_policy_steps > 0:  # rollouts overlap updates: they need weights of their own
             backend = _frozen(copy.deepcopy(model), tokenizer, precision)
         else:

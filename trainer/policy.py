@@ -15,7 +15,7 @@ import functools
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, Field
@@ -23,6 +23,9 @@ from transformers import PreTrainedTokenizerBase
 
 from environments.render import IM_END, encode_segment
 from trainer.prefix_cache import LayerKV, PrefixCache, batch_of, cacheable, rows_of, supported
+
+if TYPE_CHECKING:
+    from arena.config import TrainSettings
 
 
 class Generation(BaseModel):
@@ -390,6 +393,14 @@ class VllmBackend:
         if stop_ids is None:
             stop_ids = stop_ids_of(self.llm.get_tokenizer())
         self.stop_ids = list(stop_ids)
+
+    @classmethod
+    def for_settings(
+        cls, model_path: str, tokenizer: PreTrainedTokenizerBase, precision: Precision, cfg: TrainSettings
+    ) -> VllmBackend:
+        """The engine ``train`` settings ask for (``vllm_engine_args``), stopping at the tokenizer's stops."""
+        engine = vllm_engine_args(precision, cfg.vllm_gpu_memory, cfg.vllm_engine_args)
+        return cls(model_path, stop_ids=stop_ids_of(tokenizer), **engine)
 
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, seed: int
