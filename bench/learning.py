@@ -11,24 +11,25 @@ plot of the held-out figures (``--plot``; its path is the JSON's ``plot``).
 
 What it does, all on a private ``ARENA_HOME`` in a temporary folder:
 
-1. ``arena demo --tracks env`` (the real pipeline, ``rules`` backend) with 384 QA instances per
-   knowledge base (about 930 packages: enough distinct questions that SFT has to learn the tools
-   rather than memorise a few dozen conversations, and enough held-out ones for tight intervals)
-   and no complexity-scaling parameters (shorter tool schemas, so prompts suit a CPU model), so
-   the catalog holds train-split and held-out environment packages (a quarter) and
-   ``samples.verified`` holds the train split. Held-out packages whose tools all occur in train
-   packages are held-out *instances of seen families* (new questions and keys, same tools); the
-   others use a tool family never seen.
+1. ``arena demo --tracks env`` (the real pipeline, ``rules`` backend) with 768 QA instances per
+   knowledge base (1,717 packages: enough distinct questions that SFT has to learn the tools
+   rather than memorise a few hundred conversations) and no complexity-scaling parameters (shorter
+   tool schemas, so prompts suit a CPU model), so the catalog holds train-split and held-out
+   environment packages (an eighth, 184) and ``samples.verified`` holds the train split.
+   Held-out packages whose tools all occur in train packages are held-out *instances of seen
+   families* (new questions and keys, same tools); the others use a tool family never seen (with
+   this much data every family occurs in training, so that split is empty by default).
 2. Synthetic SFT data from the TRAIN split only (ASTRA §3.1's SFT trajectories): for every
    train-split package, the system prompt and question, then one assistant turn per job calling
    the job's tool with the job's invocation arguments, the tool's real output from the sandbox,
    and a final assistant message stating the main answer a0. Each trajectory is checked (F1 = 1
    against the package's jobs) before it is published to ``samples.sft``; held-out packages are
-   never read here. Only a seeded half of the train packages goes to SFT: GRPO's extra passes are
-   over the other half, which SFT never showed it, so its groups have reward spread. Copies for
-   several epochs get distinct sample ids (so they spread over the topic's partitions, which
-   mixes the epochs); ``samples.verified`` gets copies the same way for several GRPO passes,
-   since ``arena train`` consumes each record once per run.
+   never read here. SFT sees every train package for about 4 epochs, which leaves it partial (it
+   solves some rollouts of a package, not all), so GRPO's groups over the same packages have
+   reward spread; ``sft_share`` below 1 instead keeps a seeded share for SFT and gives GRPO the
+   rest. Copies for several epochs get distinct sample ids (so they spread over the topic's
+   partitions, which mixes the epochs); ``samples.verified`` gets copies the same way for several
+   GRPO passes, since ``arena train`` consumes each record once per run.
 3. A tiny Llama (``trainer.tiny.build_tiny``, tokenizer trained on the lake's text and the SFT
    texts, digits split one by one so an id it never produced is digits it has) saved to a
    folder and handed to the trainer as ``ARENA_TRAIN__MODEL``.
@@ -82,22 +83,22 @@ console = Console(stderr=True)
 class Profile:
     """Every knob of one benchmark run."""
 
-    demo_instances: int = 384  # QA instances per built-in knowledge base in the demo
+    demo_instances: int = 768  # QA instances per built-in knowledge base in the demo
     demo_tracks: str = "env"  # `arena demo --tracks`
     extra_params: int = 0  # complexity scaling's added tool parameters: shorter prompts for a CPU model
-    heldout_k: int = 4  # env hash mod k == 0 is held out
+    heldout_k: int = 8  # env hash mod k == 0 is held out: 184 packages, 1,533 to train on
     hidden: int = 128
     layers: int = 2
     heads: int = 4
     vocab: int = 2048
-    sft_share: float = 0.5  # train packages SFT sees; GRPO's rollouts are on the rest (and these)
-    sft_copies: int = 18  # epochs over the SFT share's trajectories (the step cap decides)
+    sft_share: float = 1.0  # train packages SFT sees; below 1 GRPO's rollouts are on the rest only
+    sft_copies: int = 4  # epochs over the SFT share's trajectories (the step cap decides)
     sft_batch: int = 4
     sft_lr: float = 3e-3
     sft_max_steps: int = 1500
-    rl_copies: int = 8  # passes over the GRPO share of samples.verified (enough for the time budget)
+    rl_copies: int = 2  # passes over GRPO's packages in samples.verified (enough for the time budget)
     grpo_steps: int = 400
-    grpo_budget_s: float = 360.0  # with the evaluations of 248 held-out packages: under 30 minutes
+    grpo_budget_s: float = 360.0  # with the evaluations of the held-out packages: under 30 minutes
     lr: float = 3e-4
     group_size: int = 4
     batch_groups: int = 4
@@ -119,7 +120,9 @@ PROFILES = {
     "quick": Profile(
         demo_instances=4,
         demo_tracks="env",
+        heldout_k=4,  # a quarter of the few packages: the held-out evaluation has some
         hidden=64,
+        sft_share=0.5,
         sft_copies=2,
         sft_max_steps=12,
         sft_lr=5e-3,
@@ -585,10 +588,14 @@ def _after_demo(
     asyncio.run(publish_all(bootstrap, "samples.sft", sft_records))
     from arena.records.envs import VerifiedSample
 
-    # GRPO prompts: the packages SFT never saw (the demo's one pass over every train package is
-    # in the topic already; the copies are of the GRPO share only).
+    # GRPO prompts: the packages SFT never saw, or every train package when SFT saw them all (the
+    # demo's one pass over every train package is in the topic already; the copies are of these).
     rl_pool = sorted(
-        (VerifiedSample.model_validate(v) for v in verified if v["env_ref"] not in sft_ids),
+        (
+            VerifiedSample.model_validate(v)
+            for v in verified
+            if v["env_ref"] not in sft_ids or p.sft_share >= 1.0
+        ),
         key=lambda v: v.sample_id,  # the topic's read order depends on the demo's timing
     )
     rl_records = copies(rl_pool, p.rl_copies, p.seed, f"s{p.seed}-rl")[len(rl_pool) :]
