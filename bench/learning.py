@@ -264,9 +264,10 @@ async def env_trajectories(settings: Any) -> tuple[list[Any], dict[str, int]]:
 def sft_share(env_ids: list[str], share: float, seed: int) -> set[str]:
     """The train packages whose trajectories SFT sees: a seeded hash-ordered ``share`` of them.
 
-    GRPO's extra passes are over the others, so its groups have reward spread (a policy that
-    memorised a package solves it in every rollout) and what it gains is solving packages it was
-    never shown the answer to -- the skill held-out instances of seen tool families test.
+    Below 1, GRPO's extra passes are over the others, so its groups have reward spread (a policy
+    that memorised a package solves it in every rollout) and what it gains is solving packages it
+    was never shown the answer to. At 1 (the default) SFT sees every package for a few epochs and
+    stays partial, and GRPO's passes are over all of them.
     """
     from arena.hashing import content_hash
 
