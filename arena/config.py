@@ -140,6 +140,17 @@ class EnvSettings(Section):
     heldout_k: Annotated[
         int, Field(default=10, ge=2, le=1000, description="Split modulus k: env hash mod k == 0 is held out.")
     ]
+    heldout_families_k: Annotated[
+        int,
+        Field(
+            default=0,
+            ge=0,
+            le=1000,
+            description="Tool-family split modulus: a family (tool name without its _2, _3 suffix) whose "
+            "hash mod k == 0 is held out with every package calling it, so evaluation covers tools never "
+            "trained on; 0 holds out none, 1 is refused (it would hold out everything).",
+        ),
+    ]
     flaw_rate: Annotated[
         float,
         Field(
@@ -153,6 +164,13 @@ class EnvSettings(Section):
     demo_instances: Annotated[
         int, Field(default=8, ge=1, le=1000, description="Instances per built-in knowledge base in the demo.")
     ]
+
+    @field_validator("heldout_families_k")
+    @classmethod
+    def _not_every_family(cls, k: int) -> int:
+        if k == 1:
+            raise ValueError("1 would hold out every tool family; use 0 for none, or 2 and above")
+        return k
 
 
 class EigenSettings(Section):

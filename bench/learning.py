@@ -15,10 +15,12 @@ What it does, all on a private ``ARENA_HOME`` in a temporary folder:
    knowledge base (1,717 packages: enough distinct questions that SFT has to learn the tools
    rather than memorise a few hundred conversations) and no complexity-scaling parameters (shorter
    tool schemas, so prompts suit a CPU model), so the catalog holds train-split and held-out
-   environment packages (an eighth, 184) and ``samples.verified`` holds the train split.
-   Held-out packages whose tools all occur in train packages are held-out *instances of seen
-   families* (new questions and keys, same tools); the others use a tool family never seen (with
-   this much data every family occurs in training, so that split is empty by default).
+   environment packages and ``samples.verified`` holds the train split. Two kinds are held out:
+   an eighth of the packages by hash (``heldout_k``), and every package calling one of the tool
+   families ``heldout_families_k`` holds out whole (2 of the 50 here), so those tools never
+   reach training. Held-out packages whose tools all occur in train packages are held-out
+   *instances of seen families* (new questions and keys, same tools); the others use a tool
+   family never seen, and the first ``unseen_max`` of them by env id are evaluated.
 2. Synthetic SFT data from the TRAIN split only (ASTRA §3.1's SFT trajectories): for every
    train-split package, the system prompt and question, then one assistant turn per job calling
    the job's tool with the job's invocation arguments, the tool's real output from the sandbox,
@@ -86,7 +88,9 @@ class Profile:
     demo_instances: int = 768  # QA instances per built-in knowledge base in the demo
     demo_tracks: str = "env"  # `arena demo --tracks`
     extra_params: int = 0  # complexity scaling's added tool parameters: shorter prompts for a CPU model
-    heldout_k: int = 8  # env hash mod k == 0 is held out: 184 packages, 1,533 to train on
+    heldout_k: int = 8  # env hash mod k == 0 is held out (173 packages of seen families here)
+    heldout_families_k: int = 17  # 2 of 50 tool families held out whole: 103 packages; 1,441 train
+    unseen_max: int = 48  # unseen-family packages evaluated (the first by env id): bounds the eval time
     hidden: int = 128
     layers: int = 2
     heads: int = 4
@@ -103,7 +107,7 @@ class Profile:
     group_size: int = 4
     batch_groups: int = 4
     ablation_steps: int = 10
-    ablation_budget_s: float = 45.0
+    ablation_budget_s: float = 35.0
     max_turns: int = 5
     max_new_tokens: int = 64
     max_seq_len: int = 2048
@@ -121,6 +125,7 @@ PROFILES = {
         demo_instances=4,
         demo_tracks="env",
         heldout_k=4,  # a quarter of the few packages: the held-out evaluation has some
+        heldout_families_k=0,  # a few packages share few tools: holding families out leaves no seen ones
         hidden=64,
         sft_share=0.5,
         sft_copies=2,
@@ -471,13 +476,27 @@ def family_figures(report: Any, families: dict[str, str], k: int, seed: int) -> 
     return out
 
 
+def evaluated_packages(families: dict[str, str], unseen_max: int) -> set[str]:
+    """The held-out packages to evaluate: every seen-family one, and the first ``unseen_max`` unseen
+    ones by env id (a content hash: an arbitrary but fixed sample)."""
+    unseen = sorted(e for e, f in families.items() if f == "unseen")[:unseen_max]
+    return {e for e, f in families.items() if f == "seen"} | set(unseen)
+
+
 def evaluate_stage(
-    settings: Any, folder: Path, *, k: int, trials: int, seed: int, families: dict[str, str] | None = None
+    settings: Any,
+    folder: Path,
+    *,
+    k: int,
+    trials: int,
+    seed: int,
+    families: dict[str, str] | None = None,
+    only: set[str] | None = None,
 ) -> dict[str, Any]:
     from trainer.evaluate import run_eval
 
     with contextlib.redirect_stdout(sys.stderr):  # run_eval's progress bar: keep stdout for the JSON
-        report = run_eval(settings, str(folder), k=k, trials=trials, seed=seed)
+        report = run_eval(settings, str(folder), k=k, trials=trials, seed=seed, only=only)
     o = report.overall
 
     def metric(m: Any) -> dict[str, Any] | None:
@@ -530,6 +549,7 @@ def bench(p: Profile, profile: str, home: Path, run_demo: bool, stop_stack: bool
         home,
         ARENA_ENVS__DEMO_INSTANCES=str(p.demo_instances),
         ARENA_ENVS__HELDOUT_K=str(p.heldout_k),
+        ARENA_ENVS__HELDOUT_FAMILIES_K=str(p.heldout_families_k),
         ARENA_ENVS__EXTRA_PARAMS=str(p.extra_params),
     )
     os.environ.update({k: v for k, v in base_env.items() if k.startswith("ARENA_")})
@@ -633,8 +653,10 @@ def _after_demo(
     stages: dict[str, Any] = {}
     console.rule("eval: base")
     families = tool_families(settings)
+    only = evaluated_packages(families, p.unseen_max)
+    unseen_total = sum(1 for f in families.values() if f == "unseen")
     stages["base"] = evaluate_stage(
-        settings, base_dir, k=p.k, trials=p.trials, seed=p.seed, families=families
+        settings, base_dir, k=p.k, trials=p.trials, seed=p.seed, families=families, only=only
     )
 
     # SFT.
@@ -649,7 +671,7 @@ def _after_demo(
     losses = [r["loss"] for r in sft_rows if r["phase"] == "sft"]
     console.rule("eval: SFT")
     stages["sft"] = evaluate_stage(
-        settings, sft_dir, k=p.k, trials=p.trials, seed=p.seed, families=families
+        settings, sft_dir, k=p.k, trials=p.trials, seed=p.seed, families=families, only=only
     ) | {"weights_step": sft_step}
 
     # GRPO with the F1 reward from the SFT weights.
@@ -684,7 +706,7 @@ def _after_demo(
         if reward == "f1":
             console.rule("eval: GRPO")
             stages["grpo"] = evaluate_stage(
-                settings, folder, k=p.k, trials=p.trials, seed=p.seed, families=families
+                settings, folder, k=p.k, trials=p.trials, seed=p.seed, families=families, only=only
             ) | {"weights_step": step}
     timings["grpo_and_ablations_s"] = round(sum(r["wall_s"] for r in runs.values()), 1)
 
@@ -699,7 +721,9 @@ def _after_demo(
         ev = (
             stages["grpo"]
             if reward == "f1" and p.ablation_trials == p.trials
-            else evaluate_stage(settings, info["folder"], k=1, trials=p.ablation_trials, seed=p.seed + 1)
+            else evaluate_stage(
+                settings, info["folder"], k=1, trials=p.ablation_trials, seed=p.seed + 1, only=only
+            )
         )
         ablation[reward] = {
             "grpo_steps": info["rollouts"]["steps"],
@@ -734,10 +758,14 @@ def _after_demo(
                 "ran_here": "demo_s" in timings,  # False: --home reused a finished demo
                 "instances_per_knowledge_base": p.demo_instances,
                 "heldout_k": p.heldout_k,
+                "heldout_families_k": p.heldout_families_k,
                 "extra_params": p.extra_params,
             },
             "train_packages": built["train_packages"],
             "heldout_packages": len(heldout),
+            "heldout_seen_packages": len(families) - unseen_total,
+            "heldout_unseen_packages": unseen_total,
+            "unseen_packages_evaluated": min(unseen_total, p.unseen_max),
             "samples_sft": {
                 "demo_sft_track": len(demo_sft),
                 "synthetic_env_trajectories": built["trajectories"],

@@ -1,7 +1,8 @@
 """Verified environment packages and their split, in the catalog database.
 
 The ``samples-verified`` stage records every package of ``envs.verified`` here
-with its split (content hash mod k): ``arena env show/verify`` read packages
+with its split (``package_split``: content hash mod k, and optionally whole tool
+families held out): ``arena env show/verify`` read packages
 back by id, and held-out packages, which never reach ``samples.verified``, are
 listed from here for evaluation. One row per ``env_id``; recording a package
 twice changes nothing (the stage may replay after a crash).
@@ -11,6 +12,7 @@ Synchronous (SQLAlchemy): stages call it through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -20,6 +22,7 @@ from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from arena.hashing import content_hash
 from arena.records.envs import EnvPackage
+from arena.records.tools import tool_name
 from lake.catalog import _make_engine, create_tables, insert_ignore
 
 Split = Literal["train", "heldout"]
@@ -29,6 +32,27 @@ def split_of(env_id: str, k: int) -> Split:
     """Deterministic split: the package's content hash mod k; bucket 0 is held out."""
     bucket = int(content_hash(env_id, length=16), 16) % k
     return "heldout" if bucket == 0 else "train"
+
+
+def tool_family(name: str) -> str:
+    """A tool's family: its name without the ``_2``, ``_3``... suffix synthesis adds to keep the names
+    of one package unique (``streams.envs.synthesis.unique_names``), so variants go together."""
+    return re.sub(r"_\d+$", "", name) or name
+
+
+def held_out_family(family: str, k: int) -> bool:
+    """Whether a tool family is held out: its hash mod k is 0 (never, when k is 0)."""
+    return k > 0 and int(content_hash(family, length=16), 16) % k == 0
+
+
+def package_split(package: EnvPackage, heldout_k: int, heldout_families_k: int = 0) -> Split:
+    """A package's split. Held out when its hash falls in bucket 0 of ``heldout_k`` (new questions
+    and data for tools trained on), or when it calls a tool of a held-out family
+    (``heldout_families_k``; 0 holds none out), so no tool of that family ever reaches training."""
+    families = {tool_family(tool_name(t)) for t in package.tools}
+    if any(held_out_family(f, heldout_families_k) for f in families):
+        return "heldout"
+    return split_of(package.env_id, heldout_k)
 
 
 class EnvPackageRow(SQLModel, table=True):

@@ -161,7 +161,10 @@ def _check_learning(r: dict[str, Any]) -> None:
         assert set(r[family]) == {"base", "sft", "grpo"}, family
         for figures in r[family].values():
             assert set(figures) >= {"f1", "f1_ci", "pass1", "pass4"}
-    assert sum(r[f]["base"]["packages"] for f in ("seen", "unseen")) == r["data"]["heldout_packages"]
+    data = r["data"]
+    assert data["heldout_seen_packages"] + data["heldout_unseen_packages"] == data["heldout_packages"]
+    assert r["seen"]["base"]["packages"] == data["heldout_seen_packages"]
+    assert r["unseen"]["base"]["packages"] == data["unseen_packages_evaluated"]
     for stage in ("base", "sft", "grpo"):
         assert r["heldout_eval"][stage]["packages"] > 0, stage
     assert r["train"]["sft"]["steps"] > 0

@@ -306,6 +306,12 @@ def test_run_eval_on_the_catalog_with_a_tiny_model(tmp_path: Path, tiny: Path) -
     # the same seed gives the same rollouts
     again = run_eval(settings, str(tiny), k=2, trials=3, max_turns=2, seed=1, progress=False)
     assert [c.model_dump() for c in again.cases] == [c.model_dump() for c in report.cases]
+    # ``only`` picks held-out packages by env id: the same case, the same rollouts
+    stock = pkgs["stock"].env_id
+    one = run_eval(settings, str(tiny), k=2, trials=3, max_turns=2, seed=1, progress=False, only={stock})
+    assert [c.model_dump() for c in one.cases] == [c.model_dump() for c in report.cases if c.env_ref == stock]
+    with pytest.raises(ValueError, match="none of the ids"):
+        run_eval(settings, str(tiny), k=2, progress=False, only={pkgs["price"].env_id})  # a train package
 
 
 def test_final_answer_must_be_stated_as_a_whole_word() -> None:

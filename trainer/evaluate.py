@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -448,6 +448,7 @@ def run_eval(
     max_turns: int | None = None,
     seed: int = 0,
     limit: int | None = None,
+    only: Collection[str] | None = None,
     concurrency: int = 4,
     progress: bool = True,
     user: EvalUser = "gateway",
@@ -464,23 +465,31 @@ def run_eval(
     temperature); ``settings.train.backend`` picks transformers (CPU) or vLLM. An endpoint's turns
     sample at ``settings.train.temperature`` within ``max_turns``. ``limit`` caps the held-out
     packages (the first by env_id) and, separately, the interactive instances (the first by
-    instance id). ``user`` picks who plays the user of interactive cases: the gateway settings
-    describe (``ARENA_LLM``; closed afterwards), or the evaluated policy itself (for a policy
-    SFT-trained on user-simulator samples too; an endpoint plays it through the gateway's
-    ``user_simulator`` role). Raises ``ValueError`` when there is nothing held out.
+    instance id). ``only``: evaluate just the held-out packages and instances with these ids (env
+    ids, instance ids), before ``limit``. ``user`` picks who plays the user of interactive cases:
+    the gateway settings describe (``ARENA_LLM``; closed afterwards), or the evaluated policy
+    itself (for a policy SFT-trained on user-simulator samples too; an endpoint plays it through
+    the gateway's ``user_simulator`` role). Raises ``ValueError`` when there is nothing held out,
+    or ``only`` names none of it.
     """
     from trainer.endpoint_policy import check_endpoint_url, is_endpoint
 
     endpoint = is_endpoint(model_path)
     if endpoint:
         check_endpoint_url(model_path)
-    heldout = heldout_cases(settings)[:limit]
-    instances = heldout_instances(settings)[:limit]
+    heldout = heldout_cases(settings)
+    instances = heldout_instances(settings)
     if not heldout and not instances:
         raise ValueError(
             "no held-out packages or interactive instances in the catalog "
             "(run the environment track or the EigenData track first)"
         )
+    if only is not None:
+        heldout = [h for h in heldout if h.package.env_id in only]
+        instances = [s for s in instances if s.env_ref in only]
+        if not heldout and not instances:
+            raise ValueError("none of the ids to evaluate is a held-out package or interactive instance")
+    heldout, instances = heldout[:limit], instances[:limit]
     plan = _EvalPlan(
         heldout=heldout,
         instances=instances,

@@ -1,7 +1,8 @@
 """Stage ``envs.verified -> samples.verified``: training samples from verified packages.
 
-Every package is recorded in the catalog with its split, the package's
-content hash mod ``envs.heldout_k`` (bucket 0 is held out). Held-out packages
+Every package is recorded in the catalog with its split: held out when the package's
+content hash mod ``envs.heldout_k`` is 0, or when it calls a tool of a family held
+out by ``envs.heldout_families_k`` (``lake.env_packages.package_split``). Held-out packages
 stay in the catalog for evaluation and are never published, so the trainer
 cannot see them.
 """
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 from arena.hashing import content_hash
 from arena.records.envs import EnvPackage, VerifiedSample
-from lake.env_packages import split_of
+from lake.env_packages import package_split
 from streams.resources import env_store_for
 from streams.runtime import Context, Emit, StageDef
 
@@ -45,7 +46,8 @@ def sample_of(package: EnvPackage) -> VerifiedSample:
 
 
 async def handle(record: EnvPackage, ctx: Context) -> Sequence[Emit]:
-    split = split_of(record.env_id, ctx.settings.envs.heldout_k)
+    envs = ctx.settings.envs
+    split = package_split(record, envs.heldout_k, envs.heldout_families_k)
     await asyncio.to_thread(env_store_for(ctx.settings).record, record, split)
     if split == "heldout":
         return []
