@@ -6,10 +6,16 @@ clear message naming what and how to fix it, and exits 2 without a traceback.
 
 from __future__ import annotations
 
+import json
+import os
+import re
+from typing import get_origin
+
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 
-from arena.config import ArenaSettings
+from arena.config import ArenaSettings, Section
 
 console = Console()
 err = Console(stderr=True)
@@ -25,6 +31,8 @@ def settings() -> ArenaSettings:
         return ArenaSettings()
     except ValidationError as exc:
         raise UserError(settings_problems(exc)) from None
+    except SettingsError as exc:  # a list or mapping setting whose value is not JSON
+        raise UserError(settings_parse_problem(exc)) from None
 
 
 def settings_problems(exc: ValidationError) -> str:
@@ -40,6 +48,40 @@ def settings_problems(exc: ValidationError) -> str:
         rest = f" (at {'.'.join(loc[2:])})" if len(loc) > 2 else ""
         lines.append(f"  {name}{rest}: {msg}")
     return "invalid configuration (ARENA_* environment variables or the settings file):\n" + "\n".join(lines)
+
+
+def settings_parse_problem(exc: SettingsError) -> str:
+    """The variables whose value could not be parsed (pydantic-settings names only the field or
+    section), and the fix."""
+    found = re.search(r'field "([a-z_]+)"', str(exc))
+    name = found.group(1) if found else ""
+    names = _not_json(name) or [f"ARENA_{name.upper()}" if name else "ARENA_*"]
+    return (
+        "invalid configuration (ARENA_* environment variables or the settings file):\n"
+        f"  {', '.join(names)}: the value could not be parsed; list and mapping settings take JSON, "
+        """e.g. '["get_order_status"]' or '{"trajectories": 64}'"""
+    )
+
+
+def _not_json(name: str) -> list[str]:
+    """The set variables of field ``name`` (or of its section's fields) that take JSON but hold none."""
+    field = ArenaSettings.model_fields.get(name)
+    if field is None:
+        return []
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        wanted = {f"ARENA_{name}__{sub}".upper(): f.annotation for sub, f in annotation.model_fields.items()}
+    else:
+        wanted = {f"ARENA_{name}".upper(): annotation}
+    bad = []
+    for var, value in os.environ.items():
+        kind = wanted.get(var.upper())
+        if get_origin(kind) in (list, dict) or kind in (list, dict):
+            try:
+                json.loads(value)
+            except ValueError:
+                bad.append(var)
+    return sorted(bad)
 
 
 def broker(cfg: ArenaSettings) -> str:

@@ -151,6 +151,15 @@ class EnvSettings(Section):
             "trained on; 0 holds out none, 1 is refused (it would hold out everything).",
         ),
     ]
+    heldout_families: Annotated[
+        list[str],
+        Field(
+            default_factory=list,
+            description="Tool families held out by name, besides heldout_families_k, as JSON: "
+            '["get_order_status"] holds out get_order_status, get_order_status_2, ... and every package '
+            "calling one.",
+        ),
+    ]
     flaw_rate: Annotated[
         float,
         Field(

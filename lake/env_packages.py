@@ -13,6 +13,7 @@ Synchronous (SQLAlchemy): stages call it through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -45,12 +46,16 @@ def held_out_family(family: str, k: int) -> bool:
     return k > 0 and int(content_hash(family, length=16), 16) % k == 0
 
 
-def package_split(package: EnvPackage, heldout_k: int, heldout_families_k: int = 0) -> Split:
+def package_split(
+    package: EnvPackage, heldout_k: int, heldout_families_k: int = 0, heldout_families: Collection[str] = ()
+) -> Split:
     """A package's split. Held out when its hash falls in bucket 0 of ``heldout_k`` (new questions
-    and data for tools trained on), or when it calls a tool of a held-out family
-    (``heldout_families_k``; 0 holds none out), so no tool of that family ever reaches training."""
+    and data for tools trained on), or when it calls a tool of a held-out family, so no tool of
+    that family ever reaches training: one whose hash is 0 mod ``heldout_families_k`` (0 holds
+    none out), or one named in ``heldout_families`` (a ``_2`` suffix there is ignored too)."""
+    named = {tool_family(f) for f in heldout_families}
     families = {tool_family(tool_name(t)) for t in package.tools}
-    if any(held_out_family(f, heldout_families_k) for f in families):
+    if families & named or any(held_out_family(f, heldout_families_k) for f in families):
         return "heldout"
     return split_of(package.env_id, heldout_k)
 

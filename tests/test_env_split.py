@@ -79,6 +79,15 @@ def test_a_package_calling_a_held_out_family_is_held_out_whatever_its_hash() -> 
     assert package_split(_package(env_id, TRAINED_AT_20, f"{HELD_AT_20}_2"), 3, 20) == "heldout"
 
 
+def test_families_named_in_the_settings_are_held_out_too() -> None:
+    env_id = _train_env_id(3)
+    named = [f"{TRAINED_AT_20}_3"]  # the suffix is ignored on this side as well
+    assert package_split(_package(env_id, TRAINED_AT_20), 3, 0, named) == "heldout"
+    assert package_split(_package(env_id, f"{TRAINED_AT_20}_2"), 3, 0, named) == "heldout"
+    assert package_split(_package(env_id, "get_other"), 3, 0, named) == "train"
+    assert package_split(_package(env_id, HELD_AT_20), 3, 20, ["get_other"]) == "heldout"  # both apply
+
+
 def test_no_held_out_family_reaches_a_train_package() -> None:
     names = [f"get_thing_{w}" for w in ("price", "owner", "city", "rating", "stock", "name", "year")]
     names += [HELD_AT_20, TRAINED_AT_20]
@@ -100,25 +109,26 @@ def test_no_held_out_family_reaches_a_train_package() -> None:
 
 
 def test_settings_refuse_holding_out_every_family() -> None:
-    assert EnvSettings().heldout_families_k == 0
+    assert EnvSettings().heldout_families_k == 0 and EnvSettings().heldout_families == []
     assert EnvSettings(heldout_families_k=20).heldout_families_k == 20
     with pytest.raises(ValidationError, match="every tool family"):
         EnvSettings(heldout_families_k=1)
 
 
 def test_the_stage_catalogs_every_package_and_publishes_only_trained_families(tmp_path: Path) -> None:
-    """``samples-verified`` on a real SQLite catalog, with a family held out."""
+    """``samples-verified`` on a real SQLite catalog, with a family held out by hash and one by name."""
     settings = ArenaSettings(
         home=tmp_path / "home",
         llm="rules",
         catalog_url=None,
-        envs=EnvSettings(heldout_k=8, heldout_families_k=20),
+        envs=EnvSettings(heldout_k=8, heldout_families_k=20, heldout_families=["get_named"]),
     )
     stage = samples_verified.STAGE
     env_id = _train_env_id(8)
     trained = _package(env_id, TRAINED_AT_20)
     held = _package(f"{env_id}-b", TRAINED_AT_20, f"{HELD_AT_20}_2")
-    assert split_of(held.env_id, 8) == "train"  # held out for its family alone
+    named = _package(f"{env_id}-c", "get_named")
+    assert split_of(held.env_id, 8) == split_of(named.env_id, 8) == "train"  # held out for their families
 
     async def run(pkg: EnvPackage) -> list[Any]:
         raw = pkg.model_dump_json().encode()
@@ -129,9 +139,10 @@ def test_the_stage_catalogs_every_package_and_publishes_only_trained_families(tm
     assert [(e.topic, VerifiedSample.model_validate(e.value.model_dump()).env_ref) for e in published] == [
         ("samples.verified", env_id)
     ]
-    assert asyncio.run(run(held)) == []
+    assert asyncio.run(run(held)) == [] and asyncio.run(run(named)) == []
     store = EnvPackageStore(settings.catalog)
     try:
-        assert {r.env_id: r.split for r in store.rows()} == {env_id: "train", held.env_id: "heldout"}
+        splits = {r.env_id: r.split for r in store.rows()}
+        assert splits == {env_id: "train", held.env_id: "heldout", named.env_id: "heldout"}
     finally:
         store.dispose()

@@ -132,7 +132,13 @@ def test_valid_nested_overrides_still_work(clean_env: Path, monkeypatch: pytest.
 
 
 def test_the_cli_reports_bad_settings_without_a_traceback(tmp_path: Path) -> None:
-    for extra in ({"ARENA_HOME": ""}, {"ARENA_SFT__WALK": "3"}):
+    bad = (
+        {"ARENA_HOME": ""},
+        {"ARENA_SFT__WALK": "3"},
+        {"ARENA_ENVS__HELDOUT_FAMILIES": "get_order_status"},  # not JSON: a parse error, not a validation one
+        {"ARENA_STAGE_CONCURRENCY_BY_STAGE": "chains=2"},
+    )
+    for extra in bad:
         env = arena_env(tmp_path / "home", ARENA_CONFIG=str(tmp_path / "none.toml"), **extra)
         proc = subprocess.run(
             [ARENA, "status"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path

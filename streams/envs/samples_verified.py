@@ -2,7 +2,8 @@
 
 Every package is recorded in the catalog with its split: held out when the package's
 content hash mod ``envs.heldout_k`` is 0, or when it calls a tool of a family held
-out by ``envs.heldout_families_k`` (``lake.env_packages.package_split``). Held-out packages
+out by ``envs.heldout_families_k`` or named in ``envs.heldout_families``
+(``lake.env_packages.package_split``). Held-out packages
 stay in the catalog for evaluation and are never published, so the trainer
 cannot see them.
 """
@@ -47,7 +48,7 @@ def sample_of(package: EnvPackage) -> VerifiedSample:
 
 async def handle(record: EnvPackage, ctx: Context) -> Sequence[Emit]:
     envs = ctx.settings.envs
-    split = package_split(record, envs.heldout_k, envs.heldout_families_k)
+    split = package_split(record, envs.heldout_k, envs.heldout_families_k, envs.heldout_families)
     await asyncio.to_thread(env_store_for(ctx.settings).record, record, split)
     if split == "heldout":
         return []
