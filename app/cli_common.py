@@ -6,19 +6,20 @@ clear message naming what and how to fix it, and exits 2 without a traceback.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from typing import get_origin
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
 
-from arena.config import ArenaSettings, Section
+from arena.config import ArenaSettings, unparsable_env_vars
 
 console = Console()
 err = Console(stderr=True)
+
+
+INVALID_SETTINGS = "invalid configuration (ARENA_* environment variables or the settings file):\n"
 
 
 class UserError(Exception):
@@ -47,7 +48,7 @@ def settings_problems(exc: ValidationError) -> str:
         name = f"ARENA_{loc[0].upper()}" + "".join(f"__{p.upper()}" for p in loc[1:2]) if loc else "ARENA_*"
         rest = f" (at {'.'.join(loc[2:])})" if len(loc) > 2 else ""
         lines.append(f"  {name}{rest}: {msg}")
-    return "invalid configuration (ARENA_* environment variables or the settings file):\n" + "\n".join(lines)
+    return INVALID_SETTINGS + "\n".join(lines)
 
 
 def settings_parse_problem(exc: SettingsError) -> str:
@@ -55,33 +56,12 @@ def settings_parse_problem(exc: SettingsError) -> str:
     section), and the fix."""
     found = re.search(r'field "([a-z_]+)"', str(exc))
     name = found.group(1) if found else ""
-    names = _not_json(name) or [f"ARENA_{name.upper()}" if name else "ARENA_*"]
+    names = unparsable_env_vars(os.environ) or [f"ARENA_{name.upper()}" if name else "ARENA_*"]
     return (
-        "invalid configuration (ARENA_* environment variables or the settings file):\n"
-        f"  {', '.join(names)}: the value could not be parsed; list and mapping settings take JSON, "
+        INVALID_SETTINGS
+        + f"  {', '.join(names)}: the value could not be parsed; list and mapping settings take JSON, "
         """e.g. '["get_order_status"]' or '{"trajectories": 64}'"""
     )
-
-
-def _not_json(name: str) -> list[str]:
-    """The set variables of field ``name`` (or of its section's fields) that take JSON but hold none."""
-    field = ArenaSettings.model_fields.get(name)
-    if field is None:
-        return []
-    annotation = field.annotation
-    if isinstance(annotation, type) and issubclass(annotation, Section):
-        wanted = {f"ARENA_{name}__{sub}".upper(): f.annotation for sub, f in annotation.model_fields.items()}
-    else:
-        wanted = {f"ARENA_{name}".upper(): annotation}
-    bad = []
-    for var, value in os.environ.items():
-        kind = wanted.get(var.upper())
-        if get_origin(kind) in (list, dict) or kind in (list, dict):
-            try:
-                json.loads(value)
-            except ValueError:
-                bad.append(var)
-    return sorted(bad)
 
 
 def broker(cfg: ArenaSettings) -> str:

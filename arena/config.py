@@ -9,6 +9,7 @@ never show up in ``repr``, logs or ``arena status``.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import typing
 from collections.abc import Mapping
@@ -1028,6 +1029,31 @@ def unknown_env_vars(environ: Mapping[str, str]) -> list[tuple[str, str]]:
             (var, f"{var} is not an Arena setting{_suggest(upper, names)} (fix: rename or unset it)")
         )
     return problems
+
+
+def _annotation(key: str) -> Any:
+    """The type of a dotted settings key (``sft.walks``, ``llm_roles``)."""
+    name, _, sub = key.partition(".")
+    annotation = ArenaSettings.model_fields[name].annotation
+    section = _section(annotation)
+    return section.model_fields[sub].annotation if section and sub else annotation
+
+
+def unparsable_env_vars(environ: Mapping[str, str]) -> list[str]:
+    """The set ``ARENA_*`` variables of list or mapping settings whose value is not JSON.
+
+    pydantic-settings parses those values as JSON and, when one fails, names only its field or
+    section (``envs``), so the CLI finds the variable itself."""
+    kinds = {env_name(k): _annotation(k) for k in setting_keys()}
+    bad = []
+    for var, value in environ.items():
+        kind = kinds.get(var.upper())
+        if typing.get_origin(kind) in (list, dict) or kind in (list, dict):
+            try:
+                json.loads(value)
+            except ValueError:
+                bad.append(var)
+    return sorted(bad)
 
 
 def unknown_file_keys(data: Mapping[str, Any], file: Path) -> list[tuple[str, str]]:
