@@ -185,11 +185,15 @@ def _make_engine(url: str) -> Engine:
 
 def create_tables(engine: Engine, tables: Sequence[Any]) -> None:
     """Create ``tables`` if missing; every store in the catalog database starts with this."""
-    try:
-        SQLModel.metadata.create_all(engine, tables=tables)
-    except (IntegrityError, ProgrammingError, OperationalError):
-        # Two processes creating the same tables at once: the loser retries and sees them.
-        SQLModel.metadata.create_all(engine, tables=tables)
+    # Processes starting together race table by table: each lost race means another process
+    # created that table, so a retry (which skips existing tables) gets further; at most one per table.
+    for attempt in range(len(tables) + 1):
+        try:
+            SQLModel.metadata.create_all(engine, tables=tables)
+            return
+        except (IntegrityError, ProgrammingError, OperationalError):
+            if attempt == len(tables):
+                raise
 
 
 def insert_ignore(

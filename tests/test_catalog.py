@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,23 @@ def test_sqlite_catalog_is_shared_by_processes(tmp_path: Path) -> None:
     cat = Catalog(url)
     assert len(cat.artifacts()) == 50
     assert len(cat.lineage_of("w1-3")) == 1
+
+
+def _open_catalog(url: str, start: Any) -> None:
+    start.wait(timeout=60)  # every process creates the tables at the same moment
+    Catalog(url).dispose()
+
+
+def test_processes_starting_together_all_create_the_catalog(tmp_path: Path) -> None:
+    # Workers of a fresh deployment open the catalog at once: each lost table-creation race must be
+    # retried, not end the worker ("table ... already exists").
+    ctx = multiprocessing.get_context("spawn")
+    for round_ in range(2):
+        url = f"sqlite:///{tmp_path / f'fresh-{round_}.db'}"
+        start = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_catalog, args=(url, start)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0]
