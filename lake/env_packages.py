@@ -12,7 +12,6 @@ Synchronous (SQLAlchemy): stages call it through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Literal
@@ -22,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, col, func, select
 
 from arena.hashing import content_hash
-from arena.records.envs import EnvPackage
+from arena.records.envs import EnvPackage, tool_family
 from arena.records.tools import tool_name
 from lake.catalog import _make_engine, create_tables, insert_ignore
 
@@ -33,12 +32,6 @@ def split_of(env_id: str, k: int) -> Split:
     """Deterministic split: the package's content hash mod k; bucket 0 is held out."""
     bucket = int(content_hash(env_id, length=16), 16) % k
     return "heldout" if bucket == 0 else "train"
-
-
-def tool_family(name: str) -> str:
-    """A tool's family: its name without the ``_2``, ``_3``... suffix synthesis adds to keep the names
-    of one package unique (``streams.envs.synthesis.unique_names``), so variants go together."""
-    return re.sub(r"_\d+$", "", name) or name
 
 
 def held_out_family(family: str, k: int) -> bool:

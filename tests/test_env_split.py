@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from arena.config import ArenaSettings, EnvSettings
-from arena.records.envs import EnvPackage, VerifiedSample
+from arena.records.envs import VARIANT_STEM, EnvPackage, VerifiedSample, tool_family, variant_name
 from arena.topics import topic
-from lake.env_packages import EnvPackageStore, held_out_family, package_split, split_of, tool_family
+from lake.env_packages import EnvPackageStore, held_out_family, package_split, split_of
 from streams.envs import samples_verified
 from streams.runtime import Context, run_handler
 
@@ -56,6 +56,14 @@ def test_tool_family_drops_the_uniqueness_suffix_only() -> None:
     assert tool_family("get_city_state") == "get_city_state"
     assert tool_family("get_v2_rates") == "get_v2_rates"  # digits inside the name stay
     assert tool_family("_2") == "_2"  # never an empty family
+
+
+def test_a_long_name_and_its_variants_share_one_family() -> None:
+    long = "get_" + "x" * 58 + "_rate"  # 67 > VARIANT_STEM characters: variants cut the stem
+    variants = [variant_name(long, n) for n in (2, 3, 12)]
+    assert all(len(v) <= 64 for v in variants)
+    assert {tool_family(v) for v in variants} == {tool_family(long)} == {long[:VARIANT_STEM]}
+    assert tool_family(variant_name("get_rate", 2)) == "get_rate"
 
 
 def test_held_out_family_hand_cases() -> None:

@@ -32,7 +32,16 @@ from arena.llm.roles.envs import (
     ToolSpec,
     ToolSpecInput,
 )
-from arena.records.envs import EnvJob, EnvPackage, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
+from arena.records.envs import (
+    EnvJob,
+    EnvPackage,
+    Grounding,
+    KbTable,
+    KnowledgeBase,
+    QaTrace,
+    SubQA,
+    tool_family,
+)
 from sandbox import SandboxPool
 from sandbox.env_runtime import (
     EnvSession,
@@ -54,7 +63,7 @@ from simulator.envs import (
     tool_scaling,
     tool_spec,
 )
-from streams.envs.synthesis import SynthesisResult, package_id, synthesize_package
+from streams.envs.synthesis import SynthesisResult, package_id, synthesize_package, unique_names
 
 T = TypeVar("T")
 
@@ -209,6 +218,19 @@ def spec_input(qa: SubQA, table: KbTable) -> ToolSpecInput:
 
 
 # --- rules ------------------------------------------------------------------------------------
+
+
+def test_unique_names_suffix_repeats_within_64_chars_and_keep_the_family() -> None:
+    obj = {"type": "object", "properties": {}}
+    long = "get_" + "very_long_" * 6 + "rate"  # 68 characters
+    specs = [
+        ToolSpec(name=n, description="d", parameters=obj)
+        for n in ("get_rate", "get_rate", long[:64], long[:64])
+    ]
+    names = [s.name for s in unique_names(specs)]
+    assert names[:2] == ["get_rate", "get_rate_2"]
+    assert names[3] != names[2] and len(names[3]) <= 64
+    assert tool_family(names[3]) == tool_family(names[2])  # a held-out family takes both (lake.package_split)
 
 
 def test_rules_write_a_lookup_tool_that_reads_the_table() -> None:

@@ -9,6 +9,7 @@ tool's data and lets verification detect tampered data.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -185,6 +186,24 @@ class EnvJob(Record):
     answer: Annotated[str, Field(description="Sub-answer a_i the invocation's output must contain.")]
     tool: Annotated[str, Field(description="Name of the tool the invocation calls.")]
     invocation: Annotated[str, Field(description="One Python call expression, e.g. get_x(id='a').")]
+
+
+VARIANT_STEM = 60
+"""Characters of a tool name kept before a variant's ``_n`` suffix: ``name_n`` stays within 64."""
+
+
+def variant_name(name: str, n: int) -> str:
+    """The ``n``-th tool of one package that wants ``name`` (n >= 2): ``name_2``, ``name_3``..."""
+    return f"{name[:VARIANT_STEM]}_{n}"
+
+
+def tool_family(name: str) -> str:
+    """A tool's family: its name without the suffix ``variant_name`` adds, so variants go together.
+
+    Cut to ``VARIANT_STEM`` characters as ``variant_name`` cuts it, so a long name and its variants
+    (whose stems were cut) share one family; never empty.
+    """
+    return (re.sub(r"_\d+$", "", name) or name)[:VARIANT_STEM]
 
 
 class EnvPackage(Record):

@@ -45,7 +45,17 @@ from arena.llm.roles.envs import (
     ToolSpecInput,
 )
 from arena.passages import chunk_passages
-from arena.records.envs import Cell, ContextCut, EnvJob, EnvPackage, Grounding, KbTable, QaTrace, SubQA
+from arena.records.envs import (
+    Cell,
+    ContextCut,
+    EnvJob,
+    EnvPackage,
+    Grounding,
+    KbTable,
+    QaTrace,
+    SubQA,
+    variant_name,
+)
 from sandbox.env_runtime import Runner, contains_answer, judge, normalise, program, verify_package
 from streams.envs.context import role_budget
 from streams.fanout import gather_all
@@ -153,7 +163,7 @@ def unique_names(specs: list[ToolSpec]) -> list[ToolSpec]:
         name, n = spec.name, 1
         while name in taken:
             n += 1
-            name = f"{spec.name[:60]}_{n}"
+            name = variant_name(spec.name, n)
         taken.add(name)
         out.append(spec if name == spec.name else spec.model_copy(update={"name": name}))
     return out
