@@ -67,7 +67,7 @@ async def stage_figures(home: Path | None = None, limit: int | None = None) -> d
         loaded = load_tool_docs([sample_tools_dir() / "good"])
         docs = loaded.servers[:limit]
         current: list[tuple[str, BaseModel]] = [(raw_key(s), s) for s in docs]
-        plan = [
+        plan: list[tuple[StageDef[Any], str]] = [
             (tools_servers.STAGE, "tools.servers"),
             (chains.STAGE, "chains"),
             (tasks.CHAIN_STAGE, "tasks"),

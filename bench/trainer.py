@@ -658,19 +658,20 @@ def trl_phase(
                 clock.prompts = [list(ids) for ids in out[0]]
             return out
 
+    warmup = args.warmup  # the callbacks' own ``args`` parameter (TRL's config) hides the bench's
     with _progress() as progress:
         task = progress.add_task(f"{label} GRPO steps", total=total)
 
         class StepTimer(TrainerCallback):  # type: ignore[misc]
-            def on_step_begin(self, _args: Any, state: Any, control: Any, **kw: Any) -> None:
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 clock.start_step()
 
-            def on_step_end(self, _args: Any, state: Any, control: Any, **kw: Any) -> None:
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                 step_s = time.perf_counter() - clock.step_started
                 clock.rows.append(
                     {
                         "step": state.global_step,
-                        "warmup": state.global_step <= args.warmup,
+                        "warmup": state.global_step <= warmup,
                         "step_s": step_s,
                         "rollout_s": clock.generate_and_score_s - clock.rewards_s,
                         "reward_s": clock.rewards_s,

@@ -200,8 +200,7 @@ async def rollouts(
     """P x G rollouts in lockstep batches of ``chunk`` (the pool's size, as ``Episodes.groups``: a
     rollout waiting for a session would stall its batch), grouped per prompt."""
     from environments.environment import QaEnvironment
-    from trainer.batching import Group
-    from trainer.rollout import RolloutJob, derive_seed, rollout_batch
+    from trainer.rollout import RolloutJob, derive_seed, group_of, rollout_batch
 
     def factory(p: Prompt) -> Any:
         return lambda: QaEnvironment(p.sample, p.package, pool, p.extras, tools=p.tools)
@@ -227,10 +226,9 @@ async def rollouts(
         chunk=chunk,
     )
     groups = [
-        Group(
-            sample_id=p.sample.sample_id,
-            rewards=[t.reward for t in trajectories[k * args.group : (k + 1) * args.group]],
-            rollouts=[t.for_update() for t in trajectories[k * args.group : (k + 1) * args.group]],
+        group_of(
+            p.sample.sample_id,
+            trajectories[k * args.group : (k + 1) * args.group],
             born_step=step,
             behaviour_step=step - 1,
         )

@@ -10,15 +10,18 @@ bash scripts/install_verl.sh
 bash scripts/install_bfcl.sh
 # tau2-bench in a fourth: tests/test_tau2.py imports its domains, gold replay vs tau2's own evaluator.
 bash scripts/install_tau2.sh
+# Debian packages the test servers need, installed only when missing (CI's clean machine).
+apt_install() {
+  local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   echo "installing Debian's PostgreSQL server for the catalog tests"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  apt_install postgresql
 fi
 if [ ! -x /usr/bin/chromium ]; then
   echo "installing Debian's Chromium for the dashboard's browser test (tests/test_ui_browser.py)"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  apt_install chromium
 fi
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest -q "$@"

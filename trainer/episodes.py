@@ -32,7 +32,7 @@ from sandbox import SandboxPool
 from trainer.batching import Group
 from trainer.learner import Learner
 from trainer.mixing import ToolMixer, pool_from_store
-from trainer.rollout import RolloutJob, Trajectory, derive_seed, rollout_batch
+from trainer.rollout import RolloutJob, Trajectory, derive_seed, group_of, rollout_batch
 from trainer.rollout_log import rollout_line
 
 
@@ -176,15 +176,8 @@ class Episodes:
         for k, (sample, kwargs) in enumerate(prepared):
             mine = trajectories[k * cfg.group_size : (k + 1) * cfg.group_size]
             self._record(sample, kwargs, mine, step=step, round_=round_)
-            groups.append(
-                Group(
-                    sample_id=sample.sample_id,
-                    rewards=[t.reward for t in mine],
-                    rollouts=[t.for_update() for t in mine],
-                    born_step=step,
-                    behaviour_step=step - 1 if behaviour_step is None else behaviour_step,
-                )
-            )
+            behaviour = step - 1 if behaviour_step is None else behaviour_step
+            groups.append(group_of(sample.sample_id, mine, born_step=step, behaviour_step=behaviour))
         return groups, skipped
 
     def _record(

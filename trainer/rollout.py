@@ -67,6 +67,7 @@ from environments.render import (
     user_ids,
 )
 from environments.rewards import ToolResult
+from trainer.batching import Group
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Sequence
@@ -112,6 +113,19 @@ class Trajectory(BaseModel):
         """The fields the GRPO update needs (a ``Group`` rollout); messages and raw outputs stay out
         of the checkpointed buffer."""
         return self.model_dump(include=set(UPDATE_FIELDS))
+
+
+def group_of(
+    sample_id: str, trajectories: Sequence[Trajectory], *, born_step: int, behaviour_step: int
+) -> Group:
+    """One prompt's G trajectories as a trainable ``Group``: their rewards and update fields."""
+    return Group(
+        sample_id=sample_id,
+        rewards=[t.reward for t in trajectories],
+        rollouts=[t.for_update() for t in trajectories],
+        born_step=born_step,
+        behaviour_step=behaviour_step,
+    )
 
 
 UPDATE_FIELDS = (
