@@ -204,16 +204,16 @@ async def drive(seed: EigenSeed, settings: ArenaSettings, tally: Tally, captured
         eigen_tasks,
         eigen_verified,
     )
-    from streams.runtime import Context, run_handler
+    from streams.runtime import Context, StageDef, run_handler
 
-    plan = (
+    plan: tuple[tuple[StageDef[Any], str], ...] = (
         (eigen_intents.STAGE, "eigen.intents"),
         (eigen_tasks.STAGE, "eigen.tasks"),
         (eigen_dialogs.STAGE, "eigen.dialogs"),
         (eigen_dialogs_validated.STAGE, "eigen.dialogs.validated"),
         (eigen_verified.STAGE, "eigen.verified"),
     )
-    item = seed
+    item: EigenItem[Any] = seed
     dialogue = ""
     for stage, produces in plan:
         tally.reached[stage.name] += 1

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -108,9 +109,14 @@ async def demo_packages(instances: int) -> list[EnvPackage]:
     from bench.sft_stages import outputs, run_stage
     from streams import resources
     from streams.envs import envs_code, envs_verified, qa_traces, qa_validated
+    from streams.runtime import StageDef
 
-    plan = ((qa_traces.STAGE, "qa.traces"), (qa_validated.STAGE, "qa.validated"))
-    plan += ((envs_code.STAGE, "envs.code"), (envs_verified.STAGE, "envs.verified"))
+    plan: tuple[tuple[StageDef[Any], str], ...] = (
+        (qa_traces.STAGE, "qa.traces"),
+        (qa_validated.STAGE, "qa.validated"),
+        (envs_code.STAGE, "envs.code"),
+        (envs_verified.STAGE, "envs.verified"),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         settings = ArenaSettings(home=Path(tmp), llm="rules", envs={"demo_instances": instances})
         current: list[Any] = [(s.seed_id, s) for s in demo_seeds(settings)]
@@ -207,7 +213,7 @@ async def interleaved(paths: list[PathRun], work: list[Call], concurrency: int, 
             chunk = indexed[r::rounds]
             for path in paths:
                 task = tasks[path.name]
-                await phase(path, chunk, concurrency, lambda task=task: progress.advance(task))
+                await phase(path, chunk, concurrency, functools.partial(progress.advance, task))
 
 
 def _value(result: Any, what: str) -> Any:
