@@ -222,11 +222,8 @@ def spec_input(qa: SubQA, table: KbTable) -> ToolSpecInput:
 
 def test_unique_names_suffix_repeats_within_64_chars_and_keep_the_family() -> None:
     obj = {"type": "object", "properties": {}}
-    long = "get_" + "very_long_" * 6 + "rate"  # 68 characters
-    specs = [
-        ToolSpec(name=n, description="d", parameters=obj)
-        for n in ("get_rate", "get_rate", long[:64], long[:64])
-    ]
+    long = "get_" + "very_long_" * 6  # 64 characters, the most a tool name may have
+    specs = [ToolSpec(name=n, description="d", parameters=obj) for n in ("get_rate", "get_rate", long, long)]
     names = [s.name for s in unique_names(specs)]
     assert names[:2] == ["get_rate", "get_rate_2"]
     assert names[3] != names[2] and len(names[3]) <= 64
