@@ -455,7 +455,8 @@ def tool_families(settings: Any) -> dict[str, str]:
 
 
 def family_figures(report: Any, families: dict[str, str], k: int, seed: int) -> dict[str, Any]:
-    """Per family (seen / unseen): mean F1 with its 95% bootstrap interval, pass@1 and pass^4."""
+    """Per family (seen / unseen): mean F1 with its 95% bootstrap interval, pass@1, pass^4 and the
+    call shares (``call_shares``)."""
     from trainer.evaluate import group_report
 
     out: dict[str, Any] = {}
@@ -463,6 +464,7 @@ def family_figures(report: Any, families: dict[str, str], k: int, seed: int) -> 
         cases = [c for c in report.cases if c.kind == "qa" and families.get(c.env_ref) == family]
         if not cases:
             out[family] = {"packages": 0, "f1": None, "f1_ci": None, "pass1": None, "pass4": None}
+            out[family] |= dict.fromkeys(("failed_call_share", "grounded_call_share"))
             continue
         g = group_report(family, cases, k, seed)
         f1 = g.f1
@@ -472,8 +474,17 @@ def family_figures(report: Any, families: dict[str, str], k: int, seed: int) -> 
             "f1_ci": None if f1 is None else [round(f1.ci_low, 4), round(f1.ci_high, 4)],
             "pass1": round(g.pass_hat[1].mean, 4),
             "pass4": round(g.pass_hat[4].mean, 4) if 4 in g.pass_hat else None,
+            **call_shares(g),
         }
     return out
+
+
+def call_shares(group: Any) -> dict[str, float | None]:
+    """Why F1 is what it is: the shares of failed calls and of calls with grounded arguments."""
+    return {
+        key: None if (value := getattr(group, key)) is None else round(value, 4)
+        for key in ("failed_call_share", "grounded_call_share")
+    }
 
 
 def evaluated_packages(families: dict[str, str], unseen_max: int) -> set[str]:
@@ -517,6 +528,7 @@ def evaluate_stage(
         f"pass@{k}": metric(o.pass_at_k),
         "mean_turns": round(o.mean_turns, 3),
         "mean_tool_calls": round(o.mean_tool_calls, 3),
+        **call_shares(o),
         "trial_errors": sum(len(c.errors) for c in report.cases),
         "per_domain": {
             d.name: {"packages": d.cases, "f1": metric(d.f1), "pass^1": metric(d.pass_hat[1])}

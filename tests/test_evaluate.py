@@ -26,6 +26,7 @@ from environments.render import IM_END, encode_segment
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from tests.test_export_verl import packages
+from trainer.call_stats import CallStats
 from trainer.evaluate import (
     CaseResult,
     EvalReport,
@@ -258,11 +259,15 @@ def test_evaluate_counts_successes_through_real_rollouts(tiny: Path) -> None:
     assert report.overall.pass_at_k.mean == pytest.approx(0.75)
     assert report.overall.f1 is not None and report.overall.f1.mean == pytest.approx((1 + 2 / 3) / 2)
     assert report.overall.mean_turns == 2.0
+    # both scripted calls copy their id from the question and run: nothing failed, all grounded
+    one_good_call = CallStats(calls=1, observations=1, failed=0, grounded=1)
+    assert stock_case.call_stats == price_case.call_stats == [one_good_call] * 4
+    assert (report.overall.failed_call_share, report.overall.grounded_call_share) == (0.0, 1.0)
 
     console = Console(record=True, width=200)
     console.print(report_table(report))
     shown = console.export_text()
-    for text in ("ecommerce", "real_estate", "all", "pass^1", "pass^2", "pass@2", "mean F1", "0.625"):
+    for text in ("ecommerce", "real_estate", "all", "pass^1", "pass^2", "pass@2", "mean F1", "0.625", "100%"):
         assert text in shown
 
 

@@ -50,6 +50,7 @@ from arena.tool_reward import answer_in
 from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
 from streams.envs.samples_verified import sample_of
+from trainer.call_stats import CallStats, call_stats
 
 if TYPE_CHECKING:
     from environments.environment import Environment
@@ -161,6 +162,9 @@ class CaseResult(BaseModel):
     rewards: Annotated[list[float], Field(description="Training reward per trial.")]
     turns: Annotated[list[int], Field(description="Assistant turns per trial.")]
     tool_calls: Annotated[list[int], Field(description="Emitted tool calls per trial.")]
+    call_stats: list[CallStats] = Field(
+        default_factory=list, description="Failed observations and grounded calls per trial."
+    )
     errors: list[str] = Field(default_factory=list, description="Trials that raised (counted as failures).")
 
 
@@ -175,6 +179,16 @@ class GroupReport(BaseModel):
     f1: Annotated[Metric | None, Field(description="Mean over qa cases of the mean trial F1.")]
     mean_turns: Annotated[float, Field(description="Mean assistant turns per trial.")]
     mean_tool_calls: Annotated[float, Field(description="Mean emitted tool calls per trial.")]
+    failed_call_share: Annotated[
+        float | None,
+        Field(description="Tool observations that report a failure / all (None without any)."),
+    ] = None
+    grounded_call_share: Annotated[
+        float | None,
+        Field(
+            description="Parsed calls whose argument values occur in earlier context / all (None without any)."
+        ),
+    ] = None
 
 
 class EvalReport(BaseModel):
@@ -222,6 +236,7 @@ def case_result(sample: VerifiedSample, trajectories: Sequence[Trajectory | str]
         rewards=[float(t.reward) for t in done],
         turns=[int(t.turns) for t in done],
         tool_calls=[int(t.tool_calls) for t in done],
+        call_stats=[call_stats(t.messages, t.tools) for t in done],
         errors=[t for t in trajectories if isinstance(t, str)],
     )
 
@@ -232,6 +247,8 @@ def group_report(name: str, cases: Sequence[CaseResult], k: int, seed: int) -> G
     qa = [c for c in cases if c.kind == "qa"]
     turns = [t for c in cases for t in c.turns]
     calls = [t for c in cases for t in c.tool_calls]
+    stats = [s for c in cases for s in c.call_stats]
+    observations, parsed = sum(s.observations for s in stats), sum(s.calls for s in stats)
     return GroupReport(
         name=name,
         cases=len(cases),
@@ -241,6 +258,8 @@ def group_report(name: str, cases: Sequence[CaseResult], k: int, seed: int) -> G
         f1=bootstrap_ci([sum(c.f1) / len(c.f1) if c.f1 else 0.0 for c in qa], rng) if qa else None,
         mean_turns=sum(turns) / len(turns) if turns else 0.0,
         mean_tool_calls=sum(calls) / len(calls) if calls else 0.0,
+        failed_call_share=sum(s.failed for s in stats) / observations if observations else None,
+        grounded_call_share=sum(s.grounded for s in stats) / parsed if parsed else None,
     )
 
 
@@ -676,16 +695,26 @@ def _cell(metric: Metric | None) -> str:
     return f"{metric.mean:.3f} [{metric.ci_low:.2f}, {metric.ci_high:.2f}]"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def report_table(report: EvalReport) -> Table:
-    """Per-domain rows and an 'all' row: cases, trials, pass^1..pass^k, pass@k, mean F1 (95% CI)."""
+    """Per-domain rows and an 'all' row: cases, trials, pass^1..pass^k, pass@k, mean F1 (95% CI),
+    and the shares of failed calls and of calls with grounded arguments (``trainer.call_stats``)."""
     table = Table(title=f"held-out evaluation: n={report.trials} trials per case, k={report.k}")
-    table.caption = escape(f"each cell: mean [95% CI low, high]; {report.ci_method}")
+    table.caption = escape(
+        f"each cell: mean [95% CI low, high]; {report.ci_method}; failed: tool observations that report"
+        " an error; grounded: calls whose argument values all occur earlier in the conversation"
+    )
     for column in ("domain", "cases", "trials"):
         table.add_column(column, justify="left" if column == "domain" else "right")
     for j in range(1, report.k + 1):
         table.add_column(f"pass^{j}", justify="right")
     table.add_column(f"pass@{report.k}", justify="right")
     table.add_column("mean F1", justify="right")
+    table.add_column("failed", justify="right")
+    table.add_column("grounded", justify="right")
     for i, group in enumerate([*report.domains, report.overall]):
         table.add_row(
             group.name,
@@ -694,6 +723,8 @@ def report_table(report: EvalReport) -> Table:
             *(_cell(group.pass_hat[j]) for j in range(1, report.k + 1)),
             _cell(group.pass_at_k),
             _cell(group.f1),
+            _share(group.failed_call_share),
+            _share(group.grounded_call_share),
             style="bold" if i == len(report.domains) else None,
             end_section=i == len(report.domains) - 1,
         )
