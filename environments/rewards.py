@@ -134,7 +134,7 @@ class ScoreRequest(BaseModel):
     ] = None
 
 
-def _text(content: Any) -> str:
+def message_text(content: Any) -> str:
     """A message's content as text (a list of content parts joined)."""
     if isinstance(content, list):
         return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
@@ -174,7 +174,9 @@ def calls_of_messages(messages: Sequence[dict[str, Any]]) -> tuple[int, list[Too
             answered.add(call_id)
             name = message.get("name") or names.get(call_id, "")
             failed = message.get("error") is True
-            results.append(ToolResult(name=str(name), content=_text(message.get("content")), ok=not failed))
+            results.append(
+                ToolResult(name=str(name), content=message_text(message.get("content")), ok=not failed)
+            )
     return declared + unanswered, results
 
 

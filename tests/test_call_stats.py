@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from trainer.call_stats import CallStats, call_stats, failed_observation, grounded
+from trainer.call_stats import CallStats, call_stats, grounded
 from trainer.evaluate import CaseResult, group_report
 
 
@@ -86,7 +86,8 @@ def test_values_from_tool_outputs_and_schemas_count_but_the_models_own_words_do_
     ],
 )
 def test_failed_observations_follow_the_rewards_rule(message: dict[str, Any], failed: bool) -> None:
-    assert failed_observation(message) is failed
+    stats = call_stats([*QUESTION, message])
+    assert (stats.observations, stats.failed) == (1, int(failed))
 
 
 def test_group_shares_pool_the_trials_of_every_case() -> None:

@@ -25,7 +25,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from arena.llm.replies import parse_arguments
 from arena.tool_reward import answer_in, error_payload
+from environments.rewards import calls_of_messages, message_text
 
 _SOURCES = frozenset({"system", "user", "tool"})
 
@@ -43,15 +45,6 @@ class CallStats(BaseModel):
     ]
 
 
-def _text(content: object) -> str:
-    """A message's content as text (OpenAI content may be a list of parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return "" if content is None else str(content)
-
-
 def _leaves(value: object) -> Iterator[str]:
     """String and number leaves of a JSON value (booleans and nulls carry no content)."""
     if isinstance(value, Mapping):
@@ -67,44 +60,28 @@ def _leaves(value: object) -> Iterator[str]:
         yield str(value)
 
 
-def _arguments(call: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The call's arguments object, or None when they are not one."""
-    raw = (call.get("function") or {}).get("arguments", {})
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            return None
-    return raw if isinstance(raw, Mapping) else None
-
-
 def grounded(call: Mapping[str, Any], context: str) -> bool:
     """Whether every argument value of ``call`` (an OpenAI tool call) is stated in ``context``."""
-    arguments = _arguments(call)
+    arguments = parse_arguments((call.get("function") or {}).get("arguments", {}))
     if arguments is None:
         return False
     return all(answer_in(leaf, context) for leaf in _leaves(arguments))
 
 
-def failed_observation(message: Mapping[str, Any]) -> bool:
-    """Whether a tool message reports a failed call (the reward's rule)."""
-    return bool(message.get("error")) or error_payload(_text(message.get("content")))
-
-
-def call_stats(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> CallStats:
+def call_stats(messages: Sequence[dict[str, Any]], tools: Sequence[Mapping[str, Any]] = ()) -> CallStats:
     """Count the calls of one trajectory; ``tools`` are the schemas it was offered (their enums and
-    descriptions are context a call may copy from)."""
-    context = [json.dumps(list(tools), ensure_ascii=False)] if tools else []
-    calls = observations = failed = good = 0
+    descriptions are context a call may copy from). Observations are read as the reward reads them
+    (``environments.rewards.calls_of_messages``)."""
+    _, results = calls_of_messages(messages)
+    context = json.dumps(list(tools), ensure_ascii=False) if tools else ""
+    calls = good = 0
     for message in messages:
         role = message.get("role")
         if role == "assistant":
             for call in message.get("tool_calls") or []:
                 calls += 1
-                good += grounded(call, "\n".join(context))
-        elif role == "tool":
-            observations += 1
-            failed += failed_observation(message)
+                good += grounded(call, context)
         if role in _SOURCES:
-            context.append(_text(message.get("content")))
-    return CallStats(calls=calls, observations=observations, failed=failed, grounded=good)
+            context += "\n" + message_text(message.get("content"))
+    failed = sum(not r.ok or error_payload(r.content) for r in results)
+    return CallStats(calls=calls, observations=len(results), failed=failed, grounded=good)
