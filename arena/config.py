@@ -463,6 +463,17 @@ class TrainSettings(Section):
             "mini-batch, strictly on-policy.",
         ),
     ]
+    update_epochs: Annotated[
+        int,
+        Field(
+            default=1,
+            ge=1,
+            le=16,
+            description="mu: passes over each GRPO batch (GRPO's iterations per sample batch; TRL "
+            "num_iterations, verl ppo_epochs). Every pass after the first is off-policy by the earlier "
+            "optimizer steps, which the clipped ratio against the rollout's log-probs bounds.",
+        ),
+    ]
     max_off_policy_steps: Annotated[
         int,
         Field(

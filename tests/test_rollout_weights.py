@@ -1,4 +1,5 @@
-"""Lagged rollout weights (``max_off_policy_steps``): which weights each step's rollouts use, on a tiny model."""
+"""Lagged rollout weights (``max_off_policy_steps``): which weights each step's rollouts use, and the
+off-policy passes of one batch (``update_epochs``, ``mini_batches``), on a tiny model."""
 
 from __future__ import annotations
 
@@ -116,10 +117,13 @@ def test_on_policy_learner_syncs_after_every_update(tiny: Path) -> None:
     assert "is_weight_mean" not in metrics  # the on-policy loss, exactly as before
 
 
-def test_lagged_mini_batches_take_their_ratio_against_the_update_start(tiny: Path) -> None:
-    # Two optimizer steps per batch: every mini-batch's proximal log-probs are those of the weights
+@pytest.mark.parametrize("passes", [{"mini_batches": 2}, {"update_epochs": 2}])
+def test_lagged_mini_batches_take_their_ratio_against_the_update_start(
+    tiny: Path, passes: dict[str, int]
+) -> None:
+    # Two optimizer steps per batch: every step's proximal log-probs are those of the weights
     # before the first step. Rollouts on those very weights: proximal = behaviour log-probs.
-    learner = Learner.load(tiny, TrainSettings(max_off_policy_steps=1, mini_batches=2, lr=5e-2))
+    learner = Learner.load(tiny, TrainSettings(max_off_policy_steps=1, lr=5e-2, **passes))
     learner.new_optimizer("grpo")
     learner.start_rollouts(0)
     groups = [_group(learner, 1), _group(learner, 3)]
@@ -130,4 +134,39 @@ def test_lagged_mini_batches_take_their_ratio_against_the_update_start(tiny: Pat
         for row, r in zip(rows, g.rollouts, strict=True):
             torch.testing.assert_close(torch.tensor(row), torch.tensor(r["logprobs"]), atol=1e-4, rtol=0)
     metrics = learner.grpo_step(groups)
+    assert _adam_steps(learner) == 2
     assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+def _adam_steps(learner: Learner) -> int:
+    assert learner.optimizer is not None
+    return max(int(state["step"]) for state in learner.optimizer.state.values())
+
+
+def test_update_epochs_are_more_passes_over_one_batch_against_its_rollout_logprobs(tiny: Path) -> None:
+    # mu = 3 passes over the batch: three optimizer steps, each with its ratio against the log-probs
+    # the rollouts recorded -- exactly what three one-pass updates on the same groups do.
+    cfg = TrainSettings(lr=5e-2, update_epochs=3)
+    learner = Learner.load(tiny, cfg)
+    learner.new_optimizer("grpo")
+    groups = [_group(learner, 1), _group(learner, 3)]
+    metrics = learner.grpo_step(groups)
+    assert _adam_steps(learner) == 3
+    assert metrics["sequences"] == 4  # the batch's size, not summed over its passes
+    assert metrics["response_tokens"] == sum(len(r["response_ids"]) for g in groups for r in g.rollouts)
+    assert metrics["clip_frac"] > 0  # the later passes moved the ratio past 1 + eps: clipped
+
+    one_pass = Learner.load(tiny, TrainSettings(lr=5e-2))
+    one_pass.new_optimizer("grpo")
+    for _ in range(3):
+        one_pass.grpo_step(groups)
+    assert _adam_steps(one_pass) == 3
+    for key, value in one_pass.model.state_dict().items():
+        torch.testing.assert_close(learner.model.state_dict()[key], value, atol=1e-6, rtol=0)
+
+
+def test_one_update_epoch_is_one_optimizer_step(tiny: Path) -> None:
+    learner = Learner.load(tiny, TrainSettings(lr=5e-2))
+    learner.new_optimizer("grpo")
+    metrics = learner.grpo_step([_group(learner, 1)])
+    assert _adam_steps(learner) == 1 and metrics["clip_frac"] == 0  # on-policy: ratio 1, nothing clipped

@@ -150,43 +150,55 @@ class Learner:
         return lr
 
     def grpo_step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """GRPO on ``groups``: one optimizer step per mini-batch, then a weight sync to the rollout backend.
+        """GRPO on ``groups``: ``update_epochs`` passes, one optimizer step per mini-batch each, then a
+        weight sync to the rollout backend.
 
-        With one mini-batch (the default) the update is strictly on-policy; with more, later
-        mini-batches are off-policy by the earlier steps and the clipped ratio corrects them.
+        With one pass and one mini-batch (the default) the update is strictly on-policy; otherwise
+        every later optimizer step is off-policy by the earlier ones and the clipped ratio against
+        the rollout's log-probs corrects it (GRPO's mu iterations, PPO's epochs).
         Lagged rollouts (``rollout_weights``): the decoupled, importance-weighted loss, and no sync
         here -- the service pushes the new weights, which reach the rollouts s steps later.
         """
-        parts = [list(groups[i :: self.cfg.mini_batches]) for i in range(self.cfg.mini_batches)]
+        parts = [
+            p for p in (list(groups[i :: self.cfg.mini_batches]) for i in range(self.cfg.mini_batches)) if p
+        ]
+        epochs = self.cfg.update_epochs
         lagged = self.rollout_weights is not None
-        # Off-policy: every mini-batch's ratio is against the weights at the start of the update.
-        proximal = self._proximal(groups) if lagged and self.cfg.mini_batches > 1 else None
+        # Off-policy: every optimizer step's ratio is against the weights at the start of the update.
+        several = len(parts) > 1 or epochs > 1
+        proximal = self._proximal(groups) if lagged and several else None
         totals: dict[str, float] = {}
-        for part in (p for p in parts if p):
-            prox = None
-            if proximal is not None:
-                prox = [row for g in part for row in proximal[id(g)]]
-            with autocast(self.device, self.precision):
-                metrics = grpo_update(
-                    self.model,
-                    part,
-                    pad_id=self.pad_id,
-                    micro=self.cfg.micro_batch,
-                    clip_low=self.cfg.clip_low,
-                    clip_high=self.cfg.clip_high,
-                    agg=self.cfg.loss_agg,
-                    adv_std=self.cfg.adv_std,
-                    is_cap=self.cfg.is_cap if lagged else None,
-                    prox=prox,
-                )
-            metrics["lr"] = self.optimizer_step()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-        steps = sum(1 for p in parts if p)
-        averaged = {k: v / steps for k, v in totals.items() if k not in ("sequences", "response_tokens")}
+        for _ in range(epochs):
+            for part in parts:
+                for key, value in self._update_on(part, proximal).items():
+                    totals[key] = totals.get(key, 0.0) + value
+        steps = len(parts) * epochs
+        counted = ("sequences", "response_tokens")  # the batch's size, not summed over its passes
+        averaged = {k: v / steps for k, v in totals.items() if k not in counted}
         if not lagged:  # lagged rollouts get these weights s steps later (push_weights)
             self.backend.load_weights(self.model)
-        return averaged | {k: totals[k] for k in ("sequences", "response_tokens") if k in totals}
+        return averaged | {k: totals[k] / epochs for k in counted if k in totals}
+
+    def _update_on(
+        self, part: Sequence[Group], proximal: dict[int, list[list[float]]] | None
+    ) -> dict[str, float]:
+        """One optimizer step on the GRPO loss of ``part``; its metrics and the learning rate used."""
+        lagged = self.rollout_weights is not None
+        prox = None if proximal is None else [row for g in part for row in proximal[id(g)]]
+        with autocast(self.device, self.precision):
+            metrics = grpo_update(
+                self.model,
+                part,
+                pad_id=self.pad_id,
+                micro=self.cfg.micro_batch,
+                clip_low=self.cfg.clip_low,
+                clip_high=self.cfg.clip_high,
+                agg=self.cfg.loss_agg,
+                adv_std=self.cfg.adv_std,
+                is_cap=self.cfg.is_cap if lagged else None,
+                prox=prox,
+            )
+        return metrics | {"lr": self.optimizer_step()}
 
     def _proximal(self, groups: Sequence[Group]) -> dict[int, list[list[float]]]:
         """Per group (by ``id``), each rollout's response log-probs under the current weights, no gradient."""

@@ -25,6 +25,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr": 2e-6,
         "batch_groups": 256,
         "mini_batches": 1,
+        "update_epochs": 1,  # one pass over each batch: on-policy, as the paper trains
         "max_off_policy_steps": 0,  # strictly on-policy: no rollout overlaps an update
         "group_size": 8,
         "delta": 0.0,
