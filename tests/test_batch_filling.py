@@ -167,3 +167,22 @@ def test_state_dict_round_trips_through_json() -> None:
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError):
         BatchFiller(n=0)
+
+
+def test_an_abandoned_step_suggests_a_short_final_step_only_where_one_would_train() -> None:
+    from trainer.service import abandoned_step_line
+
+    hint = "FINAL_SHORT_BATCH=true"
+    line = abandoned_step_line(
+        stopping=False, waiting=2, batch_groups=4, consumed=24, final_short_batch=False
+    )
+    assert "drained" in line and "2 of 4 valid groups after 24 new samples" in line and hint in line
+    # A stop signal never trains a short step; a drained run with nothing waiting has nothing to train.
+    assert hint not in abandoned_step_line(
+        stopping=True, waiting=2, batch_groups=4, consumed=24, final_short_batch=False
+    )
+    assert hint not in abandoned_step_line(
+        stopping=False, waiting=0, batch_groups=4, consumed=8, final_short_batch=False
+    )
+    line = abandoned_step_line(stopping=True, waiting=2, batch_groups=4, consumed=24, final_short_batch=True)
+    assert line.startswith("[yellow]stopping[/yellow]") and "rolled out again" in line

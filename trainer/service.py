@@ -522,11 +522,14 @@ class TrainerService:
         self.filler.load_state_dict(start.filler)
         await self.sources["samples.verified"].rewind(start.offsets["samples.verified"])
         _set_rng(start.rng)
-        why = "stopping" if self.stop.is_set() else "samples.verified is drained"
         self.console.print(
-            f"[yellow]{why}[/yellow]: {waiting} of {self.cfg.batch_groups} valid groups after "
-            f"{len(fill.consumed)} new samples; no step trained (ARENA_TRAIN__FINAL_SHORT_BATCH=true trains a "
-            "short final step); they are rolled out again when the run resumes"
+            abandoned_step_line(
+                stopping=self.stop.is_set(),
+                waiting=waiting,
+                batch_groups=self.cfg.batch_groups,
+                consumed=len(fill.consumed),
+                final_short_batch=self.cfg.final_short_batch,
+            )
         )
 
     def _view(self) -> StepView:
@@ -658,3 +661,18 @@ def _set_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+
+
+def abandoned_step_line(
+    *, stopping: bool, waiting: int, batch_groups: int, consumed: int, final_short_batch: bool
+) -> str:
+    """What the console says of a step that trained nothing. The FINAL_SHORT_BATCH hint only where
+    it would have trained them: a drained run with valid groups waiting (a stop signal never does)."""
+    why = "stopping" if stopping else "samples.verified is drained"
+    hint = ""
+    if not stopping and waiting and not final_short_batch:
+        hint = " (ARENA_TRAIN__FINAL_SHORT_BATCH=true trains them as a short final step)"
+    return (
+        f"[yellow]{why}[/yellow]: {waiting} of {batch_groups} valid groups after {consumed} new samples; "
+        f"no step trained{hint}; they are rolled out again when the run resumes"
+    )
