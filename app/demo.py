@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 
@@ -126,9 +127,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_demo_mcp(log_dir: Path) -> DemoMcp:
-    """Start the library server on a free loopback port (HTTP); the notes server runs per session (stdio)."""
-    port = free_port()
+def start_demo_mcp(log_dir: Path, port: int = 0, clock: datetime | None = None) -> DemoMcp:
+    """Start the library server on loopback ``port`` (0: a free one) over HTTP; the notes server runs
+    per session (stdio), on a logical clock started at ``clock`` when given."""
+    port = port or free_port()
+    notes = [sys.executable, "-m", f"{MCP_PACKAGE}.notes", "--transport", "stdio"]
+    if clock is not None:
+        notes += ["--clock", clock.isoformat()]
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "mcp-library.log").open("ab") as log:
         http = subprocess.Popen(
@@ -149,9 +154,7 @@ def start_demo_mcp(log_dir: Path) -> DemoMcp:
         )
     endpoints = {
         "library": McpEndpoint(transport="http", url=f"http://127.0.0.1:{port}/mcp"),
-        "notes": McpEndpoint(
-            transport="stdio", command=[sys.executable, "-m", f"{MCP_PACKAGE}.notes", "--transport", "stdio"]
-        ),
+        "notes": McpEndpoint(transport="stdio", command=notes),
     }
     return DemoMcp(http, endpoints)
 
@@ -198,7 +201,11 @@ def run_demo(
     tracks: tuple[str, ...] = TRACKS,
 ) -> int:
     """``bootstrap`` must have every topic created (`app.cli.ready_broker`)."""
-    mcp = start_demo_mcp(settings.home / "logs") if "sft" in tracks else None
+    mcp = (
+        start_demo_mcp(settings.home / "logs", settings.demo_mcp_port, settings.demo_mcp_clock)
+        if "sft" in tracks
+        else None
+    )
     try:
         if mcp is not None:
             docs, unreadable, deployed = asyncio.run(publish_demo_inputs(bootstrap, mcp))

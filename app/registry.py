@@ -26,7 +26,7 @@ from streams.eigen import (
     eigen_verified,
 )
 from streams.envs import envs_code, envs_verified, qa_traces, qa_validated, samples_verified
-from streams.runtime import Guarantee, StageDef
+from streams.runtime import LEDGER_TOPIC, Guarantee, StageDef
 from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
 from streams.usage import TOPIC as USAGE_TOPIC
 
@@ -131,6 +131,12 @@ def worker(name: str) -> WorkerDef:
         raise KeyError(f"unknown stage {name!r}; known: {', '.join(WORKERS)}") from None
 
 
+def stage_inputs(names: list[str]) -> dict[str, str]:
+    """The input topic of each of ``names`` that is a stage (they write ``stages.ledger``)."""
+    inputs = {stage.name: stage.input for stage in STAGES}
+    return {name: inputs[name] for name in names if name in inputs}
+
+
 def topics_by_group(names: list[str]) -> dict[str, list[str]]:
     """Input topics per consumer group, for lag and drain checks."""
     return {worker(n).group: list(worker(n).inputs) for n in names}
@@ -153,6 +159,8 @@ CLIENTS: tuple[Client, ...] = (
     # producers/publish_domain.py: phase-2 pilot metrics, phase-3 seeds
     Client("arena publish domain", writes=("eigen.seeds", "eigen.pilot.metrics")),
     # trainer/service.py + trainer/samples_source.py: a sample that does not decode goes to <topic>.dlq
+    # consumers/ledger.py: `arena worker --until-drained` checks every consumed record has an outcome
+    Client("arena worker", writes=(), reads=("stages.ledger",)),
     Client(
         "arena train",
         writes=("trainer.metrics", "samples.sft.dlq", "samples.verified.dlq"),
@@ -180,7 +188,8 @@ def topic_roles() -> dict[str, TopicRoles]:
     writers: dict[str, set[str]] = {name: set() for name in TOPICS}
     readers: dict[str, set[str]] = {name: set() for name in TOPICS}
     for stage in STAGES:
-        for name in (*stage.may_emit, USAGE_TOPIC):  # every stage worker reports its LLM usage
+        # every stage worker reports its LLM usage and writes the ledger entry of each input record
+        for name in (*stage.may_emit, USAGE_TOPIC, LEDGER_TOPIC):
             writers[name].add(stage.name)
     for work in WORKERS.values():
         for name in work.inputs:

@@ -16,7 +16,7 @@ import faust
 
 from app.registry import worker
 from arena.config import ArenaSettings
-from streams import fetch_pacing
+from streams import fetch_pacing, read_committed
 from streams.app import make_app
 
 
@@ -41,6 +41,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("ARENA_BROKER is not set; start workers with `arena worker`")
     spec = worker(argv[0])
     fetch_pacing.install()
+    read_committed.install()  # Faust's consumers read_committed (exactly-once stages)
     if os.environ.get("ARENA_SUPERVISED") == "1":
         exit_with_parent()
     app = make_app(

@@ -48,6 +48,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from arena.config import ArenaSettings
+from streams import read_committed
 
 log = logging.getLogger("arena.ui")
 
@@ -395,6 +396,7 @@ class TrainingFeed:
         from kafka import KafkaConsumer, TopicPartition
 
         if self._consumer is None:
+            read_committed.install()
             self._consumer = KafkaConsumer(
                 bootstrap_servers=self.bootstrap,
                 client_id="arena-ui",

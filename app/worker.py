@@ -31,9 +31,10 @@ from rich.console import Console
 from app.admission_host import start_admission_host
 from app.endpoint_watch import EndpointWatch
 from app.metrics_http import LagCollector, WorkerMetrics
-from app.registry import topics_by_group, worker
+from app.registry import stage_inputs, topics_by_group, worker
 from app.stack import pid_alive
 from arena.config import ArenaSettings
+from consumers import ledger
 from consumers.lag import LagRow, compute_lag, drained
 
 STOP_GRACE_S = 15.0
@@ -198,6 +199,33 @@ def pending_by_group(rows: list[LagRow], groups: dict[str, list[str]]) -> dict[s
     return totals
 
 
+SHOWN_MISSING = 20
+
+
+def accounted_for(bootstrap: str, stages: dict[str, str], console: Console) -> bool:
+    """Every record the stages committed past has a ledger entry (``consumers.ledger``); names those without."""
+    if not stages:
+        return True
+    found = ledger.check(bootstrap, stages)
+    if found.unchecked:
+        console.print(
+            f"[yellow]not checked (no ledger entries; they ran before the ledger existed): "
+            f"{', '.join(found.unchecked)}[/yellow]"
+        )
+    if not found.missing:
+        return True
+    console.print(
+        f"[red]drained, but {len(found.missing)} consumed record(s) have no outcome[/red] "
+        "(no output, rejection, dead letter or duplicate entry in stages.ledger: "
+        "the stage committed past them without handling them):"
+    )
+    for item in found.missing[:SHOWN_MISSING]:
+        console.print(f"  {item}")
+    if len(found.missing) > SHOWN_MISSING:
+        console.print(f"  ... and {len(found.missing) - SHOWN_MISSING} more")
+    return False
+
+
 def run_workers(
     settings: ArenaSettings,
     bootstrap: str,
@@ -249,6 +277,9 @@ def run_workers(
                 )
                 clean_checks = clean_checks + 1 if drained(bootstrap, groups, rows=rows) else 0
                 if clean_checks >= 2:
+                    status.update("drained; checking that every consumed record has an outcome")
+                    if not accounted_for(bootstrap, stage_inputs(names), console):
+                        return 1
                     console.print(f"[green]drained[/green] in {time.monotonic() - started:.1f}s")
                     return 0
                 if timeout_s is not None and time.monotonic() - started > timeout_s:

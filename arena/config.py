@@ -13,6 +13,7 @@ import json
 import os
 import typing
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
@@ -677,6 +678,24 @@ class ArenaSettings(BaseSettings):
             default=None,
             description="SQLAlchemy URL of the catalog (sqlite:///... or postgresql://...). "
             "Secret because Postgres URLs carry passwords. Unset: sqlite:///$ARENA_HOME/catalog.db.",
+        ),
+    ]
+    demo_mcp_port: Annotated[
+        int,
+        Field(
+            default=0,
+            ge=0,
+            le=65535,
+            description="Loopback port of the MCP server `arena demo` deploys (0: a free one). Its URL is "
+            "part of the server's record, so runs that must match record for record pin it.",
+        ),
+    ]
+    demo_mcp_clock: Annotated[
+        datetime | None,
+        Field(
+            default=None,
+            description="Start of a logical clock (ISO 8601) for the demo's notes MCP server: each reading "
+            "advances it 1 s, so its tool results repeat from run to run. Unset: wall time.",
         ),
     ]
     llm: Annotated[

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from arena.records.common import DeadLetter, Rejection
+from arena.records.common import DeadLetter, LedgerEntry, Rejection
 from arena.records.eigen import (
     EigenDialog,
     EigenIntent,
@@ -90,6 +90,8 @@ _STAGE_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("trainer.metrics", 1, "hash of run id + step", TrainerMetrics),
     # LLM accounting: every stage worker reports its calls per role (streams/usage.py)
     TopicSpec("llm.usage", 1, "hash of stage + role + pid + window end", LlmUsage, FOREVER),
+    # Accounting: one entry per input record each stage handled, in the record's transaction
+    TopicSpec("stages.ledger", 4, "hash of stage + input topic, partition and offset", LedgerEntry, FOREVER),
 )
 
 

@@ -74,6 +74,8 @@ if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench
 from rich.console import Console
 from rich.text import Text
 
+from streams import read_committed
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARENA = str(Path(sys.executable).parent / "arena")
 SFT_SOURCE = "bench-env-train"
@@ -307,6 +309,7 @@ def topic_values(bootstrap: str, name: str, idle_s: float = 3.0) -> list[dict[st
     """
     from kafka import KafkaConsumer, TopicPartition
 
+    read_committed.install()
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         isolation_level="read_committed",

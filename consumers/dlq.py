@@ -44,6 +44,7 @@ from arena.records.common import DeadLetter, Lineage
 from arena.topics import TOPICS, TopicSpec
 from lake.catalog import Catalog, DlqReplay
 from lake.store import ClaimCheck, ClaimError, open_claim_async
+from streams import read_committed
 from streams.dedupe import REPLAY_HEADER
 
 log = logging.getLogger("arena.dlq")
@@ -125,6 +126,7 @@ def dlq_topics(topic: str | None = None) -> list[TopicSpec]:
 
 async def _read_topics(bootstrap: str, specs: Sequence[TopicSpec]) -> list[ConsumerRecord[bytes, bytes]]:
     """Every committed record of ``specs`` from the beginning to the end offsets at call time."""
+    read_committed.install()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,

@@ -33,6 +33,7 @@ from kafka.errors import KafkaError, UnsupportedVersionError
 from pydantic import BaseModel, Field
 from rich.table import Table
 
+from streams import read_committed
 from streams.admin import admin_client, partition_counts
 
 PENDING_CAP = 10_000
@@ -166,6 +167,7 @@ def _count_pending(
             rounds.append({tp: (start, end)})
 
     results: dict[tuple[TopicPartition, int], tuple[int, bool]] = {}
+    read_committed.install()
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
         client_id="arena-lag",

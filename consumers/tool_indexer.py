@@ -1,6 +1,8 @@
 """Tool index: embeds each normalised tool doc into LanceDB (``tools`` table).
 
-Upserts are keyed by ``server_id/tool`` so a replay changes nothing.
+Upserts are keyed by ``server_id/tool`` so a replay changes nothing. The stage is exactly-once
+like the others: LanceDB is outside the transaction (a record handled again upserts the same rows),
+its Kafka outputs (dead letters, its ``stages.ledger`` entries) commit with its offsets.
 """
 
 from __future__ import annotations
@@ -25,6 +27,5 @@ STAGE = StageDef(
     input_model=ToolServer,
     version="1",
     handler=handle,
-    guarantee="at_least_once",
     description="embed normalised tool docs into the LanceDB `tools` table",
 )

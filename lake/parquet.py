@@ -357,13 +357,35 @@ class LakeWriter:
         return self._codecs[topic]
 
     def known_keys(self, topic: str) -> set[str]:
-        """Keys of ``topic`` already in the lake (loaded from its files on first use)."""
+        """Keys of ``topic`` already in the lake (loaded from its files on first use).
+
+        A file written by a sink killed before it registered the file in the catalog is registered
+        here (the keys are durable once the file is: its rows will not be written again).
+        """
         if topic not in self._keys:
             keys: set[str] = set()
+            registered = {a.path for a in self.catalog.artifacts(topic)} if self.catalog is not None else None
             for path in _topic_files(self.store, topic):
-                keys.update(_read_parquet(self.store, path, columns=["_key"]).column("_key").to_pylist())
+                table = _read_parquet(self.store, path, columns=["_key", "_partition", "_offset"])
+                keys.update(table.column("_key").to_pylist())
+                if registered is not None and path not in registered and table.num_rows:
+                    self._register_found(topic, path, table)
             self._keys[topic] = keys
         return self._keys[topic]
+
+    def _register_found(self, topic: str, path: str, table: pa.Table) -> None:
+        assert self.catalog is not None
+        offsets = table.column("_offset").to_pylist()
+        self.catalog.record_artifact(
+            topic=topic,
+            path=path,
+            rows=table.num_rows,
+            nbytes=len(self.store.get(path)),
+            partition=int(table.column("_partition")[0].as_py()),
+            min_offset=min(offsets),
+            max_offset=max(offsets),
+            run_id=self.run_id,
+        )
 
     def write(self, topic: str, rows: list[LakeRow]) -> WriteResult:
         """Write the rows whose keys are new; one file per (UTC date, partition) of the batch."""
@@ -381,6 +403,15 @@ class LakeWriter:
                 batch_keys.add(row.key)
                 fresh.append(row)
             result = WriteResult(skipped_duplicates=len(rows) - len(fresh))
+            if self.catalog is not None and len(fresh) < len(rows):
+                # A replay after a sink was killed between a file and its catalog rows: the rows are
+                # in the lake, their lineage may not be (edges are idempotent).
+                fresh_ids = {id(row) for row in fresh}
+                edges = [
+                    edge for row in rows if id(row) not in fresh_ids for edge in lineage_edges(topic, row)
+                ]
+                if edges:
+                    self.catalog.record_lineage(edges)
 
             groups: dict[tuple[str, int], list[LakeRow]] = defaultdict(list)
             for row in fresh:

@@ -95,6 +95,33 @@ class Runner(Protocol):
     ) -> EnvSession: ...
 
 
+MACHINE_FAILURES = frozenset({"timeout", "killed", "crash", "sandbox_error"})
+"""Ways a run ends that say more about the machine (load, a pool restarted under a killed worker)
+than about the program: worth running again before judging anything by them."""
+
+
+class SandboxUnsettled(RuntimeError):
+    """A sandboxed run kept failing for machine reasons: the record is dead-lettered, not judged."""
+
+
+async def run_settled(
+    runner: Runner, code: str, *, timeout_s: float | None = None, attempts: int = 3
+) -> SandboxResult:
+    """``runner.run``, run again (up to ``attempts`` in all) while it ends in a ``MACHINE_FAILURES``.
+
+    A gate that reads a timeout or a killed run as the program's verdict gives a record another
+    outcome when it is handled again on a quieter machine; a run that keeps failing this way raises
+    ``SandboxUnsettled`` instead, so the stage dead-letters the record (replayable) and goes on.
+    """
+    for attempt in range(1, attempts + 1):
+        result = await runner.run(code, timeout_s=timeout_s)
+        if result.ok or result.error_type not in MACHINE_FAILURES:
+            return result
+        if attempt == attempts:
+            raise SandboxUnsettled(f"{attempts} sandbox runs ended with {result.error_type}: {result.error}")
+    raise AssertionError("unreachable")
+
+
 class JobOutcome(BaseModel):
     """The verdict on one job of a package."""
 

@@ -22,6 +22,7 @@ import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from streams.runtime import (
     decode_input_async,
     encode,
     encode_claimed,
+    ledger_emit,
     run_handler,
 )
 from streams.usage import UsageReporter
@@ -144,6 +146,12 @@ def raw_topic(app: faust.App, *names: str) -> Any:
     return app.topic(*names, key_serializer="raw", value_serializer="raw")
 
 
+def record_time(message: Any) -> datetime | None:
+    """The log time of a Faust message (seconds since the epoch), as an aware datetime."""
+    stamp = getattr(message, "timestamp", None)
+    return datetime.fromtimestamp(stamp, UTC) if stamp else None
+
+
 def source_key(key: bytes | None, value: bytes | None) -> str:
     if key:
         return key.decode("utf-8", "replace")
@@ -196,6 +204,37 @@ class CommitGate:
         self._gated = consumer
 
 
+def commit_released_prefix(consumer: Any) -> None:
+    """Make ``consumer`` commit, per partition, the offset after the highest acked event.
+
+    ``OrderedRunner`` acks a partition's events in offset order, so every data record below the
+    highest acked offset was acked; the offsets in between that were never delivered are
+    transaction markers and aborted records. Faust instead commits only a run of consecutive
+    acked offsets, bridging the offsets it skipped with gaps it records while reading, and misses
+    some: after the record at offset 0 (``if gap > 1 and r_offset``, 0 is false), and after a seek
+    to a committed offset followed by aborted records (a killed upstream's open transaction). Its
+    commit offset then stays behind while the partition's transaction still commits the later
+    events' outputs: their outputs are committed without their offsets, so a restart handles them
+    again (duplicates), and the worker stalls until the watchdog restarts it.
+    """
+    if getattr(consumer, "_arena_released_prefix", False):
+        return
+
+    def new_offset(tp: Any) -> int | None:
+        acked = consumer._acked[tp]
+        if not acked:
+            return None
+        top = max(acked)
+        acked.clear()
+        consumer._acked_index[tp].clear()
+        consumer._gap.pop(tp, None)
+        return int(top) + 1
+
+    # Faust computes every commit's offsets with this method (Consumer._filter_committable_offsets).
+    consumer._new_offset = new_offset
+    consumer._arena_released_prefix = True
+
+
 async def handle_event(
     stage: StageDef[In],
     settings: ArenaSettings,
@@ -230,7 +269,7 @@ async def handle_event(
         letter = decoded.dead_letter
         return [Emit(spec.dlq, dead_letter_key(letter), letter, (key,))]
     assert decoded.record is not None
-    ctx = Context(stage.name, stage.version, spec, key, settings, decoded.raw)
+    ctx = Context(stage.name, stage.version, spec, key, settings, decoded.raw, record_time(message))
     return await run_handler(stage, decoded.record, ctx, decoded.raw)
 
 
@@ -241,8 +280,12 @@ async def release(
     emits: list[Emit],
     gate: CommitGate,
     claims: ClaimCheck | None = None,
+    *,
+    duplicate: bool = False,
 ) -> bool:
-    """Send ``emits`` and ack ``event`` under the gate; False (nothing sent) when the event is stale.
+    """Send ``emits`` and the event's ledger entry, and ack ``event``, under the gate.
+
+    False (nothing sent) when the event is stale.
 
     Stale: a rebalance started, or the event was fetched in an earlier consumer generation. Its
     partition's offsets were reset to the committed position, so the event comes again (here or
@@ -261,7 +304,12 @@ async def release(
                 app.rebalancing,
             )
             return False
-        for emit in emits:
+        message = event.message
+        key = source_key(message.key, message.value)
+        entry = ledger_emit(
+            stage.name, message.topic, message.partition, message.offset, key, emits, duplicate=duplicate
+        )
+        for emit in [*emits, entry]:
             await send(app, emit, stage=stage.name, version=stage.version, event=event, claims=claims)
         event.ack()  # inside the gate; a commit sees both the outputs and the offset, or neither
     metrics.stage_outputs(stage.name, [(emit.topic, emit.value) for emit in emits])
@@ -382,8 +430,8 @@ class OrderedRunner:
                 await asyncio.shield(previous)  # a cancelled successor must not cancel its predecessor
             if self._failure is not None:
                 return
-            if emits is None:  # handled before (dedupe): acked in its turn, with no outputs
-                emits = []
+            duplicate = emits is None  # handled before (dedupe): acked in its turn, with no outputs
+            emits = emits or []
             message = event.message
             key = source_key(message.key, message.value)
             if (
@@ -392,8 +440,10 @@ class OrderedRunner:
                 and self.seen.handled(message.partition, key)
             ):
                 log.info("%s: %s was handled while this copy was in flight; dropped", self.stage.name, key)
-                emits = []
-            released = await release(self.app, self.stage, event, emits, self.gate, self.claims)
+                emits, duplicate = [], True
+            released = await release(
+                self.app, self.stage, event, emits, self.gate, self.claims, duplicate=duplicate
+            )
             if released and self.seen is not None:
                 self.seen.add(message.partition, key)
         except asyncio.CancelledError:
@@ -458,6 +508,7 @@ def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *
 
     async def agent(stream: Any) -> None:
         gate.install(app.consumer)
+        commit_released_prefix(app.consumer)
         runner = OrderedRunner(
             app,
             stage,

@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from streams import read_committed
+
 log = logging.getLogger("arena.stage")
+
+KEYS_READ_STALL_S = 120.0
+"""How long rebuilding a partition's keys may make no progress before it fails (the worker restarts)."""
 
 REPLAY_HEADER = "arena-replay-of"
 """Header of a record `arena dlq replay` re-published (value: the dead letter's key).
@@ -86,6 +92,7 @@ class SeenKeys:
         if offset <= 0:
             return keys
         tp = TopicPartition(self._topic, partition)
+        read_committed.install()
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap,
             isolation_level="read_committed",
@@ -96,10 +103,19 @@ class SeenKeys:
         try:
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
-            idle = 0
-            while await consumer.position(tp) < offset and idle < 5:
+            # Every record before ``offset`` is committed, but a read_committed answer can hold one
+            # back until its transaction's marker is in range (streams.read_committed): wait for it
+            # rather than answer with part of the keys (which would let a duplicate through).
+            stalled_since = time.monotonic()
+            while (position := await consumer.position(tp)) < offset:
                 batch = await consumer.getmany(tp, timeout_ms=1000, max_records=500)
-                idle = 0 if batch.get(tp) else idle + 1
+                if await consumer.position(tp) > position:
+                    stalled_since = time.monotonic()
+                elif time.monotonic() - stalled_since > KEYS_READ_STALL_S:
+                    raise TimeoutError(
+                        f"{self._topic}[{partition}]: reading the keys before offset {offset} stalled "
+                        f"at {position} for {KEYS_READ_STALL_S:.0f}s"
+                    )
                 for message in batch.get(tp, []):
                     if message.offset >= offset:
                         break

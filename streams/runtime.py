@@ -25,6 +25,7 @@ import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.llm.core import Answer, InvalidOutput
-from arena.records.common import DeadLetter, DeadLetterKind, Lineage, Rejection
+from arena.records.common import DeadLetter, DeadLetterKind, LedgerEntry, Lineage, Outcome, Rejection
 from arena.topics import TopicSpec, topic
 from lake.store import CLAIM_HEADER, ClaimCheck, ClaimError, header, open_claim
 
@@ -87,6 +88,9 @@ class Context:
     settings: ArenaSettings
     raw: bytes = b""
     """The input record's exact bytes (dead letters carry them so nothing is lost)."""
+    record_time: datetime | None = None
+    """When the input record was written to its topic (its log time); None outside Kafka. The same
+    every time the record is handled, so state it selects by time keeps re-handling deterministic."""
 
     def llm_dead_letter(self, exc: InvalidOutput, subject: str) -> Emit:
         """An ``Emit`` to ``<input>.dlq`` for one LLM call that never gave valid output.
@@ -412,6 +416,48 @@ async def run_handler(stage: StageDef[In], record: In, ctx: Context, raw: bytes)
         return [Emit(ctx.input.dlq, dead_letter_key(letter), letter, (ctx.source_key,))]
     stage.check_emits(emits)
     return emits
+
+
+LEDGER_TOPIC = "stages.ledger"
+
+
+def outcome_of(emits: Sequence[Emit], *, duplicate: bool = False) -> Outcome:
+    """What ``emits`` say a stage made of its input record (see ``Outcome``)."""
+    if duplicate:
+        return Outcome.duplicate
+    sides = [topic(emit.topic).side_of is not None for emit in emits]
+    if not all(sides):
+        return Outcome.emitted
+    if any(emit.topic.endswith(".dlq") for emit in emits):
+        return Outcome.dead_letter
+    return Outcome.rejected if emits else Outcome.empty
+
+
+def ledger_emit(
+    stage: str,
+    input_topic: str,
+    partition: int,
+    offset: int,
+    key: str,
+    emits: Sequence[Emit],
+    *,
+    duplicate: bool,
+) -> Emit:
+    """The ``stages.ledger`` entry of one handled input record (sent in its transaction)."""
+    outputs: dict[str, int] = {}
+    for emit in emits:
+        outputs[emit.topic] = outputs.get(emit.topic, 0) + 1
+    entry = LedgerEntry(
+        stage=stage,
+        topic=input_topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        outcome=outcome_of(emits, duplicate=duplicate),
+        outputs=outputs,
+    )
+    ledger_key = content_hash([stage, input_topic, partition, offset], prefix="led-", length=24)
+    return Emit(LEDGER_TOPIC, ledger_key, entry, (key,))
 
 
 def llm_lineage(answers: Sequence[Answer[Any]]) -> dict[str, str | None]:

@@ -6,6 +6,12 @@ import os
 
 import pytest
 
+from streams import read_committed
+
+# Every read_committed reader of the tests (tests/cli.read_all, the lag tests) gets the repair the
+# workers and the CLI get: without it a census misses committed records (streams.read_committed).
+read_committed.install()
+
 # Set at import, before any test module imports torch/numpy, so their thread pools see it.
 os.environ["OMP_NUM_THREADS"] = "1"
 

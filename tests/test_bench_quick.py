@@ -182,6 +182,17 @@ def _check_vllm_rollouts(r: dict[str, Any]) -> None:
         assert r["backends"]["vllm"]["checks"]["rollout_vs_trainer_logprobs"]["tokens"] > 0
 
 
+def _check_chaos(r: dict[str, Any]) -> None:
+    assert r["ok"] and r["clean"]["exit_code"] == 0 and r["plan"]["scale"] > 0
+    (run,) = r["runs"]
+    assert run["exit_code"] == 0 and run["kills"], run["kills"]
+    assert set(run["verdict"].values()) == {0}, run["verdict"]
+    topics = run["diff"]["topics"]
+    assert topics["samples.sft"]["records"] == topics["samples.sft"]["clean_records"] > 0
+    assert topics["stages.ledger"]["records"] > 0 and topics["stages.ledger"]["duplicates"] == 0
+    assert r["ratio"] == pytest.approx(run["wall_s"] / r["clean"]["wall_s"], rel=0.01)
+
+
 def _keys(*names: str) -> frozenset[str]:
     return frozenset(("quick", *names))
 
@@ -237,6 +248,7 @@ BENCHES = [
         root=True,
         check=_check_vllm_rollouts,
     ),
+    Bench(("bench/chaos.py",), _keys("clean", "runs", "ratio", "ok"), 600, check=_check_chaos),
     Bench(
         ("bench/learning.py",),
         _keys("heldout_eval", "ordering", "reward_ablation"),

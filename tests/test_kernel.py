@@ -23,8 +23,9 @@ DESIGN_TOPICS = (
     "eigen.seeds eigen.intents eigen.tasks eigen.dialogs eigen.dialogs.validated eigen.verified "
     "eigen.pilot.metrics trainer.metrics"
 ).split()
-ADDED_TOPICS = ["llm.usage"]
-"""Topics added since DESIGN.md: LLM usage per stage and role (the real-LLM throughput issue)."""
+ADDED_TOPICS = ["llm.usage", "stages.ledger"]
+"""Topics added since DESIGN.md: LLM usage per stage and role (the real-LLM throughput issue) and
+the outcome of every input record a stage handled (the exactly-once issue)."""
 
 
 def test_every_design_topic_is_declared_with_side_topics() -> None:

@@ -257,6 +257,27 @@ def test_writer_registers_artifacts_and_lineage(tmp_path: Path) -> None:
     assert len(catalog.artifacts()) == 1
 
 
+def test_a_sink_killed_between_a_file_and_its_catalog_rows_is_caught_up(tmp_path: Path) -> None:
+    """The file is durable, its artifact row and lineage are not: the replay after the kill adds no
+    rows, and the writer of the restarted sink registers the file and records the lineage."""
+    store = LocalStore(tmp_path / "lake")
+    catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.db'}")
+    headers = {
+        k: v.decode() for k, v in Lineage(source_ids=["p1"], stage="chains", stage_version="3").to_headers()
+    }
+    rows = [
+        LakeRow(key="c1", topic="chains", partition=2, offset=7, timestamp_ms=DAY1, headers=headers,
+                value=chain(1).model_dump_json().encode()),
+    ]  # fmt: skip
+    (path,) = LakeWriter(store).write("chains", rows).files  # killed before the catalog step
+    assert catalog.artifacts("chains") == [] and catalog.lineage_of("c1") == []
+    replay = LakeWriter(store, catalog).write("chains", rows)
+    assert replay.written == 0 and replay.skipped_duplicates == 1
+    (artifact,) = catalog.artifacts("chains")
+    assert (artifact.path, artifact.rows, artifact.partition, artifact.min_offset) == (path, 1, 2, 7)
+    assert [e.parent_key for e in catalog.lineage_of("c1")] == ["p1"]
+
+
 def test_headers_accept_kafka_shapes() -> None:
     r = LakeRow(key="k", topic="chains", partition=0, offset=0, timestamp_ms=-1,
                 headers=[("a", b"\xffx"), ("b", None)], value=b"{}")  # fmt: skip

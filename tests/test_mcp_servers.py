@@ -268,3 +268,46 @@ def test_open_session_uses_mcp_for_deployed_servers(http_servers: dict[str, McpE
         await gateway.aclose()
 
     asyncio.run(check())
+
+
+def test_a_logical_clock_makes_a_sessions_timestamps_repeat() -> None:
+    """``--clock``: each stdio session starts at the same instant and advances 1 s per reading."""
+    command = [sys.executable, "-m", "arena.samples.mcp.notes", "--clock", "2026-01-01T00:00:00+00:00"]
+    endpoint = McpEndpoint(transport="stdio", command=command)
+
+    async def session_stamps() -> list[str]:
+        async with McpToolSession(endpoint, timeout_s=10) as session:
+            note = payload(await session.call("create_note", {"title": "Clock", "content": "tick"}))
+            tagged = payload(await session.call("tag_note", {"note_id": note["note_id"], "add": ["x"]}))
+            return [note["created_at"], tagged["updated_at"]]
+
+    first, second = asyncio.run(session_stamps()), asyncio.run(session_stamps())
+    assert first == second
+    assert first[0].startswith("2026-01-01T00:00:") and first[1] > first[0]
+
+
+def test_calls_made_together_reach_the_server_in_order() -> None:
+    """One agent turn's calls (made at once): a search after a create always finds the note."""
+
+    async def turn() -> list[dict[str, Any]]:
+        async with McpToolSession(stdio("notes"), timeout_s=10) as session:
+            await session.connect()
+            send = session._call
+
+            async def slow_create(name: str, arguments: dict[str, Any]) -> Any:
+                if name == "create_note":  # the first call is held up on its way (a busy loop, a slow pipe)
+                    await asyncio.sleep(0.3)
+                return await send(name, arguments)
+
+            session._call = slow_create  # type: ignore[method-assign]
+            results = await asyncio.gather(
+                session.call("create_note", {"title": "Porto", "content": "packing list"}),
+                session.call("search_notes", {"query": "packing list"}),
+                session.call("list_notes", {}),
+            )
+            return [payload(r) for r in results]
+
+    for _ in range(2):
+        created, found, listed = asyncio.run(turn())
+        assert [m["note_id"] for m in found["matches"]] == [created["note_id"]]
+        assert created["note_id"] in [n["note_id"] for n in listed["notes"]]

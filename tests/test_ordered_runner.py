@@ -58,17 +58,22 @@ class Event:
 class Producer:
     log: list[tuple[str, int, int]]
     sent: list[tuple[str, bytes]] = field(default_factory=list)
+    ledger: list[tuple[int, int, str]] = field(default_factory=list)
+    """(partition, offset, outcome) of each ledger entry sent: one per released record."""
 
     async def send(self, topic: str, key: bytes, value: bytes, *args: Any, **kwargs: Any) -> Any:
-        self.sent.append((topic, key))
         record = json.loads(value)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        if topic == "stages.ledger":
+            self.ledger.append((record["partition"], record["offset"], record["outcome"]))
+            return future
+        self.sent.append((topic, key))
         if "source_key" in record:  # a dead letter: it names its input by key, k<partition>-<offset>
             partition, offset = (int(x) for x in record["source_key"][1:].split("-"))
         else:
             partition, offset = record["partition"], record["offset"]
         self.log.append(("send", partition, offset))
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        future.set_result(None)
         return future
 
 
@@ -158,6 +163,10 @@ def test_records_run_concurrently_but_release_in_offset_order_per_partition() ->
             assert all((partition, o) in earlier_acks for o in range(offset))
     # The broken record became a dead letter in its place; the others were not held back by it.
     assert ("tools.raw.dlq" in {t for t, _ in app.producer.sent}) and len(app.producer.sent) == 12
+    assert sorted((p, o) for p, o, _ in app.producer.ledger) == sorted(
+        (p, o) for k, p, o in log if k == "ack"
+    )
+    assert {outcome for *_, outcome in app.producer.ledger} == {"emitted", "dead_letter"}
     assert all(c == Caller("tools-servers", 3) for c in callers)  # LLM calls carry the stage
 
 
@@ -231,5 +240,8 @@ def test_records_handled_before_are_acked_in_turn_and_copies_in_flight_are_dropp
     seen.add(0, "k0-0")
     events = [_event(0, 0, log), _event(0, 1, log), _event(0, 2, log)]
     events[2].message.key = b"k0-1"  # a copy of offset 1, in flight with it
-    _run(events, App(Producer(log)), _stage({(0, 1): 0.05}, []), concurrency=4, seen=seen)
+    app = App(Producer(log))
+    _run(events, app, _stage({(0, 1): 0.05}, []), concurrency=4, seen=seen)
     assert log == [("ack", 0, 0), ("send", 0, 1), ("ack", 0, 1), ("ack", 0, 2)]
+    # every released record is accounted for, the skipped copies as duplicates
+    assert app.producer.ledger == [(0, 0, "duplicate"), (0, 1, "emitted"), (0, 2, "duplicate")]

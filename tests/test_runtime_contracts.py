@@ -223,7 +223,10 @@ def test_a_malformed_eigen_payload_is_dead_lettered_as_a_schema_violation() -> N
     doc = json.loads(_seed().model_dump_json())
     del doc["payload"]["size"]  # the envelope is fine; the payload misses a Scenario field
     raw = json.dumps(doc).encode()
-    ((name, key, value),) = _process(stage, raw)  # the handler never runs (it would need a catalog)
+    (name, key, value), (ledger, _, entry) = _process(
+        stage, raw
+    )  # the handler never runs (it would need a catalog)
+    assert ledger == "stages.ledger" and json.loads(entry)["outcome"] == "dead_letter"
     letter = DeadLetter.model_validate_json(value)
     assert name == "eigen.seeds.dlq" and key
     assert letter.kind == DeadLetterKind.schema_violation and letter.stage == "eigen-intents"

@@ -21,6 +21,7 @@ def test_every_topic_has_roles_and_every_stage_topic_a_writer() -> None:
     # eigen.pilot.metrics and trainer.metrics, and the sink never dead-letters or rejects, so
     # some of their side topics have no writer; every other side topic has one.
     sink_only = {n for n, r in roles.items() if r.readers == ("lake-sink",) and TOPICS[n].side_of is None}
+    sink_only.add("stages.ledger")  # also read by `arena worker`'s drain check, which never dead-letters
     unwritten = {n for n, r in roles.items() if not r.writers}
     assert unwritten <= {n for n, spec in TOPICS.items() if spec.side_of in sink_only}, unwritten
     assert unwritten == {
@@ -30,8 +31,12 @@ def test_every_topic_has_roles_and_every_stage_topic_a_writer() -> None:
         "trainer.metrics.rejected",
         "llm.usage.dlq",
         "llm.usage.rejected",
+        "stages.ledger.dlq",
+        "stages.ledger.rejected",
     }
     assert set(roles["llm.usage"].writers) == {s.name for s in STAGES}  # every stage reports its LLM use
+    assert set(roles["stages.ledger"].writers) == {s.name for s in STAGES}  # and accounts for its inputs
+    assert roles["stages.ledger"].readers == ("arena worker", "lake-sink")
 
 
 def test_stage_inputs_are_readers_and_declared_emits_are_writers() -> None:

@@ -30,7 +30,7 @@ from arena.hashing import content_hash
 from arena.records.common import Rejection
 from arena.topics import topic
 from lake.store import ClaimCheck
-from streams import fetch_pacing
+from streams import fetch_pacing, read_committed
 from streams.runtime import Emit, dead_letter_key, decode_async, encode, encode_claimed
 
 T = TypeVar("T", bound=BaseModel)
@@ -103,6 +103,7 @@ class SampleSource(Generic[T]):
         # An idle source (samples.sft all through GRPO) must not re-fetch in a tight loop on a
         # broker that answers empty fetches at once: that took a whole core from the trainer.
         fetch_pacing.install()
+        read_committed.install()
         self._producer = producer
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._bootstrap,

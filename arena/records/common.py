@@ -109,3 +109,37 @@ class Lineage(BaseModel):
             model=text.get("arena-model"),
             at=datetime.fromisoformat(text["arena-time"]) if "arena-time" in text else utcnow(),
         )
+
+
+class Outcome(StrEnum):
+    """What a stage made of one input record (``LedgerEntry.outcome``)."""
+
+    emitted = "emitted"
+    """At least one output to a stage topic."""
+    rejected = "rejected"
+    """Only rejections: every candidate the record gave was dropped by a gate."""
+    dead_letter = "dead_letter"
+    """Dead letters (and maybe rejections), no output: the record or some of its calls failed."""
+    duplicate = "duplicate"
+    """Its key was handled before (``streams.dedupe``): skipped, no outputs."""
+    empty = "empty"
+    """Handled, and the handler returned nothing at all."""
+
+
+class LedgerEntry(Record):
+    """One input record a stage handled; value of ``stages.ledger``.
+
+    Written in the same transaction as the record's outputs and its offset, so an input record
+    below a stage's committed offset has exactly one entry; a record without one was skipped
+    (``consumers.ledger`` finds them).
+    """
+
+    stage: Annotated[str, Field(description="The stage (worker name).")]
+    topic: Annotated[str, Field(description="The stage's input topic.")]
+    partition: Annotated[int, Field(description="Partition of the input record.")]
+    offset: Annotated[int, Field(description="Offset of the input record.")]
+    key: Annotated[str, Field(description="Key of the input record (its content hash).")]
+    outcome: Annotated[Outcome, Field(description="What the stage made of it.")]
+    outputs: dict[str, int] = Field(
+        default_factory=dict, description="Records emitted per topic (side topics included)."
+    )

@@ -29,7 +29,7 @@ from environments.environment import read_verdict, verify_program
 from environments.render import ToolCall
 from environments.user_view import MARKERS, Signal, ViewTurn, user_view_messages
 from lake.env_packages import split_of
-from sandbox.env_runtime import Runner
+from sandbox.env_runtime import Runner, run_settled
 from streams.eigen.dialog_loop import user_instructions
 from streams.eigen.items import load_pack, make_item
 from streams.eigen.mutation import GateReport, gate_cases, gate_program, judge, policy_integrity
@@ -105,7 +105,7 @@ async def handle(record: EigenValidated, ctx: Context) -> Sequence[Emit]:
         return [ctx.reject(GATE, record.item_id, reason, record=record.model_dump(mode="json"))]
     pool = await sandbox_pool_for(ctx.settings)
     program = verify_program(instance["verify"], dialog.initial_state, dialog.final_state, dialog.records())
-    verdict = read_verdict(await pool.run(program, timeout_s=ctx.settings.sandbox.timeout_s))
+    verdict = read_verdict(await run_settled(pool, program, timeout_s=ctx.settings.sandbox.timeout_s))
     if isinstance(verdict, str) or not verdict.passed:
         reason = (
             verdict
@@ -170,8 +170,8 @@ async def mutation_gate(
     outcomes: list[bool] = []
     for start in range(0, len(cases), GATE_CHUNK):  # each sandbox run a verify's timeout's worth
         chunk = cases[start : start + GATE_CHUNK]
-        result = await pool.run(
-            gate_program(instance["verify"], initial, final, records, chunk), timeout_s=timeout_s
+        result = await run_settled(
+            pool, gate_program(instance["verify"], initial, final, records, chunk), timeout_s=timeout_s
         )
         if not result.ok or not isinstance(result.return_value, list):
             error = (result.error or "no outcomes")[:300]

@@ -2,8 +2,9 @@
 
 GENERATING: the policy (role ``agent_policy``) sees the messages so far and
 the tool schemas, and answers with text and zero or more tool calls.
-CALLING_TOOLS: every call of the turn runs concurrently (one grouped round)
-and each result becomes a ``tool`` message. DONE: a turn without tool calls
+CALLING_TOOLS: every call of the turn is made at once (one grouped round); the
+session applies them in the order made, since a tool server keeps state, and
+each result becomes a ``tool`` message. DONE: a turn without tool calls
 is the final answer; ``max_turns`` assistant turns end the loop without one.
 """
 

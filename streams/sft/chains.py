@@ -4,7 +4,8 @@ Per server:
 
 1. joint (task, chain) synthesis, ``sft.chain_syntheses`` times;
 2. every synthesised chain joins the server's weighted transition graph,
-   which persists in the catalog and keeps growing as chains arrive;
+   which persists in the catalog and keeps growing as chains arrive; a record walks the
+   chains recorded before it was published plus its own (deterministic when handled again);
 3. length-bounded, weight-biased random walks on the whole graph are the
    candidate chains;
 4. each candidate gets a chain-conditioned task and must pass dependency
@@ -146,7 +147,11 @@ async def handle(record: ToolServer, ctx: Context) -> Sequence[Emit]:
     for chain in synthesised:
         await asyncio.to_thread(store.add, server.name, chain_id(server.server_id, chain), chain)
     names = [t.function.name for t in server.tools]
-    graph = await asyncio.to_thread(store.load, server.name, names)
+    # The history of earlier versions recorded before this record was published, plus its own
+    # chains: never the chains of versions handled beside it, so handling it again walks the same graph.
+    graph = await asyncio.to_thread(store.load, server.name, names, ctx.record_time)
+    for chain in synthesised:
+        graph.add_chain(chain_id(server.server_id, chain), chain)
     rng = random.Random(content_hash([ctx.settings.seed, server.server_id]))
     walks = graph.random_walks(
         rng,

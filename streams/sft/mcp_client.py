@@ -83,6 +83,8 @@ class McpToolSession:
         self._owner: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._order = asyncio.Lock()
+        """FIFO: the calls of a round reach the server in the order they were made (see ``call``)."""
         self._names: dict[str, str] = {}
         self._closed = False
 
@@ -159,9 +161,15 @@ class McpToolSession:
     # -- calls -------------------------------------------------------------------------------
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """Call a tool; every failure becomes a ``ToolResult`` with an ``error_kind``."""
+        """Call a tool; every failure becomes a ``ToolResult`` with an ``error_kind``.
+
+        Calls made together (one agent turn's) run one after another in the order they were made:
+        a deployed server keeps state, and a search racing a create must not see it or not by chance
+        (a rollout handled again must get the same results).
+        """
         start = time.perf_counter()
-        result = await self._call(name, arguments)
+        async with self._order:
+            result = await self._call(name, arguments)
         return result.model_copy(update={"latency_ms": (time.perf_counter() - start) * 1000})
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> ToolResult:

@@ -9,7 +9,6 @@ that ``get_note``, ``tag_note``, ``update_note`` and ``delete_note`` require.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
@@ -17,7 +16,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 from arena.hashing import content_hash
-from arena.samples.mcp import serve
+from arena.samples.mcp import CLOCK, serve
 
 NoteId = Annotated[
     str,
@@ -80,7 +79,7 @@ class Deleted(BaseModel):
 
 
 def _now() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat()
+    return CLOCK.now()
 
 
 class NoteStore:
