@@ -235,6 +235,23 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def children_of(pid: int) -> dict[int, str]:
+    """Direct child processes of ``pid`` and their command lines (from /proc)."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            found[int(entry.name)] = cmd
+    return found
+
+
 def _is_our_broker(state: StackState) -> bool:
     """The recorded pid is alive and is still our broker (not a reused pid)."""
     if not pid_alive(state.pid):

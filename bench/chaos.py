@@ -49,6 +49,7 @@ from rich.table import Table
 
 from app.demo import free_port, track_workers
 from app.registry import WORKERS
+from app.stack import children_of
 from arena.topics import TOPICS
 from consumers.lag import compute_lag
 from consumers.ledger import read_below
@@ -169,17 +170,10 @@ def command(plan: Plan) -> list[str]:
 def worker_processes(parent: int) -> dict[int, str]:
     """Worker processes (``python -m app.run NAME``) among ``parent``'s children: pid -> worker name."""
     found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"app.run" in argv:
-            found[int(entry.name)] = argv[argv.index(b"app.run") + 1].decode()
+    for pid, cmd in children_of(parent).items():
+        argv = cmd.split()
+        if "app.run" in argv[:-1]:
+            found[pid] = argv[argv.index("app.run") + 1]
     return found
 
 

@@ -113,20 +113,3 @@ def read_all(bootstrap: str, topic: str, *, idle_s: float = 2.0) -> list[Any]:
         return records
     finally:
         consumer.close()
-
-
-def children_of(pid: int) -> dict[int, str]:
-    """Direct child processes of ``pid`` and their command lines (from /proc)."""
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            found[int(entry.name)] = cmd
-    return found

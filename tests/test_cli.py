@@ -18,8 +18,9 @@ from kafka.admin import KafkaAdminClient
 
 from app.cli import app as cli_app
 from app.registry import WORKERS
+from app.stack import children_of
 from streams.eigen.packs import builtin_pack_path
-from tests.cli import ARENA, arena_env, broker_of, children_of, read_all, run_arena, stack_stopped_after
+from tests.cli import ARENA, arena_env, broker_of, read_all, run_arena, stack_stopped_after
 from tests.test_compose import COMPOSE_ARENA_COMMANDS
 
 PENDING_COMMANDS: set[tuple[str, ...]] = set()

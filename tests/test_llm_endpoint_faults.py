@@ -21,13 +21,14 @@ import httpx
 import pytest
 
 from app.demo import sample_tools_dir
+from app.stack import children_of
 from arena.config import ArenaSettings
 from arena.llm.outage import read_states
 from producers.publish_tools import raw_key
 from producers.tool_docs import load_tool_docs
 from streams import resources
 from streams.sft import chains, tools_servers
-from tests.cli import ARENA, arena_env, broker_of, children_of, read_all, run_arena, stack_stopped_after
+from tests.cli import ARENA, arena_env, broker_of, read_all, run_arena, stack_stopped_after
 from tests.fixtures.llm_serve import llm_server
 from tests.test_llm_serve import _run, free_port
 

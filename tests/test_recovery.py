@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from app.stack import children_of
 from tests.cli import (
     ARENA,
     arena_env,
     broker_of,
-    children_of,
     committed,
     lake_json,
     read_all,
