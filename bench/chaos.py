@@ -52,8 +52,7 @@ from app.registry import WORKERS
 from app.stack import children_of
 from arena.topics import TOPICS
 from consumers.lag import compute_lag
-from consumers.ledger import read_below
-from streams.admin import admin_client, partition_counts
+from consumers.ledger import read_to_end
 from streams.eigen.verification import field_class
 
 ARENA = str(Path(sys.executable).parent / "arena")
@@ -260,19 +259,9 @@ def _normalised(value: bytes) -> str:
 
 def topic_census(bootstrap: str) -> dict[str, dict[str, Any]]:
     """Per topic: records, keys, duplicate keys, and each key's value digests (for the comparison)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    with admin_client(bootstrap) as admin:
-        counts = partition_counts(admin, list(TOPICS))
-    probe = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    try:
-        tps = [TopicPartition(name, p) for name, n in counts.items() for p in range(n)]
-        ends = probe.end_offsets(tps)
-    finally:
-        probe.close()
     out: dict[str, dict[str, Any]] = {name: {"records": 0, "values": {}} for name in TOPICS}
     keys: dict[str, set[str]] = {name: set() for name in TOPICS}
-    for tp, records in read_below(bootstrap, ends, timeout_s=600).items():
+    for tp, records in read_to_end(bootstrap, list(TOPICS), timeout_s=600).items():
         entry = out[tp.topic]
         entry["records"] += len(records)
         for _offset, key, value in records:

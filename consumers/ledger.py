@@ -93,20 +93,27 @@ def read_below(
     return out
 
 
-def _ledger(bootstrap: str, timeout_s: float) -> set[tuple[str, str, int, int]]:
-    """(stage, topic, partition, offset) of every committed ledger entry."""
+def read_to_end(
+    bootstrap: str, topics: list[str], timeout_s: float
+) -> dict[TopicPartition, list[tuple[int, bytes | None, bytes | None]]]:
+    """``read_below`` every partition of ``topics`` (those that exist) to its read_committed end."""
     with admin_client(bootstrap) as admin:
-        partitions = partition_counts(admin, [LEDGER_TOPIC]).get(LEDGER_TOPIC, 0)
-    tps = [TopicPartition(LEDGER_TOPIC, p) for p in range(partitions)]
+        counts = partition_counts(admin, topics)
+    tps = [TopicPartition(name, p) for name, n in counts.items() for p in range(n)]
     if not tps:
-        return set()
+        return {}
     probe = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
     try:
         ends = probe.end_offsets(tps)
     finally:
         probe.close()
+    return read_below(bootstrap, ends, timeout_s)
+
+
+def _ledger(bootstrap: str, timeout_s: float) -> set[tuple[str, str, int, int]]:
+    """(stage, topic, partition, offset) of every committed ledger entry."""
     entries: set[tuple[str, str, int, int]] = set()
-    for records in read_below(bootstrap, ends, timeout_s).values():
+    for records in read_to_end(bootstrap, [LEDGER_TOPIC], timeout_s).values():
         for _offset, _key, value in records:
             entry = json.loads(value or b"{}")
             entries.add((entry["stage"], entry["topic"], int(entry["partition"]), int(entry["offset"])))
@@ -126,7 +133,7 @@ def check(bootstrap: str, stages: Mapping[str, str], *, timeout_s: float = READ_
     ledger = _ledger(bootstrap, timeout_s)
     with_entries = {stage for stage, _topic, _p, _o in ledger}
     result = LedgerCheck()
-    ranges: dict[TopicPartition, int] = {}
+    offsets_of: dict[str, dict[TopicPartition, int]] = {}
     for group, stage in groups.items():
         offsets = {tp: off for tp, off in committed.get(group, {}).items() if tp.topic == stages[stage]}
         if not any(offsets.values()):
@@ -134,15 +141,14 @@ def check(bootstrap: str, stages: Mapping[str, str], *, timeout_s: float = READ_
         if stage not in with_entries:
             result.unchecked.append(stage)
             continue
+        offsets_of[stage] = offsets
+    ranges: dict[TopicPartition, int] = {}
+    for offsets in offsets_of.values():
         for tp, offset in offsets.items():
             ranges[tp] = max(ranges.get(tp, 0), offset)
     records = read_below(bootstrap, ranges, timeout_s)
-    for group, stage in groups.items():
-        if stage in result.unchecked:
-            continue
-        for tp, end in committed.get(group, {}).items():
-            if tp.topic != stages[stage]:
-                continue
+    for stage, offsets in offsets_of.items():
+        for tp, end in offsets.items():
             below = [
                 (offset, _name(key, value)) for offset, key, value in records.get(tp, []) if offset < end
             ]

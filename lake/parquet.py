@@ -380,7 +380,7 @@ class LakeWriter:
             topic=topic,
             path=path,
             rows=table.num_rows,
-            nbytes=len(self.store.get(path)),
+            nbytes=self.store.size(path),
             partition=int(table.column("_partition")[0].as_py()),
             min_offset=min(offsets),
             max_offset=max(offsets),
@@ -396,20 +396,19 @@ class LakeWriter:
         with self._lock:
             known = self.known_keys(topic)
             fresh: list[LakeRow] = []
+            skipped: list[LakeRow] = []
             batch_keys: set[str] = set()
             for row in rows:
                 if row.key in known or row.key in batch_keys:
+                    skipped.append(row)
                     continue
                 batch_keys.add(row.key)
                 fresh.append(row)
-            result = WriteResult(skipped_duplicates=len(rows) - len(fresh))
-            if self.catalog is not None and len(fresh) < len(rows):
+            result = WriteResult(skipped_duplicates=len(skipped))
+            if self.catalog is not None and skipped:
                 # A replay after a sink was killed between a file and its catalog rows: the rows are
                 # in the lake, their lineage may not be (edges are idempotent).
-                fresh_ids = {id(row) for row in fresh}
-                edges = [
-                    edge for row in rows if id(row) not in fresh_ids for edge in lineage_edges(topic, row)
-                ]
+                edges = [edge for row in skipped for edge in lineage_edges(topic, row)]
                 if edges:
                     self.catalog.record_lineage(edges)
 

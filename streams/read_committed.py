@@ -19,7 +19,6 @@ that began *before* the fetch offset (only those can be stale):
 
 - a marker of its producer that this process read earlier lies between its first offset and the
   fetch offset (``Markers``): it ended before the range; the entry is dropped;
-
 - the producer's first batch in the answer is an ABORT marker, or a data batch followed by one:
   the transaction is still open at the fetch offset; the entry stays;
 - a COMMIT marker comes first: the entry is stale (that transaction ended before the fetch
