@@ -1,5 +1,5 @@
 # The Arena image: CLI, stage workers, lake sink and trainer (CPU torch).
-# Built by docker-compose.yml for the `topics`, `worker`, `lake-sink` and `trainer` services.
+# Built by docker-compose.yml for the `topics`, `<track>-worker`, `lake-sink` and `trainer` services.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -19,6 +19,8 @@ COPY app/ app/
 COPY arena/ arena/
 COPY simulator/ simulator/
 COPY streams/ streams/
+COPY synthesis/ synthesis/
+COPY samples/ samples/
 COPY producers/ producers/
 COPY consumers/ consumers/
 COPY environments/ environments/

@@ -191,6 +191,10 @@ def worker_cmd(
     stage: Annotated[
         list[str] | None, typer.Option("--stage", help="Stage to run (repeatable). Default: all.")
     ] = None,
+    track: Annotated[
+        list[str] | None,
+        typer.Option("--track", help="Run every stage of a track: tools, sft, envs, eigen (repeatable)."),
+    ] = None,
     until_drained: Annotated[
         bool, typer.Option("--until-drained", help="Exit 0 once every stage group has zero lag.")
     ] = False,
@@ -207,10 +211,15 @@ def worker_cmd(
 ) -> None:
     """Run stage workers (Faust, exactly-once) until stopped or drained."""
     from app.metrics_http import MetricsPortError, with_metrics_port
-    from app.registry import WORKERS
+    from app.registry import TRACKS, WORKERS
     from app.worker import run_workers
 
-    names = stage or list(WORKERS)
+    known_tracks = {t.name: t for t in TRACKS}
+    for name in track or []:
+        if name not in known_tracks:
+            raise UserError(f"unknown track {name!r} (fix: use one of {', '.join(known_tracks)})")
+    chosen = [*(stage or []), *(s.name for name in track or [] for s in known_tracks[name].stages)]
+    names = list(dict.fromkeys(chosen)) or list(WORKERS)
     unknown = [n for n in names if n not in WORKERS]
     if unknown:
         raise UserError(f"unknown stage {unknown[0]!r} (fix: use one of {', '.join(WORKERS)})")

@@ -241,7 +241,7 @@ def publish_domain_cmd(
 ) -> None:
     """Publish a domain pack: phases 1-2 (prompt sets, pilot) here, then seeds to `eigen.seeds`."""
     from producers.publish_domain import publish_domain, resolve_pack
-    from streams.eigen.packs import DomainPackError
+    from synthesis.eigen.packs import DomainPackError
 
     cfg = settings()
     try:

@@ -40,7 +40,7 @@ from producers.publish import publish
 from producers.publish_domain import publish_domain, resolve_pack
 from producers.publish_qa import publish_seeds
 from producers.publish_tools import outgoing, publish_tool_docs
-from streams.eigen.packs import builtin_packs
+from synthesis.eigen.packs import builtin_packs
 
 EXAMPLE_QUERIES = (
     "select domain, count(*) as servers from tools_servers group by 1 order by 2 desc",
@@ -54,7 +54,7 @@ EXAMPLE_QUERIES = (
     "select prompt_set, json_extract_string(payload, '$.split') as split, count(*) from eigen_verified group by 1, 2",
 )
 
-MCP_PACKAGE = "arena.samples.mcp"
+MCP_PACKAGE = "samples.mcp"
 DEMO_DOMAIN = "customer_service"
 """The pack benchmarks publish alone; the demo publishes every one of ``demo_domains()``."""
 
@@ -102,7 +102,7 @@ def _short(text: str, limit: int) -> str:
 
 
 def sample_tools_dir() -> Path:
-    return Path(str(files("arena") / "samples" / "tools"))
+    return Path(str(files("samples") / "tools"))
 
 
 @dataclass

@@ -50,7 +50,7 @@ from arena.llm.core import Backend, Completion, CompletionRequest, Role, Samplin
 from arena.llm.gateway import FEEDBACK_PREFIX
 from arena.llm.replies import as_text
 from arena.llm.roles.agent import AGENT_POLICY
-from arena.llm.roles.registry import ROLES
+from arena.llm.roles.registry import roles
 
 ReplyStyle = Literal["plain", "real", "reasoning"]
 REPLY_STYLES: tuple[str, ...] = ("plain", "real", "reasoning")
@@ -149,11 +149,11 @@ def _offers_tools(body: dict[str, Any]) -> bool:
 
 
 def _role_of(body: dict[str, Any], needs_role: bool, named: str | None = None) -> Role[Any, Any]:
-    if named in ROLES:
-        return ROLES[named]
+    if named in roles():
+        return roles()[named]
     name = _json_schema(body).get("name")
-    if isinstance(name, str) and name in ROLES:
-        return ROLES[name]
+    if isinstance(name, str) and name in roles():
+        return roles()[name]
     if needs_role and _offers_tools(body) and not name:
         # Any OpenAI client's tool-calling chat (BFCL, tau2, an app): the lexical agent reads exactly
         # the messages and tool schemas, so it needs no Arena role to answer one.

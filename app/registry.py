@@ -16,18 +16,9 @@ import faust
 
 from arena.config import ArenaSettings
 from arena.topics import TOPICS, topic
-from consumers import tool_indexer
 from streams.app import attach_stage
-from streams.eigen import (
-    eigen_dialogs,
-    eigen_dialogs_validated,
-    eigen_intents,
-    eigen_tasks,
-    eigen_verified,
-)
-from streams.envs import envs_code, envs_verified, qa_traces, qa_validated, samples_verified
 from streams.runtime import LEDGER_TOPIC, Guarantee, StageDef
-from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
+from streams.tracks import Track, depths, tracks
 from streams.usage import TOPIC as USAGE_TOPIC
 
 
@@ -51,58 +42,15 @@ def _stage_worker(stage: StageDef[Any]) -> WorkerDef:
     return WorkerDef(stage.name, (stage.input,), stage.guarantee, attach, stage.description)
 
 
-STAGES: tuple[StageDef[Any], ...] = (
-    tools_servers.STAGE,
-    tool_indexer.STAGE,
-    chains.STAGE,
-    tasks.CHAIN_STAGE,
-    tasks.SERVER_STAGE,
-    trajectories.STAGE,
-    trajectories_scored.STAGE,
-    samples_sft.STAGE,
-    qa_traces.STAGE,
-    qa_validated.STAGE,
-    envs_code.STAGE,
-    envs_verified.STAGE,
-    samples_verified.STAGE,
-    eigen_intents.STAGE,
-    eigen_tasks.STAGE,
-    eigen_dialogs.STAGE,
-    eigen_dialogs_validated.STAGE,
-    eigen_verified.STAGE,
-)
+TRACKS: tuple[Track, ...] = tracks()
+"""Every track and its stages (``streams/<track>/``; a stage is registered by living there)."""
 
-
-def _side_topic(name: str) -> bool:
-    return name.endswith((".dlq", ".rejected"))
+STAGES: tuple[StageDef[Any], ...] = tuple(stage for track in TRACKS for stage in track.stages)
 
 
 def stage_priorities() -> dict[str, int]:
-    """Each stage's depth in the topic graph: its admission priority (higher is nearer the output).
-
-    A stage reading a topic no stage writes has depth 0; any other stage has one more than the
-    deepest stage writing its input (the longest path from a source topic), so a stage whose
-    outputs feed another stage ranks below it. Side topics (``.dlq``, ``.rejected``) are not
-    edges; an edge that would close a cycle is ignored.
-    """
-    writers: dict[str, list[StageDef[Any]]] = {}
-    for stage in STAGES:
-        for name in stage.outputs:
-            if not _side_topic(name):
-                writers.setdefault(name, []).append(stage)
-    depth: dict[str, int] = {}
-    on_path: set[str] = set()
-
-    def visit(stage: StageDef[Any]) -> int:
-        if stage.name in depth:
-            return depth[stage.name]
-        on_path.add(stage.name)
-        upstream = [visit(w) for w in writers.get(stage.input, ()) if w.name not in on_path]
-        on_path.discard(stage.name)
-        depth[stage.name] = 1 + max(upstream) if upstream else 0
-        return depth[stage.name]
-
-    return {stage.name: visit(stage) for stage in STAGES}
+    """Each stage's depth in the topic graph: its admission priority (``streams.tracks.depths``)."""
+    return depths(STAGES)
 
 
 def _attach_lake_sink(app: faust.App, settings: ArenaSettings) -> None:

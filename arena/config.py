@@ -702,7 +702,9 @@ class ArenaSettings(BaseSettings):
         str,
         Field(
             default="rules",
-            description="LLM backend: rules | openai://host:port/v1?model=M | hf:///path | vllm:///path.",
+            description="LLM backend: rules | openai://host:port/v1?model=M | hf:///path | vllm:///path | "
+            "NAME://... (the backend an installed package registers as NAME under the arena.llm_backends "
+            "entry points).",
         ),
     ]
     llm_concurrency: Annotated[
@@ -882,13 +884,15 @@ class ArenaSettings(BaseSettings):
     @field_validator("llm_roles")
     @classmethod
     def _known_roles(cls, v: dict[str, RoleSettings]) -> dict[str, RoleSettings]:
-        from arena.llm.roles.registry import ROLES  # roles import nothing from config: no cycle
+        # Imported here: finding the roles imports the tracks' role modules, which read settings.
+        from arena.llm.roles.registry import roles
 
-        unknown = sorted(k for k in v if k not in ROLES and k not in ROLE_KINDS)
+        known = roles()
+        unknown = sorted(k for k in v if k not in known and k not in ROLE_KINDS)
         if unknown:
             raise ValueError(
                 f"ARENA_LLM_ROLES names no role or kind {unknown}; kinds: {', '.join(ROLE_KINDS)}; "
-                f"roles: {', '.join(sorted(ROLES))}"
+                f"roles: {', '.join(sorted(known))}"
             )
         return v
 

@@ -736,7 +736,7 @@ class BaselineResult:
 @contextlib.contextmanager
 def timed_classify() -> Iterator[list[float]]:
     """Accumulate the seconds ``build_server`` spends in ``classify_domain`` (this process only)."""
-    from streams.sft import tools_servers
+    from streams.tools import tools_servers
 
     original = tools_servers.classify_domain
     spent = [0.0]
@@ -762,7 +762,7 @@ async def run_baseline(
 
     from arena.topics import topic
     from streams.runtime import Context, decode, encode
-    from streams.sft.tools_servers import STAGE, build_server
+    from streams.tools.tools_servers import STAGE, build_server
 
     spec = topic("tools.raw")
     consumer = AIOKafkaConsumer(
@@ -905,7 +905,7 @@ def bench(n: int, t: int, seed: int, timeout_s: float) -> dict[str, Any]:
             supervisor.stop()
             supervisor = None
 
-            from arena.domains import classify_domain
+            from synthesis.sft.domains import classify_domain
 
             w0 = time.perf_counter()
             classify_domain(["warm up the embedding model"])  # untimed, like the arena warm-up

@@ -53,7 +53,7 @@ from app.stack import children_of
 from arena.topics import TOPICS
 from consumers.lag import compute_lag
 from consumers.ledger import read_to_end
-from streams.eigen.verification import field_class
+from synthesis.eigen.verification import field_class
 
 ARENA = str(Path(sys.executable).parent / "arena")
 NOT_COMPARED = {"llm.usage", "trainer.metrics"}

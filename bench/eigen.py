@@ -164,11 +164,11 @@ def settings_for(home: Path, args: argparse.Namespace) -> ArenaSettings:
 
 async def prepare(settings: ArenaSettings, args: argparse.Namespace, count: int) -> list[EigenSeed]:
     """Pack in the catalog, K prompt sets in phase 3, ``count`` seeds; the sandbox pool started."""
-    from arena.llm.roles.eigen import PoolParams
     from producers.publish_domain import resolve_pack, seed_items
     from streams import resources
-    from streams.eigen.evolution import make_prompt_sets
-    from streams.eigen.items import pack_id_of
+    from synthesis.eigen.evolution import make_prompt_sets
+    from synthesis.eigen.items import pack_id_of
+    from synthesis.eigen.roles.tasks import PoolParams
 
     pack = resolve_pack(args.pack)
     store = resources.eigen_store_for(settings)

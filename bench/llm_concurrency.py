@@ -18,7 +18,7 @@ client path, as with vLLM), then ``arena lake ...`` and ``arena down``.
 Tracks and inputs (those of ``arena demo``):
 
 ``sft``
-    ``arena publish tools arena/samples/tools`` (its malformed files go to the dead-letter topic,
+    ``arena publish tools samples/tools`` (its malformed files go to the dead-letter topic,
     as in the demo) and the two bundled MCP servers (library over HTTP, notes over stdio);
     stages tools-servers, tool-index, chains, tasks-from-chains, tasks-from-servers,
     trajectories, trajectories-scored, samples-sft. Samples: ``samples.sft``.
@@ -459,7 +459,7 @@ def _publish_sft(env: dict[str, str], logs: Path, quick: bool) -> Inputs:
         mcp.stop()
         raise
     return Inputs(
-        "tools.raw: arena/samples/tools (good, rejected, malformed) + MCP servers library (http), notes (stdio)",
+        "tools.raw: samples/tools (good, rejected, malformed) + MCP servers library (http), notes (stdio)",
         [mcp],
     )
 

@@ -28,7 +28,8 @@ from arena.topics import topic
 from producers.publish_tools import raw_key
 from producers.tool_docs import load_tool_docs
 from streams.runtime import Context, Emit, StageDef, run_handler
-from streams.sft import chains, samples_sft, tasks, tools_servers, trajectories, trajectories_scored
+from streams.sft import chains, samples_sft, tasks, trajectories, trajectories_scored
+from streams.tools import tools_servers
 
 
 async def run_stage(

@@ -3,7 +3,7 @@
 Each is a few small tables linked by foreign keys (a listing's agent, that agent's agency, the
 agency's city), so multi-hop questions exist; ``arena demo`` and ``arena publish qa --builtin``
 publish them. ``PROSE_DOMAINS`` are sample knowledge bases of prose only (Markdown under
-``arena/samples/knowledge``), for the passage path: ``arena publish qa --builtin world_facts``.
+``samples/knowledge``), for the passage path: ``arena publish qa --builtin world_facts``.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-import arena.samples
+import samples
 from arena.records.envs import Cell, KbTable, KnowledgeBase
 from producers.knowledge import KnowledgeError, load_knowledge
 
 BUILTIN_DOMAINS: tuple[str, ...] = ("real_estate", "e_commerce", "healthcare")
 PROSE_DOMAINS: tuple[str, ...] = ("world_facts",)
 """Sample knowledge bases of prose (passages, no tables); not part of ``arena demo``."""
-PROSE_DIR = Path(arena.samples.__file__).parent / "knowledge"
+PROSE_DIR = Path(samples.__file__).parent / "knowledge"
 
 
 _FIRST = [

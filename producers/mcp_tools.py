@@ -11,7 +11,7 @@ tools/list entries as the server sent them (MCP camelCase keys): ``name``,
 from __future__ import annotations
 
 from arena.records.tools import McpEndpoint, RawToolServer, ToolDocFormat
-from streams.sft.mcp_client import McpToolSession
+from synthesis.tools.mcp_client import McpToolSession
 
 OUTPUT_SCHEMA_KEY = "outputSchema"
 """Key of a tool's output JSON Schema in the entries (MCP's own spelling)."""

@@ -1,6 +1,6 @@
 """`arena publish domain PATH`: a domain pack into the EigenData track (EigenData §4.1, §4.4).
 
-1. The pack is loaded and checked (``streams.eigen.packs``; a bad pack is a ``DomainPackError``
+1. The pack is loaded and checked (``synthesis.eigen.packs``; a bad pack is a ``DomainPackError``
    naming file, field and fix) and stored in the catalog by content hash, so every stage works on
    exactly the pack its items name.
 2. Planning and phase 1: the Planner's worker DAG, then K prompt sets, each conditioned on the
@@ -30,7 +30,8 @@ from lake.catalog import open_gateway
 from lake.eigen_catalog import EigenCatalog
 from producers.publish import publish
 from sandbox import SandboxPool
-from streams.eigen.evolution import (
+from streams.runtime import Emit
+from synthesis.eigen.evolution import (
     PILOT_TOPIC,
     PilotResult,
     PromptSet,
@@ -39,9 +40,8 @@ from streams.eigen.evolution import (
     pilot_key,
     thresholds_from,
 )
-from streams.eigen.items import generating_set, make_item, pack_id_of
-from streams.eigen.packs import DomainPack, DomainPackError, builtin_pack_path, builtin_packs, load_pack
-from streams.runtime import Emit
+from synthesis.eigen.items import generating_set, make_item, pack_id_of
+from synthesis.eigen.packs import DomainPack, DomainPackError, builtin_pack_path, builtin_packs, load_pack
 
 SEEDS_TOPIC = "eigen.seeds"
 

@@ -38,21 +38,16 @@ from arena.hashing import content_hash
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
 from arena.llm.replies import parse_arguments
-from arena.llm.roles.eigen import DifficultyFactors, Goal, GoalCall, Persona, UserIntent
-from arena.llm.roles.eigen_dialogs import (
-    EIGEN_TRAJECTORY_AGENT,
-    EIGEN_TRAJECTORY_VALIDATION,
-    YES_RE,
-    AppEvent,
-    DialogIssue,
-    DimensionRating,
-    ReferenceStep,
-    TrajectoryAgentInput,
-    TrajectoryValidationInput,
-    dialog_system_message,
-    grounded_values,
-)
 from arena.llm.roles.user_sim import UserAction, UserActionResult, UserBehaviour
+from arena.records.eigen import (
+    DialogIssue,
+    DifficultyFactors,
+    DimensionRating,
+    Goal,
+    GoalCall,
+    Persona,
+    UserIntent,
+)
 from arena.records.sft import SftSample, Side, dialogue_samples
 from environments.environment import argument_error
 from environments.render import ToolCall
@@ -63,7 +58,18 @@ from environments.tau2_tasks import Tau2Task, arena_reward
 from environments.user_view import GatewayUserSimulator, UserContext, user_view_messages
 from lake.store import ObjectStore
 from sandbox.env_runtime import Runner
-from streams.eigen.dialogs import dialog_issue, dimension_rating
+from synthesis.eigen.dialog_synthesis import dialog_issue, dimension_rating
+from synthesis.eigen.roles.dialogs import (
+    EIGEN_TRAJECTORY_AGENT,
+    EIGEN_TRAJECTORY_VALIDATION,
+    YES_RE,
+    AppEvent,
+    ReferenceStep,
+    TrajectoryAgentInput,
+    TrajectoryValidationInput,
+    dialog_system_message,
+    grounded_values,
+)
 
 SOURCE = "eigen-tau2"
 MAX_AGENT_STEPS = 60

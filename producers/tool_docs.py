@@ -3,7 +3,7 @@
 ASTRA §2.1.1 collects tool documents from heterogeneous sources and groups them
 by originating service. This module does the collecting and grouping; it keeps
 every tool entry exactly as found (``RawToolServer.entries``) and leaves the
-conversion to the OpenAI schema to ``streams.sft.normalize``, so that what was
+conversion to the OpenAI schema to ``synthesis.tools.normalize``, so that what was
 published can always be replayed against a newer normaliser.
 
 Supported inputs (auto-detected per document, whatever the file extension):
@@ -28,7 +28,7 @@ Grouping (ASTRA groups tools by originating service): a declared service (OpenAP
 loose functions of a file are one server named after the file, unless they come from
 dataset lines or exceed ``LoadOptions.max_server_tools``: then ``producers.tool_groups``
 groups them by namespace, co-occurrence in a line and lexical similarity. Tools are
-deduplicated by name and normalised schema (``streams.sft.normalize.entry_fingerprint``);
+deduplicated by name and normalised schema (``synthesis.tools.normalize.entry_fingerprint``);
 a same-name tool with another schema keeps the richer one and leaves a ``LoadNotice``.
 Every server is bounded (split with a notice), so no record is normally large.
 
@@ -61,8 +61,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from arena.records.common import utcnow
 from arena.records.tools import RawToolServer, ToolDocFormat
 from producers.tool_groups import Member, chunk, group_tools, namespace
-from streams.sft.normalize import MIN_TOOLS as MIN_SERVER_TOOLS
-from streams.sft.normalize import Fingerprint, entry_fingerprint
+from synthesis.tools.normalize import MIN_TOOLS as MIN_SERVER_TOOLS
+from synthesis.tools.normalize import Fingerprint, entry_fingerprint
 
 SUFFIXES: tuple[str, ...] = (".json", ".jsonl", ".yaml", ".yml")
 """Extensions picked up when a folder is loaded (explicit files load whatever their name)."""

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs Arena (scripts/install.sh), makes sure the test servers' binaries exist, runs the tests.
+# Installs Arena (scripts/install.sh), makes sure the test servers' binaries exist, checks lint, format,
+# types and import rules, then runs the tests.
 # Tests start their own servers (Kafka-protocol broker, S3, PostgreSQL) on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +25,10 @@ if [ ! -x /usr/bin/chromium ]; then
   apt_install chromium
 fi
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest -q "$@"
+# Style and types first: a lint or type error fails CI before the tests spend their minutes.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+.venv/bin/python tests/import_rules.py
+# Two workers: much of a test is waiting on its servers; tests/conftest.py groups what must share one.
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"

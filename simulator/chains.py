@@ -4,7 +4,7 @@ Everything here works from the role input alone (the server's tool schemas,
 the chain, the task text) and the seeded ``random.Random``:
 
 - chains grow along type-compatible output -> input links
-  (``arena.tool_links``: an earlier tool's response field feeds a later
+  (``synthesis.sft.tool_links``: an earlier tool's response field feeds a later
   tool's required argument, e.g. ``hotels[].hotel_id`` -> ``hotel_id``), starting
   from a tool whose required arguments a user can state;
 - task texts come from templates over the schemas (the task writer,
@@ -30,9 +30,14 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
-from arena.lang import count_words, detect_language
 from arena.llm.core import Undecidable
-from arena.llm.roles.chains import (
+from arena.records.sft import ServerRef
+from arena.records.tools import NormalizedTool
+from simulator.task_writer import purpose_clause, takes_output, write_task
+from simulator.text import first_sentences, imperative, name_terms, name_words, text_stems, tool_terms
+from simulator.values import user_knows
+from synthesis.sft.lang import count_words, detect_language
+from synthesis.sft.roles.chains import (
     CHAIN_COHERENCE,
     CHAIN_SYNTHESIS,
     TASK_FROM_CHAIN,
@@ -43,12 +48,7 @@ from arena.llm.roles.chains import (
     SynthesizedChain,
     TaskDraft,
 )
-from arena.records.sft import ServerRef
-from arena.records.tools import NormalizedTool
-from arena.tool_links import entity_of, feeding_fields, required_arguments
-from simulator.task_writer import purpose_clause, takes_output, write_task
-from simulator.text import first_sentences, imperative, name_terms, name_words, text_stems, tool_terms
-from simulator.values import user_knows
+from synthesis.sft.tool_links import entity_of, feeding_fields, required_arguments
 
 # ============================================================================ chain building
 

@@ -32,33 +32,35 @@ from typing import Any
 from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
-from arena.llm.roles.eigen import (
+from arena.records.eigen import (
+    DifficultyFactors,
+    EnvironmentContext,
+    Goal,
+    GoalCall,
+    PlanStep,
+    PoolDraw,
+    Repair,
+    UserIntent,
+)
+from synthesis.eigen.roles.tasks import (
     DECEPTION_TACTICS,
     EIGEN_MODIFY,
     EIGEN_RANDOM_POOL,
     EIGEN_TASK_VALIDATION,
     EIGEN_USER_INTENT,
-    DifficultyFactors,
     EntityRef,
-    EnvironmentContext,
     FailureCategory,
     FailureReason,
-    Goal,
-    GoalCall,
     GoalOption,
     ModifyInput,
     ModifyOutput,
-    PlanStep,
-    PoolDraw,
     RandomPoolInput,
-    Repair,
     SuggestedFix,
     TaskValidationInput,
     TaskVerdict,
-    UserIntent,
     UserIntentInput,
 )
-from arena.llm.roles.eigen_spec import SynthesisSpec, instantiate
+from synthesis.eigen.spec import SynthesisSpec, instantiate
 
 TONE_OPENERS = {"anxious": "Hi, I'm a bit worried. ", "curt": "", "precise": "Hello. ", "polite": "Hi, "}
 MISSING_RE = re.compile(r"\bno [a-z ]{2,30} '[^']*'|\bnot found\b|KeyError", re.I)

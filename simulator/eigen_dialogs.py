@@ -44,7 +44,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
-from arena.llm.roles.eigen_dialogs import (
+from arena.records.eigen import TrajectoryVerdict
+from simulator.eigen_guided import CLOSING, guided_step
+from synthesis.eigen.roles.dialogs import (
     DIMENSIONS,
     EIGEN_TRAJECTORY_AGENT,
     EIGEN_TRAJECTORY_VALIDATION,
@@ -53,9 +55,8 @@ from arena.llm.roles.eigen_dialogs import (
     AgentToolCall,
     TrajectoryAgentInput,
     TrajectoryValidationInput,
-    TrajectoryVerdict,
 )
-from arena.llm.roles.eigen_spec import (
+from synthesis.eigen.spec import (
     MissingValue,
     SynthesisSpec,
     TaskTemplate,
@@ -65,7 +66,6 @@ from arena.llm.roles.eigen_spec import (
     nest,
     requirement_pattern,
 )
-from simulator.eigen_guided import CLOSING, guided_step
 
 FREE_TEXT = ("reason", "description", "summary", "note")
 """Arguments whose wording is the agent's own (never compared to a template's)."""

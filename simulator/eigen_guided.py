@@ -34,7 +34,8 @@ import re
 from typing import Any
 
 from arena.llm.replies import parse_arguments
-from arena.llm.roles.eigen_dialogs import (
+from simulator.user_acts import humanize
+from synthesis.eigen.roles.dialogs import (
     YES_RE,
     AgentStep,
     AgentToolCall,
@@ -42,7 +43,6 @@ from arena.llm.roles.eigen_dialogs import (
     TrajectoryAgentInput,
     grounded_values,
 )
-from simulator.user_acts import humanize
 
 CLOSING = "Is there anything else I can help you with?"
 PROPOSAL = "Shall I proceed?"

@@ -35,8 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from arena.llm.roles.eigen import template_kinds
-from arena.llm.roles.eigen_orchestration import (
+from synthesis.eigen.roles.orchestration import (
     EIGEN_JUDGE,
     EIGEN_PLANNER,
     EIGEN_PROMPT_ENGINEER,
@@ -56,6 +55,7 @@ from arena.llm.roles.eigen_orchestration import (
     WorkerPrompt,
     WorkflowPlan,
 )
+from synthesis.eigen.roles.tasks import template_kinds
 
 GUIDANCE_HEADER = "\n\nGuidance from pilot critiques (follow it):"
 FOCUS_HEADER = "\n\nPrompt set focus:"

@@ -1,6 +1,6 @@
 """Rules synthesiser of ``tool_emulation``: the emulated result of a tool call.
 
-The result comes whole from ``arena.emulated_results`` (the tool's response schema, the arguments
+The result comes whole from ``synthesis.sft.emulated_results`` (the tool's response schema, the arguments
 and the session's state); the emulator stage runs the same module's ``finish`` on any backend's
 answer, so the guarantees (schema-valid, reads see writes) hold whichever backend answered.
 """
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from arena.emulated_results import Generator
-from arena.llm.roles.emulation import TOOL_EMULATION, EmulatedResult, EmulationInput
+from synthesis.sft.emulated_results import Generator
+from synthesis.sft.roles.emulation import TOOL_EMULATION, EmulatedResult, EmulationInput
 
 
 def emulate(inputs: BaseModel, rng: random.Random) -> BaseModel:

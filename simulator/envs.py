@@ -31,7 +31,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
-from arena.llm.roles.envs import (
+from arena.records.envs import Grounding
+from synthesis.envs.roles.envs import (
     HOMOGENEOUS_GROUPS,
     MERGE_INVOCATION,
     TOOL_IMPLEMENTATION,
@@ -49,7 +50,6 @@ from arena.llm.roles.envs import (
     ToolSpec,
     ToolSpecInput,
 )
-from arena.records.envs import Grounding
 
 WRONG_INVOCATION_RATE = 0.2
 """Share of first-attempt invocations the rules get wrong (a model's typical slips)."""

@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from arena.passages import Chunk, split_sentences
-from arena.text import norm
+from synthesis.envs.passages import Chunk, split_sentences
+from synthesis.envs.text import norm
 
 _WORD = r"[A-Z][\w'’.-]*"
 _NAME = rf"(?:The )?{_WORD}(?: (?:of|de|du|da|von|van|der|la|le|del|the|and|\d+|{_WORD}))*"

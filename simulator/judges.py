@@ -22,22 +22,6 @@ from typing import Any
 from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
-from arena.llm.roles.judges import (
-    ANSWER_CORRELATION,
-    ANSWER_SUMMARY,
-    CALL_CONCISENESS,
-    QUERY_PLANNING,
-    QUERY_UNDERSTANDING,
-    ROUND_PLANNING,
-    ROUND_UNDERSTANDING,
-    AnswerView,
-    BinaryJudgement,
-    CallView,
-    GradedJudgement,
-    Judgement,
-    RoundView,
-    TrajectoryView,
-)
 from simulator.reading import (
     CallRecord,
     Evidence,
@@ -60,6 +44,22 @@ from simulator.reading import (
     terms,
     uses_output,
     words,
+)
+from synthesis.sft.roles.judges import (
+    ANSWER_CORRELATION,
+    ANSWER_SUMMARY,
+    CALL_CONCISENESS,
+    QUERY_PLANNING,
+    QUERY_UNDERSTANDING,
+    ROUND_PLANNING,
+    ROUND_UNDERSTANDING,
+    AnswerView,
+    BinaryJudgement,
+    CallView,
+    GradedJudgement,
+    Judgement,
+    RoundView,
+    TrajectoryView,
 )
 
 

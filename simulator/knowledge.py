@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from arena.records.envs import Cell, KbTable, KnowledgeBase
-from arena.text import norm
+from synthesis.envs.text import norm
 
 MAX_LINKS = 7
 """Longest foreign-key path walked (hop budget 8 = 7 links + the final lookup)."""

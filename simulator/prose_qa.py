@@ -1,6 +1,6 @@
 """Rules for QA synthesis over prose (ASTRA §2.2.1 for a knowledge base of passages).
 
-The passages are chunked (``arena.passages``) and read for facts (``simulator.facts``); the facts
+The passages are chunked (``synthesis.envs.passages``) and read for facts (``simulator.facts``); the facts
 form a graph (a fact's value may be another fact's subject), and instances walk it the way
 ``simulator.qa`` walks tables:
 
@@ -24,10 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
-from arena.llm.roles.qa import QA_SYNTHESIS, QaDraft, QaSynthesisInput
-from arena.passages import chunk_passages
 from arena.records.envs import STRUCTURES, Grounding, Structure
-from arena.text import norm
 from simulator.facts import Fact, extract_facts
 from simulator.knowledge import Kb, to_number
 from simulator.qa import (
@@ -42,6 +39,9 @@ from simulator.qa import (
     to_draft,
 )
 from simulator.text import join_list
+from synthesis.envs.passages import chunk_passages
+from synthesis.envs.roles.qa import QA_SYNTHESIS, QaDraft, QaSynthesisInput
+from synthesis.envs.text import norm
 
 PROSE_FLAWS: tuple[str, ...] = ("inner_no_tool", "missing_dependency", "extra_dependency", "misordered")
 """Flaw kinds that do not need a table (the others draw wrong values from table columns)."""

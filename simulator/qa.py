@@ -29,24 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arena.llm.core import Undecidable
-from arena.llm.roles.qa import (
-    QaDraft,
-    QaJudgeInput,
-    QaSynthesisInput,
-    ToolNeedInput,
-)
-from arena.records.envs import (
-    STRUCTURES,
-    Grounding,
-    KnowledgeBase,
-    Structure,
-    SubQA,
-    prune_knowledge,
-)
-from arena.text import norm
+from arena.records.envs import STRUCTURES, Grounding, KnowledgeBase, Structure, SubQA
 from simulator.knowledge import Kb, Route, cell_text, mentions_token, number_text, to_number
 from simulator.qa_judges import atomicity, completeness, dependency, sequence, tool_needs
 from simulator.text import join_list
+from synthesis.envs.passages import prune_knowledge
+from synthesis.envs.roles.qa import QaDraft, QaJudgeInput, QaSynthesisInput, ToolNeedInput
+from synthesis.envs.text import norm
 
 FLAW_KINDS: dict[str, int] = {
     "inner_no_tool": 3,

@@ -20,8 +20,9 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from arena.llm.roles.judges import BinaryJudgement
-from arena.llm.roles.qa import (
+from simulator.judges import typed_rule
+from simulator.knowledge import Kb, mentions_token, number_text, to_number
+from synthesis.envs.roles.qa import (
     QA_ATOMICITY,
     QA_COMPLETENESS,
     QA_DEPENDENCY,
@@ -34,9 +35,8 @@ from arena.llm.roles.qa import (
     ToolNeedInput,
     ToolNeeds,
 )
-from arena.text import norm
-from simulator.judges import typed_rule
-from simulator.knowledge import Kb, mentions_token, number_text, to_number
+from synthesis.envs.text import norm
+from synthesis.sft.roles.judges import BinaryJudgement
 
 # --------------------------------------------------------------------------- tool need
 

@@ -18,11 +18,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from arena.llm.roles.chains import TaskDraft
 from arena.records.sft import ServerRef, Slot
 from arena.records.tools import NormalizedTool
-from arena.text import fold
-from arena.tool_links import (
+from simulator.text import VERBS, capitalise, humanize, imperative, join_list, name_words, sentences_of
+from simulator.values import ValueBook, kind_of, user_knows
+from synthesis.envs.text import fold
+from synthesis.sft.roles.chains import TaskDraft
+from synthesis.sft.tool_links import (
     Argument,
     arguments,
     entity_of,
@@ -32,8 +34,6 @@ from arena.tool_links import (
     output_provider,
     snake,
 )
-from simulator.text import VERBS, capitalise, humanize, imperative, join_list, name_words, sentences_of
-from simulator.values import ValueBook, kind_of, user_knows
 
 OPTIONAL_RATE = 0.3
 """Chance that the user also states a simple optional argument (an enum, a count, a limit)."""

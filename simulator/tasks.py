@@ -24,10 +24,17 @@ from datetime import date
 
 from pydantic import BaseModel
 
-from arena.lang import count_words, detect_language
 from arena.llm.core import Undecidable
-from arena.llm.roles.chains import TaskDraft
-from arena.llm.roles.tasks import (
+from arena.records.sft import ServerRef
+from arena.records.tools import NormalizedTool
+from simulator.chains import acts_on_deleted, can_follow, nonsense_problem, user_can_start
+from simulator.task_writer import compose_task, plan_steps, slots_of
+from simulator.text import DOC_STOPWORDS, VERBS, capitalise, humanize, name_words, text_stems, tool_terms
+from simulator.values import ValueBook, enum_values, kind_of, render
+from synthesis.envs.text import fold
+from synthesis.sft.lang import count_words, detect_language
+from synthesis.sft.roles.chains import TaskDraft
+from synthesis.sft.roles.tasks import (
     AUGMENT_TASK,
     SCORE_TASK,
     TASK_FROM_SERVER,
@@ -37,14 +44,7 @@ from arena.llm.roles.tasks import (
     TaskScoreInput,
     TaskScores,
 )
-from arena.records.sft import ServerRef
-from arena.records.tools import NormalizedTool
-from arena.text import fold
-from arena.tool_links import Argument, arguments, output_fields, required_arguments, singular, snake
-from simulator.chains import acts_on_deleted, can_follow, nonsense_problem, user_can_start
-from simulator.task_writer import compose_task, plan_steps, slots_of
-from simulator.text import DOC_STOPWORDS, VERBS, capitalise, humanize, name_words, text_stems, tool_terms
-from simulator.values import ValueBook, enum_values, kind_of, render
+from synthesis.sft.tool_links import Argument, arguments, output_fields, required_arguments, singular, snake
 
 WEAK_RATE = 0.25
 """Share of server-only drafts that come out weak (vague or general knowledge)."""

@@ -16,8 +16,8 @@ import re
 from collections.abc import Sequence
 
 from arena.records.tools import NormalizedTool
-from arena.text import fold
-from arena.tool_links import singular, snake
+from synthesis.envs.text import fold
+from synthesis.sft.tool_links import singular, snake
 
 VERBS = frozenset(
     (

@@ -54,8 +54,8 @@ from arena.llm.roles.user_sim import (
     UserTurn,
     withhold,
 )
-from arena.text import norm
 from simulator.user_acts import already_done, fill_arguments, humanize, mistype, stems, wanted_tools
+from synthesis.envs.text import norm
 
 NUDGE = "Please go ahead."
 CONFIRMATION = "Yes, please go ahead."

@@ -20,9 +20,9 @@ from datetime import date, timedelta
 from typing import Any
 
 from arena.records.tools import NormalizedTool
-from arena.text import fold
-from arena.tool_links import Argument, entity_of, is_identifier, json_types, singular, snake
 from simulator.text import content_words, name_words
+from synthesis.envs.text import fold
+from synthesis.sft.tool_links import Argument, entity_of, is_identifier, json_types, singular, snake
 
 CITIES: tuple[tuple[str, float, float, str, str, str], ...] = (
     ("Lisbon", 38.7223, -9.1393, "PT", "1100-048", "Rua Augusta 120"),

@@ -16,7 +16,7 @@ from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
 from sandbox.env_runtime import Runner
-from streams.sft.chain_graph_store import ChainGraphStore
+from synthesis.sft.chain_graph_store import ChainGraphStore
 
 if TYPE_CHECKING:  # lancedb takes ~1.5 s to import; only the stages that use the index pay for it
     from lake.tool_index import ToolIndex

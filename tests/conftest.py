@@ -36,7 +36,25 @@ DEMO_TIMEOUT_S = 900
 suite's 300 s."""
 
 
+SPREAD_FILES = frozenset({"test_bench_quick.py"})
+"""Files whose tests are independent heavy runs (each bench's smoke run): spread one by one."""
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """Which tests one pytest-xdist worker runs together (scripts/test.sh: ``-n 2 --dist loadgroup``).
+
+    Every test of the shared demo home on one worker (the home is built once per worker that
+    asks for it); otherwise a file's tests together, so module fixtures start once.
+    """
+    if "demo_run" in getattr(item, "fixturenames", ()):
+        return "demo"
+    if item.path.name in SPREAD_FILES:
+        return item.nodeid
+    return item.path.name
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "demo_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT_S))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))

@@ -4,15 +4,17 @@ Layers, top to bottom (a package may import only packages in layers below its ow
 
     app                                  CLI, demo, worker runner and registry, embedded stack
     trainer | producers | consumers      training service; publishers; sinks, lag, exports
-    streams                              Faust runtime and the stage modules (sft/, envs/, eigen/)
+    streams | simulator                  Faust runtime + one thin module per stage (<track>/); the ``rules`` backend
+    synthesis                            what each track computes, free of Kafka (<track>/, roles included)
     environments                         environment runtime, F1 reward, rendering, user view
-    lake | sandbox                       artifact lake and catalog; isolated execution
-    simulator                            the offline ``rules`` LLM backend
-    arena                                kernel: config, topics, records, hashing, LLM gateway
+    lake | sandbox | samples             artifact lake and catalog; isolated execution; bundled sample data
+    arena                                kernel: config, topics, records, hashing, metrics, LLM gateway
 
 Packages that share a layer do not import each other. ``simulator`` is reached only through the
 ``arena.llm_backends`` entry points (pyproject.toml), so no package imports it. There are no
-import cycles, between packages or between modules.
+import cycles, between packages or between modules. No kernel module serves one track alone
+(its importers, the simulator aside, are not all in ``synthesis.<t>``/``streams.<t>`` of one ``t``),
+and every module of a ``streams/<track>/`` folder defines a stage.
 
 What counts as an import: every ``import``/``from ... import`` statement anywhere in a module
 (inside functions too), relative imports resolved, and ``importlib.import_module("x.y")`` /
@@ -29,10 +31,10 @@ from pathlib import Path
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("app",),
     ("trainer", "producers", "consumers"),
-    ("streams",),
+    ("streams", "simulator"),
+    ("synthesis",),
     ("environments",),
-    ("lake", "sandbox"),
-    ("simulator",),
+    ("lake", "sandbox", "samples"),
     ("arena",),
 )
 """Arena's layers, top to bottom; packages in one tuple are siblings."""
@@ -49,6 +51,14 @@ class Contracts:
     entry_point_only: tuple[str, ...] = ENTRY_POINT_ONLY
     unchecked: tuple[str, ...] = ("tests", "bench")
     """Packages outside the layout (they may import any layer)."""
+    kernel: str = "arena"
+    """The kernel: no module of it may serve one track alone (``single-track-kernel``)."""
+    track_packages: tuple[str, ...] = ("synthesis", "streams")
+    """Packages split into one folder per track (``<package>.<track>``)."""
+    neutral: tuple[str, ...] = ("simulator",)
+    """Importers that do not make a kernel module shared (the simulator answers for every track)."""
+    stage_package: str = "streams"
+    """Its track folders hold stage modules only: each defines a module-level ``StageDef(...)``."""
 
 
 @dataclass(frozen=True, order=True)
@@ -56,7 +66,8 @@ class Violation:
     """One broken rule: who imports what, where, and which rule it breaks."""
 
     kind: str
-    """upward, sibling, entry-point-only, unplaced-package, package-cycle or module-cycle."""
+    """upward, sibling, entry-point-only, unplaced-package, package-cycle, module-cycle,
+    single-track-kernel or stageless-stage-module."""
     importer: str
     imported: str
     where: str = ""
@@ -212,6 +223,46 @@ def strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def track_of(module: str, contracts: Contracts) -> str | None:
+    """``synthesis.sft.x`` -> ``sft``; ``None`` for a module outside the track folders."""
+    parts = module.split(".")
+    if parts[0] in contracts.track_packages and len(parts) > 2:
+        return parts[1]
+    return None
+
+
+def _defines_stage(path: Path) -> bool:
+    """A module-level ``NAME = StageDef(...)`` (annotated or not)."""
+    for node in ast.parse(path.read_text()).body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "StageDef":
+            return True
+    return False
+
+
+def track_violations(root: Path, modules: Mapping[str, Module], contracts: Contracts) -> list[Violation]:
+    """Kernel modules that serve one track alone, and modules of a stage folder that hold no stage."""
+    importers: dict[str, set[str]] = {}
+    for module in modules.values():
+        for target in module.imports:
+            importers.setdefault(target, set()).add(module.name)
+    found: list[Violation] = []
+    for name, module in sorted(modules.items()):
+        top = name.split(".")[0]
+        if top == contracts.kernel and not module.is_package:
+            users = {u for u in importers.get(name, set()) if u.split(".")[0] not in contracts.neutral}
+            tracks = {track_of(u, contracts) for u in users}
+            if len(tracks) == 1 and None not in tracks:
+                where = str(module.path.relative_to(root))
+                found.append(Violation("single-track-kernel", name, f"only {tracks.pop()} uses it", where))
+        parts = name.split(".")
+        if top == contracts.stage_package and len(parts) > 2 and not module.is_package:
+            if not _defines_stage(module.path):
+                where = str(module.path.relative_to(root))
+                found.append(Violation("stageless-stage-module", name, "defines no StageDef", where))
+    return found
+
+
 def check(root: Path, contracts: Contracts = Contracts()) -> list[Violation]:
     """Every violation of ``contracts`` by the first-party packages under ``root``."""
     packages = [p for p in first_party_packages(root) if p not in contracts.unchecked]
@@ -238,6 +289,7 @@ def check(root: Path, contracts: Contracts = Contracts()) -> list[Violation]:
                 violations.append(Violation("upward", module.name, target, where))
             elif layer_of[target_pkg] == layer_of[importer_pkg]:
                 violations.append(Violation("sibling", module.name, target, where))
+    violations += track_violations(root, modules, contracts)
     for cycle in strongly_connected(package_graph):
         violations.append(Violation("package-cycle", cycle[0], " -> ".join(cycle)))
     module_graph = {m.name: set(m.imports) for m in modules.values()}

@@ -1,4 +1,4 @@
-"""Every benchmark runs as the README documents it, in its ``--quick`` smoke mode (CI runs these).
+"""Every benchmark runs as docs/benchmarks.md documents it, in its ``--quick`` smoke mode (CI runs these).
 
 Each bench script runs once as a subprocess exactly as documented -- ``.venv/bin/python
 bench/X.py --quick`` from the repository root -- plus ``python -m bench.env_track --quick``, the

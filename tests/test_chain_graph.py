@@ -1,4 +1,4 @@
-"""Transition graph and random walks (streams/sft/chain_graph.py) and its store (streams/sft/chain_graph_store.py)."""
+"""Transition graph and random walks (synthesis/sft/chain_graph.py) and its store (synthesis/sft/chain_graph_store.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.sft.chain_graph import TransitionGraph, Walk
-from streams.sft.chain_graph_store import ChainGraphStore
+from synthesis.sft.chain_graph import TransitionGraph, Walk
+from synthesis.sft.chain_graph_store import ChainGraphStore
 
 
 def graph_of(*chains: list[str], nodes: list[str] | None = None) -> TransitionGraph:

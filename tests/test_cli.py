@@ -17,9 +17,9 @@ import torch
 from kafka.admin import KafkaAdminClient
 
 from app.cli import app as cli_app
-from app.registry import WORKERS
+from app.registry import TRACKS, WORKERS
 from app.stack import children_of
-from streams.eigen.packs import builtin_pack_path
+from synthesis.eigen.packs import builtin_pack_path
 from tests.cli import ARENA, arena_env, broker_of, read_all, run_arena, stack_stopped_after
 from tests.test_compose import COMPOSE_ARENA_COMMANDS
 
@@ -122,7 +122,10 @@ def _running(argv: tuple[str, ...], proc: subprocess.Popen[str], home: Path) -> 
     if argv[0] == "train":
         # The trainer is a service: it starts (building its tiny model), then waits for samples.
         return (home / "lake" / "trainer" / "default" / "base" / "_manifest.json").is_file()
-    names = [argv[i + 1] for i, a in enumerate(argv) if a == "--stage"] or list(WORKERS)
+    tracks = {t.name: [s.name for s in t.stages] for t in TRACKS}
+    names = [argv[i + 1] for i, a in enumerate(argv) if a == "--stage"]
+    names += [n for i, a in enumerate(argv) if a == "--track" for n in tracks[argv[i + 1]]]
+    names = names or list(WORKERS)
     groups = [WORKERS[n].group for n in names]
     # Running = its worker processes exist and their groups are stable (static members of an
     # earlier run keep a group stable, so both are needed).
@@ -201,7 +204,7 @@ def test_publish_mcp_errors_and_a_live_stdio_server(tmp_path: Path) -> None:
     assert_user_error(run_arena(["publish", "mcp"], env, check=None), "exactly one of --stdio")
     unreachable = run_arena(["publish", "mcp", "--url", "http://127.0.0.1:9/mcp"], env, check=None)
     assert_user_error(unreachable, "could not list tools", "127.0.0.1:9")
-    command = f"{sys.executable} -m arena.samples.mcp.notes --transport stdio"
+    command = f"{sys.executable} -m samples.mcp.notes --transport stdio"
     with stack_stopped_after(env):
         out = run_arena(["publish", "mcp", "--stdio", command, "--name", "notes"], env)
         assert "published MCP server 'notes'" in out.stdout

@@ -27,6 +27,7 @@ import pytest
 from compose_spec import PyCompose, PyOptions
 from compose_spec.models import ComposeSpecification
 
+from app.registry import TRACKS
 from arena.config import ArenaSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,55 +36,15 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 ARENA_IMAGE = "arena"
 
-SFT_WORKER = (
-    "worker",
-    *(
-        arg
-        for name in (
-            "chains",
-            "tasks-from-chains",
-            "tasks-from-servers",
-            "trajectories",
-            "trajectories-scored",
-            "samples-sft",
-        )
-        for arg in ("--stage", name)
-    ),
-)
-
-ENV_WORKER = (
-    "worker",
-    *(
-        arg
-        for name in ("qa-traces", "qa-validated", "envs-code", "envs-verified", "samples-verified")
-        for arg in ("--stage", name)
-    ),
-)
-
-EIGEN_WORKER = (
-    "worker",
-    *(
-        arg
-        for name in (
-            "eigen-intents",
-            "eigen-tasks",
-            "eigen-dialogs",
-            "eigen-dialogs-validated",
-            "eigen-verified",
-        )
-        for arg in ("--stage", name)
-    ),
-)
+TRACK_WORKERS = {f"{track.name}-worker": ("worker", "--track", track.name) for track in TRACKS}
+"""One compose service per track of the registry, each running its track."""
 
 # Every `arena ...` command the deployment may run; the CLI tests must exercise each.
 ALLOWED_ARENA_COMMANDS: frozenset[tuple[str, ...]] = frozenset(
     {
         ("topics", "create"),
-        ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         ("worker", "--stage", "lake-sink"),
-        SFT_WORKER,
-        ENV_WORKER,
-        EIGEN_WORKER,
+        *TRACK_WORKERS.values(),
         ("train", "--tiny"),
     }
 )
@@ -172,10 +133,8 @@ def test_validates_against_compose_spec(compose: PyCompose) -> None:
         "postgres",
         "vllm",
         "topics",
-        "worker",
+        *TRACK_WORKERS,
         "lake-sink",
-        "sft-worker",
-        "eigen-worker",
         "trainer",
     }
     assert expected <= set(spec.services)
@@ -193,17 +152,14 @@ def test_arena_services(raw: dict[str, Any]) -> None:
     commands = {name: tuple(_argv(svc["command"])[1:]) for name, svc in arena.items()}
     assert commands == {
         "topics": ("topics", "create"),
-        "worker": ("worker", "--stage", "tools-servers", "--stage", "tool-index"),
         "lake-sink": ("worker", "--stage", "lake-sink"),
-        "sft-worker": SFT_WORKER,
-        "env-worker": ENV_WORKER,
-        "eigen-worker": EIGEN_WORKER,
+        **TRACK_WORKERS,
         "trainer": ("train", "--tiny"),
     }
     assert raw["services"]["trainer"]["profiles"] == ["train"]
     assert raw["services"]["vllm"]["profiles"] == ["gpu"]
     assert raw["services"]["topics"]["restart"] == "no"
-    for name in ("worker", "sft-worker", "env-worker", "eigen-worker", "lake-sink"):
+    for name in (*TRACK_WORKERS, "lake-sink"):
         deps = raw["services"][name]["depends_on"]
         assert deps["topics"]["condition"] == "service_completed_successfully"
         assert deps["kafka"]["condition"] == "service_healthy"

@@ -16,18 +16,18 @@ from arena.config import ArenaSettings, SandboxSettings
 from arena.llm.budget import prompt_tokens
 from arena.llm.core import Answer, InvalidOutput, Role
 from arena.llm.gateway import Gateway
-from arena.llm.roles.envs import HOMOGENEOUS_GROUPS
-from arena.llm.roles.qa import QA_SYNTHESIS
 from arena.llm.routing import budget_for
 from arena.records.envs import EnvPackage, QaTrace
 from producers.builtin_knowledge import BUILTIN_DOMAINS, PROSE_DOMAINS, builtin_knowledge
 from producers.knowledge import unconditional_seed
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
-from streams.envs.merging import merge_package
-from streams.envs.qa_synthesis import synthesis_inputs, synthesize
-from streams.envs.quality import validate
-from streams.envs.synthesis import synthesize_package
+from synthesis.envs.env_synthesis import synthesize_package
+from synthesis.envs.merging import merge_package
+from synthesis.envs.qa_synthesis import synthesis_inputs, synthesize
+from synthesis.envs.quality import validate
+from synthesis.envs.roles.envs import HOMOGENEOUS_GROUPS
+from synthesis.envs.roles.qa import QA_SYNTHESIS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""Dependency verification of tool chains and the output->input link rule (arena/tool_links.py)."""
+"""Dependency verification of tool chains and the output->input link rule (synthesis/sft/tool_links.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from arena.records.sft import Slot
 from arena.records.tools import NormalizedTool, ToolFunction
-from arena.tool_links import (
+from synthesis.sft.tool_links import (
     Argument,
     feeding_fields,
     is_identifier,
@@ -14,9 +14,7 @@ from arena.tool_links import (
     snake,
     verify_dependencies,
 )
-from arena.tool_links import (
-    failed as failed_deps,
-)
+from synthesis.sft.tool_links import failed as failed_deps
 
 
 def tool(

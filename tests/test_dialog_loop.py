@@ -1,4 +1,4 @@
-"""The DialogSynthesis loop as a state machine (``streams.eigen.dialog_loop``).
+"""The DialogSynthesis loop as a state machine (``synthesis.eigen.dialog_loop``).
 
 Real sandbox, real gateway on the rules backend, the built-in customer_service pack. A normal
 dialogue walks AGENT -> TOOLS -> AGENT -> USER -> ... -> DONE and ends on the user's stop; a user
@@ -22,22 +22,16 @@ from pydantic import BaseModel
 
 from arena.llm.core import Undecidable
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import PoolParams, UserIntent
 from arena.llm.roles.user_sim import USER_SIMULATOR, UserSimInput, UserTurn
-from arena.records.eigen import Dialog, DialogCall
+from arena.records.eigen import Dialog, DialogCall, UserIntent
 from sandbox import SandboxPool
 from simulator import RULES
 from simulator.backend import RulesBackend
-from streams.eigen.dialog_loop import (
-    MAX_AGENT_STEPS,
-    MAX_TURNS,
-    DialogLoop,
-    DialogState,
-    synthesize_dialog,
-)
-from streams.eigen.dialogs import validate_dialog
-from streams.eigen.packs import DomainPack
-from streams.eigen.workers import random_pool, user_intent, validate_with_repair
+from synthesis.eigen.agents import random_pool, user_intent, validate_with_repair
+from synthesis.eigen.dialog_loop import MAX_AGENT_STEPS, MAX_TURNS, DialogLoop, DialogState, synthesize_dialog
+from synthesis.eigen.dialog_synthesis import validate_dialog
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.roles.tasks import PoolParams
 from tests.fixtures.domain import POOL, CountingRunner, sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """Domain packs (issue 6): the format, the loader's errors, the built-in customer-service pack.
 
 The pack's tools run in a real sandbox session as EigenData runs them (``load_tools`` and
-``call_tool`` of ``streams.eigen.dialog_loop``); its policy rules fire on violating calls.
+``call_tool`` of ``synthesis.eigen.dialog_loop``); its policy rules fire on violating calls.
 """
 
 from __future__ import annotations
@@ -17,15 +17,9 @@ import pytest
 
 from arena.config import SandboxSettings
 from sandbox import SandboxPool
-from streams.eigen.dialog_loop import call_tool, load_tools
-from streams.eigen.packs import (
-    DomainPack,
-    DomainPackError,
-    builtin_pack_path,
-    load_pack,
-    schema_of,
-)
-from streams.eigen.verification import field_class, replay_reference
+from synthesis.eigen.dialog_loop import call_tool, load_tools
+from synthesis.eigen.packs import DomainPack, DomainPackError, builtin_pack_path, load_pack, schema_of
+from synthesis.eigen.verification import field_class, replay_reference
 
 pytestmark = pytest.mark.timeout(60)
 

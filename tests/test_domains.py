@@ -1,4 +1,4 @@
-"""Domain taxonomy and classification (arena/domains.py)."""
+"""Domain taxonomy and classification (synthesis/sft/domains.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from arena.domains import (
+from producers.tool_docs import load_tool_docs
+from synthesis.sft.domains import (
     DOMAINS,
     FALLBACK_DOMAIN,
     MAX_TEXT_CHARS,
@@ -22,10 +23,9 @@ from arena.domains import (
     label_embeddings,
     server_text,
 )
-from producers.tool_docs import load_tool_docs
-from streams.sft.normalize import normalize_server, server_gate
+from synthesis.tools.normalize import normalize_server, server_gate
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools"
 
 
 @pytest.fixture(scope="module", autouse=True)

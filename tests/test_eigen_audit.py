@@ -14,18 +14,18 @@ from typing import Any
 import pytest
 
 from arena.config import ArenaSettings
-from arena.llm.roles.eigen import PoolParams
 from arena.records.eigen import EigenIntent, PilotMetrics
 from arena.topics import topic
 from lake.eigen_catalog import AuditRow, EigenCatalog
 from producers.publish_domain import seed_items
 from streams.eigen import eigen_intents
-from streams.eigen.audit import audit_points, audit_set, record_and_audit
-from streams.eigen.evolution import make_prompt_sets, pilot_key
-from streams.eigen.items import pack_id_of
-from streams.eigen.packs import DomainPack
 from streams.resources import close_sandbox_pool, eigen_store_for, gateway_for
 from streams.runtime import Context, run_handler
+from synthesis.eigen.audit import audit_points, audit_set, record_and_audit
+from synthesis.eigen.evolution import make_prompt_sets, pilot_key
+from synthesis.eigen.items import pack_id_of
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.roles.tasks import PoolParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import PoolParams, UserIntent
-from arena.records.eigen import Dialog, DialogCall
+from arena.records.eigen import Dialog, DialogCall, UserIntent
 from environments.environment import verify_program
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
-from streams.eigen.dialog_loop import synthesize_dialog
-from streams.eigen.dialogs import judge_dialog, validate_dialog
-from streams.eigen.packs import DomainPack
-from streams.eigen.verification import verification_source
-from streams.eigen.workers import random_pool, user_intent, validate_with_repair
+from synthesis.eigen.agents import random_pool, user_intent, validate_with_repair
+from synthesis.eigen.dialog_loop import synthesize_dialog
+from synthesis.eigen.dialog_synthesis import judge_dialog, validate_dialog
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.roles.tasks import PoolParams
+from synthesis.eigen.verification import verification_source
 from tests.fixtures.domain import sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import PoolParams
-from arena.llm.roles.eigen_orchestration import EIGEN_JUDGE, PilotThresholds
 from arena.records.eigen import PilotMetrics
 from lake.catalog import Catalog
 from lake.eigen_catalog import EigenCatalog
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
-from streams.eigen.evolution import PILOT_TOPIC, detect_drift, make_prompt_sets, pilot, plan_workflow
-from streams.eigen.packs import DomainPack
+from synthesis.eigen.evolution import PILOT_TOPIC, detect_drift, make_prompt_sets, pilot, plan_workflow
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.roles.orchestration import EIGEN_JUDGE, PilotThresholds
+from synthesis.eigen.roles.tasks import PoolParams
 from tests.fixtures.domain import sandboxed
 
 # The 16-iteration pilots take ~120 s on this 2-core machine, 220-300 s when it is loaded.

@@ -22,8 +22,25 @@ from typing import Any
 import pytest
 
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import PoolParams
-from arena.llm.roles.eigen_orchestration import (
+from arena.records.eigen import PilotMetrics
+from lake.catalog import Catalog
+from lake.eigen_catalog import EigenCatalog
+from sandbox import SandboxPool
+from simulator.backend import RulesBackend
+from simulator.eigen_orchestration import GUIDANCE_HEADER, judge, planner, prompt_engineer
+from synthesis.eigen.agents import domain_summary
+from synthesis.eigen.evolution import (
+    PilotResult,
+    PromptSet,
+    make_prompt_sets,
+    measure_batch,
+    pilot,
+    plan_workflow,
+    workers_run,
+)
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.pilot_chain import PromptedGateway
+from synthesis.eigen.roles.orchestration import (
     PROMPTED_ROLES,
     FailureSample,
     JudgeInput,
@@ -33,24 +50,7 @@ from arena.llm.roles.eigen_orchestration import (
     WorkerPrompt,
     WorkflowPlan,
 )
-from arena.records.eigen import PilotMetrics
-from lake.catalog import Catalog
-from lake.eigen_catalog import EigenCatalog
-from sandbox import SandboxPool
-from simulator.backend import RulesBackend
-from simulator.eigen_orchestration import GUIDANCE_HEADER, judge, planner, prompt_engineer
-from streams.eigen.evolution import (
-    PilotResult,
-    PromptSet,
-    make_prompt_sets,
-    measure_batch,
-    pilot,
-    plan_workflow,
-    workers_run,
-)
-from streams.eigen.packs import DomainPack
-from streams.eigen.pilot_chain import PromptedGateway
-from streams.eigen.workers import domain_summary
+from synthesis.eigen.roles.tasks import PoolParams
 from tests.cli import arena_env, run_arena
 from tests.fixtures.domain import sandboxed
 
@@ -73,7 +73,7 @@ BAD = PoolParams(error_prone_parameters=0.9, policy_pressure=0.8)
 
 def _plan() -> WorkflowPlan:
     gateway = Gateway(RulesBackend(seed=0))
-    from streams.eigen.packs import builtin_pack_path, load_pack
+    from synthesis.eigen.packs import builtin_pack_path, load_pack
 
     return asyncio.run(plan_workflow(gateway, load_pack(builtin_pack_path())))
 
@@ -84,7 +84,7 @@ def _review(plan: WorkflowPlan, **figures: Any) -> PlanReview:
 
 
 def test_planner_replans_from_the_review(pack: DomainPack) -> None:
-    from arena.llm.roles.eigen_orchestration import GenerationRequest
+    from synthesis.eigen.roles.orchestration import GenerationRequest
 
     full = _plan()
     request = {"request": "pilot", "domain": domain_summary(pack).model_dump()}
@@ -116,7 +116,7 @@ def _failure(stage: str, **fields: Any) -> FailureSample:
 
 
 def test_judge_addresses_each_failure_to_the_worker_it_blames() -> None:
-    from arena.llm.roles.eigen_orchestration import BatchMetrics
+    from synthesis.eigen.roles.orchestration import BatchMetrics
 
     failures = [
         _failure(
@@ -187,7 +187,7 @@ def test_prompt_engineer_revises_exactly_the_prompts_with_new_guidance(pack: Dom
 
 
 def test_prompted_gateway_sends_and_versions_the_sets_prompt(pack: DomainPack, tmp_path: Path) -> None:
-    from streams.eigen.workers import random_pool
+    from synthesis.eigen.agents import random_pool
 
     catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.db'}")
     gateway = Gateway(RulesBackend(seed=0), catalog=catalog)
@@ -311,7 +311,7 @@ def test_the_planners_workflow_decides_which_workers_run(piloted: Pilot) -> None
 
 
 def test_measure_batch_without_dialogue_workers_reports_no_dialogue_figures(pack: DomainPack) -> None:
-    from streams.eigen.pilot_chain import BatchResult
+    from synthesis.eigen.pilot_chain import BatchResult
 
     metrics = measure_batch(
         pack, PoolParams(), [BatchResult(seed=1)], _plan().restricted_to(("RandomPool", "UserIntent"))
@@ -347,7 +347,7 @@ def test_the_pilots_simulated_user_follows_the_behaviour_rates(pack: DomainPack)
     """The pilot's dialogues use the ``[user_sim]`` rates phase 3 uses: with ``mistakes=1`` the user
     mistypes what it enters in the app on its first try (the tool refuses it), at rate 0 never."""
     from arena.llm.roles.user_sim import UserBehaviour
-    from streams.eigen.pilot_chain import BatchResult, run_item
+    from synthesis.eigen.pilot_chain import BatchResult, run_item
 
     gateway = Gateway(RulesBackend(seed=0))
     state = pack.generate(3)

@@ -13,14 +13,14 @@ import json
 def test_guided_agent_grounds_values_confirms_writes_and_asks_the_user_to_act() -> None:
     """The rules TrajectoryAgent with a reference solution: it asks for a value it has not seen,
     proposes a write and runs it only after a yes, and asks the user to run a user tool."""
-    from arena.llm.roles.eigen_dialogs import (
+    from simulator.eigen_guided import PROPOSAL, guided_step
+    from synthesis.eigen.roles.dialogs import (
         EIGEN_AGENT_NATIVE,
         AgentStep,
         AppEvent,
         ReferenceStep,
         TrajectoryAgentInput,
     )
-    from simulator.eigen_guided import PROPOSAL, guided_step
 
     tools = [
         {"type": "function", "function": {"name": "cancel_order", "parameters": {"required": ["order_id"]}}},
@@ -108,8 +108,8 @@ def test_first_person_turns_a_scenario_into_what_the_user_says() -> None:
 def test_lookups_use_what_the_customer_said_and_what_tools_returned() -> None:
     """A value the agent was not told is found by a look-up whose arguments the dialogue showed:
     the customer's words first ("I am Ivan Khan ... zip code 28243"), then earlier results."""
-    from arena.llm.roles.eigen_dialogs import ReferenceStep, TrajectoryAgentInput
     from simulator.eigen_guided import guided_step, said_value
+    from synthesis.eigen.roles.dialogs import ReferenceStep, TrajectoryAgentInput
 
     said = ["Hi, I am Ivan Khan and my zip code is 28243.", "My phone number is 555-123-2002."]
     assert [said_value(p, said) for p in ("first_name", "last_name", "zip", "phone_number")] == [

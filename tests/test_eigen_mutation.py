@@ -1,6 +1,6 @@
 """The mutation gate rejects weakened verification functions (issue 17 item 3).
 
-Dialogues are synthesised from every pack in ``arena/samples/domains`` the way the EigenData
+Dialogues are synthesised from every pack in ``samples/domains`` the way the EigenData
 stages do (random pool, user intent, validation with repair, dialogue loop; real sandbox, rules
 backend). For each, the generated verifier must pass the gate, and its mutants -- each check
 removed in turn, each expected value replaced by another of the same type, each comparison
@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import PoolParams
 from sandbox import SandboxPool
 from streams.eigen.eigen_verified import mutation_gate
-from streams.eigen.mutation import (
+from synthesis.eigen.mutation import (
     GateCase,
     gate,
     gate_cases,
@@ -30,8 +29,9 @@ from streams.eigen.mutation import (
     reference_of,
     with_reference,
 )
-from streams.eigen.packs import BUILTIN_DIR, DomainPack, load_pack
-from streams.eigen.verification import build_instance, verification_source
+from synthesis.eigen.packs import BUILTIN_DIR, DomainPack, load_pack
+from synthesis.eigen.roles.tasks import PoolParams
+from synthesis.eigen.verification import build_instance, verification_source
 from tests.fixtures.domain import sandboxed, sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,8 +55,8 @@ class Trajectory:
 
 
 def synthesise(pack: DomainPack) -> list[Trajectory]:
-    from streams.eigen.dialog_loop import synthesize_dialog
-    from streams.eigen.workers import random_pool, user_intent, validate_with_repair
+    from synthesis.eigen.agents import random_pool, user_intent, validate_with_repair
+    from synthesis.eigen.dialog_loop import synthesize_dialog
 
     async def scenario(pool: SandboxPool, gateway: Gateway) -> list[Trajectory]:
         out: list[Trajectory] = []

@@ -19,15 +19,15 @@ import yaml
 
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import PoolParams
 from arena.records.eigen import Dialog
 from environments.environment import verify_program
 from sandbox import SandboxPool
-from streams.eigen.dialog_loop import synthesize_dialog
-from streams.eigen.dialogs import validate_dialog
-from streams.eigen.packs import DomainPack, DomainPackError, builtin_pack_path, builtin_packs, load_pack
-from streams.eigen.verification import verification_source
-from streams.eigen.workers import random_pool, user_intent, user_intent_input, validate_with_repair
+from synthesis.eigen.agents import random_pool, user_intent, user_intent_input, validate_with_repair
+from synthesis.eigen.dialog_loop import synthesize_dialog
+from synthesis.eigen.dialog_synthesis import validate_dialog
+from synthesis.eigen.packs import DomainPack, DomainPackError, builtin_pack_path, builtin_packs, load_pack
+from synthesis.eigen.roles.tasks import PoolParams
+from synthesis.eigen.verification import verification_source
 from tests.fixtures.domain import sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(120)

@@ -35,10 +35,10 @@ from lake.eigen_catalog import EigenCatalog
 from producers.publish import publish
 from producers.publish_domain import SEEDS_TOPIC
 from sandbox import SandboxPool
-from streams.eigen.items import load_prompt_set, make_item
-from streams.eigen.packs import builtin_pack_path, load_pack
-from streams.eigen.verification import replay_reference
 from streams.runtime import Emit
+from synthesis.eigen.items import load_prompt_set, make_item
+from synthesis.eigen.packs import builtin_pack_path, load_pack
+from synthesis.eigen.verification import replay_reference
 from tests.cli import lake_json, read_all, run_arena
 from tests.fixtures.demo import Demo, values
 from tests.fixtures.domain import sandboxed

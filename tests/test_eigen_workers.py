@@ -15,20 +15,11 @@ import pytest
 from pydantic import BaseModel
 
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import (
-    EIGEN_MODIFY,
-    Goal,
-    GoalCall,
-    ModifyInput,
-    ModifyOutput,
-    PoolParams,
-    UserIntent,
-)
+from arena.records.eigen import Goal, GoalCall, UserIntent
 from sandbox import SandboxPool
 from simulator import RULES
 from simulator.backend import RulesBackend
-from streams.eigen.packs import DomainPack
-from streams.eigen.workers import (
+from synthesis.eigen.agents import (
     MAX_ROUNDS,
     probe_task,
     random_pool,
@@ -36,6 +27,8 @@ from streams.eigen.workers import (
     validate_task,
     validate_with_repair,
 )
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.roles.tasks import EIGEN_MODIFY, ModifyInput, ModifyOutput, PoolParams
 from tests.fixtures.domain import CountingRunner, sandboxed_with_gateway
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,25 +11,19 @@ from typing import Any, TypeVar
 
 import pytest
 
-from arena.emulated_results import Generator, finish
 from arena.llm.gateway import Gateway
-from arena.llm.roles.emulation import (
-    TOOL_EMULATION,
-    EmulationInput,
-    EntityView,
-    noun_of,
-    operation_of,
-)
 from arena.records.tools import NormalizedTool
 from producers.tool_docs import load_tool_docs
 from simulator import RULES
 from simulator.backend import RulesBackend
 from simulator.emulation import emulate
-from streams.sft.emulator import Emulator
-from streams.sft.normalize import normalize_server
-from streams.sft.tool_results import ToolResult, schema_errors
+from synthesis.sft.emulated_results import Generator, finish
+from synthesis.sft.emulator import Emulator
+from synthesis.sft.roles.emulation import TOOL_EMULATION, EmulationInput, EntityView, noun_of, operation_of
+from synthesis.tools.normalize import normalize_server
+from synthesis.tools.tool_results import ToolResult, schema_errors
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools" / "good"
 T = TypeVar("T")
 
 

@@ -23,15 +23,6 @@ from pydantic import BaseModel
 from arena.config import EnvSettings, SandboxSettings
 from arena.llm.core import Undecidable
 from arena.llm.gateway import Gateway
-from arena.llm.roles.envs import (
-    HomogeneousInput,
-    ToolImplementation,
-    ToolImplementationInput,
-    ToolInvocationInput,
-    ToolScalingInput,
-    ToolSpec,
-    ToolSpecInput,
-)
 from arena.records.envs import (
     EnvJob,
     EnvPackage,
@@ -63,7 +54,16 @@ from simulator.envs import (
     tool_scaling,
     tool_spec,
 )
-from streams.envs.synthesis import SynthesisResult, package_id, synthesize_package, unique_names
+from synthesis.envs.env_synthesis import SynthesisResult, package_id, synthesize_package, unique_names
+from synthesis.envs.roles.envs import (
+    HomogeneousInput,
+    ToolImplementation,
+    ToolImplementationInput,
+    ToolInvocationInput,
+    ToolScalingInput,
+    ToolSpec,
+    ToolSpecInput,
+)
 
 T = TypeVar("T")
 

@@ -23,8 +23,8 @@ from arena.config import ArenaSettings
 from arena.records.envs import VerifiedSample
 from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
-from streams.eigen.packs import DomainPack
-from streams.eigen.verification import build_instance, interactive_sample
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.verification import build_instance, interactive_sample
 from tests.cli import arena_env, run_arena
 from tests.fixtures.llm_serve import llm_server
 from tests.test_export_verl import LISTINGS, PRICE, package, packages

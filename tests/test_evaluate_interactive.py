@@ -28,8 +28,8 @@ from environments.user_view import ParsedUserTurn, UserContext
 from lake.eigen_catalog import EigenCatalog
 from lake.env_packages import EnvPackageStore
 from sandbox import SandboxPool
-from streams.eigen.packs import DomainPack
-from streams.eigen.verification import build_instance, interactive_sample
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.verification import build_instance, interactive_sample
 from tests.test_export_verl import packages
 from trainer.evaluate import (
     EvalReport,

@@ -137,3 +137,40 @@ def test_module_and_package_cycles_fail(tmp_path: Path) -> None:
 def test_a_package_outside_every_layer_fails(tmp_path: Path) -> None:
     tree(tmp_path, {"newpkg/m.py": ""})
     assert ("unplaced-package", "newpkg", "") in kinds(tmp_path)
+
+
+TRACKS = Contracts(
+    layers=(("stage",), ("other",), ("kernel",)),
+    entry_point_only=(),
+    kernel="kernel",
+    track_packages=("stage", "other"),
+    stage_package="stage",
+)
+
+
+def test_a_kernel_module_one_track_alone_uses_is_found(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {
+            "kernel/lonely.py": "X = 1\n",
+            "kernel/shared.py": "Y = 1\n",
+            "other/sft/lib.py": "from kernel.lonely import X\nfrom kernel.shared import Y\n",
+            "other/envs/lib.py": "from kernel.shared import Y\n",
+        },
+    )
+    found = [(v.kind, v.importer) for v in check(root, TRACKS) if v.kind != "unplaced-package"]
+    assert found == [("single-track-kernel", "kernel.lonely")]
+
+
+def test_a_stage_folder_module_without_a_stage_is_found(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {
+            "stage/sft/chains.py": "STAGE = StageDef(name='chains')\n",
+            "stage/sft/typed.py": "STAGE: object = StageDef(name='typed')\n",
+            "stage/sft/helper.py": "def helper() -> int:\n    return 1\n",
+            "stage/runtime.py": "def run() -> None: ...\n",
+        },
+    )
+    found = [(v.kind, v.importer) for v in check(root, TRACKS) if v.kind != "unplaced-package"]
+    assert found == [("stageless-stage-module", "stage.sft.helper")]

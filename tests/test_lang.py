@@ -1,4 +1,4 @@
-"""Language identification of task texts (arena/lang.py)."""
+"""Language identification of task texts (synthesis/sft/lang.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from arena.lang import LANGUAGES, clean_text, detect_language, language_ranking
+from synthesis.sft.lang import LANGUAGES, clean_text, detect_language, language_ranking
 
 
 @pytest.mark.parametrize(

@@ -24,13 +24,13 @@ from arena.llm.backends.openai import OpenAIBackend
 from arena.llm.core import InvalidOutput, Role, Sampling
 from arena.llm.gateway import FEEDBACK_PREFIX, Gateway, PromptTooLong
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurnInput
-from arena.llm.roles.eigen_dialogs import (
+from arena.llm.routing import RoleRoute, route_of
+from synthesis.eigen.roles.dialogs import (
     APP_ACTION_TOOL,
     EIGEN_TRAJECTORY_AGENT,
     TrajectoryAgentInput,
     dialog_system_message,
 )
-from arena.llm.routing import RoleRoute, route_of
 from tests.fixtures.openai_server import (
     ASK,
     FailSpec,

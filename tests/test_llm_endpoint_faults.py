@@ -27,7 +27,8 @@ from arena.llm.outage import read_states
 from producers.publish_tools import raw_key
 from producers.tool_docs import load_tool_docs
 from streams import resources
-from streams.sft import chains, tools_servers
+from streams.sft import chains
+from streams.tools import tools_servers
 from tests.cli import ARENA, arena_env, broker_of, read_all, run_arena, stack_stopped_after
 from tests.fixtures.llm_serve import llm_server
 from tests.test_llm_serve import _run, free_port

@@ -11,12 +11,12 @@ from arena.config import ArenaSettings
 from arena.llm.budget import ContextBudget, prompt_tokens
 from arena.llm.fitting import fit_inputs
 from arena.llm.gateway import Gateway
-from arena.llm.roles.chains import CHAIN_COHERENCE, CHAIN_SYNTHESIS, ChainSynthesisInput, CoherenceInput
 from arena.llm.routing import route_of
 from arena.records.sft import ServerRef
 from producers.tool_docs import load_tool_docs
 from simulator.backend import RulesBackend
-from streams.sft.normalize import normalize_server
+from synthesis.sft.roles.chains import CHAIN_COHERENCE, CHAIN_SYNTHESIS, ChainSynthesisInput, CoherenceInput
+from synthesis.tools.normalize import normalize_server
 from tests.fixtures.openai_server import ASK, Question
 
 
@@ -124,8 +124,8 @@ def test_long_lists_are_thinned_keeping_their_variety() -> None:
 
 
 def test_database_entities_are_retrieved_in_coherent_neighbourhoods() -> None:
-    from arena.llm.roles.eigen import EntityRef
-    from streams.eigen.workers import entities_within, neighbourhoods
+    from synthesis.eigen.agents import entities_within, neighbourhoods
+    from synthesis.eigen.roles.tasks import EntityRef
 
     users = [EntityRef(kind="users", id=f"U-{u}", attributes={"user_id": f"U-{u}"}) for u in range(6)]
     products = [EntityRef(kind="products", id=f"P-{p}", attributes={}) for p in range(4)]

@@ -23,14 +23,15 @@ from app.llm_server import LlmServer
 from arena.config import ArenaSettings
 from arena.llm.gateway import Gateway
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurn, AgentTurnInput, PlannedCall
-from arena.llm.roles.chains import CHAIN_SYNTHESIS
 from arena.topics import topic
 from producers.publish_tools import raw_key
 from producers.tool_docs import load_tool_docs
 from simulator.backend import RulesBackend
 from streams import resources
 from streams.runtime import Context, Emit, StageDef, run_handler
-from streams.sft import chains, tasks, tools_servers
+from streams.sft import chains, tasks
+from streams.tools import tools_servers
+from synthesis.sft.roles.chains import CHAIN_SYNTHESIS
 from tests.fixtures.llm_serve import llm_server
 
 pytestmark = pytest.mark.integration
@@ -203,11 +204,11 @@ def test_a_retry_gets_a_fresh_draw_like_in_process() -> None:
 
 
 def test_every_role_the_simulator_answers_can_be_recovered_from_a_request() -> None:
-    from arena.llm.roles.registry import ROLES
+    from arena.llm.roles.registry import roles
     from simulator import RULES
 
-    assert set(ROLES) == set(RULES)
-    for name, role in ROLES.items():
+    assert set(roles()) == set(RULES)
+    for name, role in roles().items():
         assert role.name == name and "{input}" in role.template
 
 

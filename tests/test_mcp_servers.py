@@ -26,10 +26,10 @@ from arena.records.sft import ServerRef
 from arena.records.tools import McpEndpoint, RawToolServer, ToolDocFormat
 from producers.mcp_tools import OUTPUT_SCHEMA_KEY, fetch_mcp_server
 from simulator.backend import RulesBackend
-from streams.sft.mcp_client import McpToolSession, McpUnreachable
-from streams.sft.normalize import normalize_server
-from streams.sft.tool_pool import open_session
-from streams.sft.tool_results import ToolResult, schema_errors
+from synthesis.sft.tool_pool import open_session
+from synthesis.tools.mcp_client import McpToolSession, McpUnreachable
+from synthesis.tools.normalize import normalize_server
+from synthesis.tools.tool_results import ToolResult, schema_errors
 from tests.fixtures import free_ports
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ SERVERS = {"notes": "arena-notes", "library": "arena-library"}
 
 
 def stdio(module: str) -> McpEndpoint:
-    return McpEndpoint(transport="stdio", command=[sys.executable, "-m", f"arena.samples.mcp.{module}"])
+    return McpEndpoint(transport="stdio", command=[sys.executable, "-m", f"samples.mcp.{module}"])
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -55,7 +55,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _start_http(module: str) -> tuple[subprocess.Popen[bytes], McpEndpoint]:
     (port,) = free_ports(1)
-    argv = [sys.executable, "-m", f"arena.samples.mcp.{module}", "--transport", "http", "--port", str(port)]
+    argv = [sys.executable, "-m", f"samples.mcp.{module}", "--transport", "http", "--port", str(port)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -272,7 +272,7 @@ def test_open_session_uses_mcp_for_deployed_servers(http_servers: dict[str, McpE
 
 def test_a_logical_clock_makes_a_sessions_timestamps_repeat() -> None:
     """``--clock``: each stdio session starts at the same instant and advances 1 s per reading."""
-    command = [sys.executable, "-m", "arena.samples.mcp.notes", "--clock", "2026-01-01T00:00:00+00:00"]
+    command = [sys.executable, "-m", "samples.mcp.notes", "--clock", "2026-01-01T00:00:00+00:00"]
     endpoint = McpEndpoint(transport="stdio", command=command)
 
     async def session_stamps() -> list[str]:

@@ -18,14 +18,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from arena.llm.gateway import Gateway
-from arena.llm.roles.envs import HomogeneousGroups, HomogeneousInput
 from arena.records.envs import EnvPackage, QaTrace
 from sandbox import SandboxPool
 from sandbox.env_runtime import verify_package
 from simulator import RULES
 from simulator.backend import RulesBackend
-from streams.envs.merging import MergeResult, clean_groups, dedupe_rows, drop_function, merge_package
-from streams.envs.synthesis import package_id, synthesize_package
+from synthesis.envs.env_synthesis import package_id, synthesize_package
+from synthesis.envs.merging import MergeResult, clean_groups, dedupe_rows, drop_function, merge_package
+from synthesis.envs.roles.envs import HomogeneousGroups, HomogeneousInput
 from tests.test_env_synthesis import MULTI_HOP, PARALLEL, SETTINGS, run
 
 

@@ -1,4 +1,4 @@
-"""Schema normalisation and quality gates (streams/sft/normalize.py)."""
+"""Schema normalisation and quality gates (synthesis/tools/normalize.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from arena.records.common import Rejection
 from arena.records.tools import NormalizedTool, RawToolServer, ToolDocFormat, ToolFunction
 from producers.tool_docs import load_tool_docs
-from streams.sft.normalize import (
+from synthesis.tools.normalize import (
     GATES,
     cap_utf8,
     count_words,
@@ -24,7 +24,7 @@ from streams.sft.normalize import (
     server_id,
 )
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools"
 
 
 def raw(entries: list[Any], fmt: ToolDocFormat = ToolDocFormat.openai, **context: Any) -> RawToolServer:

@@ -25,9 +25,9 @@ from tests.cli import (
 
 pytestmark = pytest.mark.integration
 
-GOOD_SERVERS = 7  # arena/samples/tools/good
-REJECTED_SERVERS = 2  # arena/samples/tools/rejected: fall under 3 tools
-UNREADABLE = 4  # arena/samples/tools/malformed
+GOOD_SERVERS = 7  # samples/tools/good
+REJECTED_SERVERS = 2  # samples/tools/rejected: fall under 3 tools
+UNREADABLE = 4  # samples/tools/malformed
 
 
 def small_server(name: str, n_tools: int = 3) -> dict[str, object]:

@@ -14,22 +14,29 @@ from pathlib import Path
 import pytest
 
 from arena.config import EnvSettings, SandboxSettings
-from arena.fuzzy import contains_value, numbers_match, parse_number, same_value, tokens
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
-from arena.passages import Bm25, chunk_id, chunk_passages, chunk_text, split_sentences
-from arena.records.envs import Grounding, KnowledgeBase, SubQA, prune_knowledge
+from arena.records.envs import Grounding, KnowledgeBase, SubQA
 from producers.builtin_knowledge import PROSE_DOMAINS, builtin_knowledge
 from producers.knowledge import KnowledgeError, load_knowledge, unconditional_seed
 from sandbox import SandboxPool
 from sandbox.env_runtime import verify_package
 from simulator.backend import RulesBackend
 from simulator.facts import extract_facts, sentence_facts
-from streams.envs.merging import merge_package
-from streams.envs.qa_synthesis import grounding_problems, resolve_passages, synthesize
-from streams.envs.quality import validate
 from streams.envs.samples_verified import sample_of
-from streams.envs.synthesis import synthesize_package
+from synthesis.envs.env_synthesis import synthesize_package
+from synthesis.envs.fuzzy import contains_value, numbers_match, parse_number, same_value, tokens
+from synthesis.envs.merging import merge_package
+from synthesis.envs.passages import (
+    Bm25,
+    chunk_id,
+    chunk_passages,
+    chunk_text,
+    prune_knowledge,
+    split_sentences,
+)
+from synthesis.envs.qa_synthesis import grounding_problems, resolve_passages, synthesize
+from synthesis.envs.quality import validate
 
 # --- fuzzy matching ------------------------------------------------------------------------------
 
@@ -163,7 +170,7 @@ def passage_qa(answer: str, passage: str, key: str = "Warsaw") -> SubQA:
 
 
 def test_passage_groundings_are_checked_and_resolved_fuzzily() -> None:
-    from arena.llm.roles.qa import QaDraft
+    from synthesis.envs.roles.qa import QaDraft
 
     chunk = chunk_passages(KB.passages)[1]
     good = QaDraft(

@@ -14,7 +14,7 @@ from producers.tool_docs import LoadResult, load_tool_doc_bytes
 from tests.fixtures.tool_collection import collection_lines
 
 COLLECTIONS = Path(__file__).resolve().parent / "fixtures" / "tool_collections"
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools" / "good"
 
 JSONL_FILES: dict[str, bytes] = {
     p.name: p.read_bytes() for p in sorted(COLLECTIONS.glob("*.jsonl")) + sorted(SAMPLES.glob("*.jsonl"))

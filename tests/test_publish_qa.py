@@ -17,7 +17,7 @@ from arena.records.envs import QaSeed, QaTrace
 from producers.builtin_knowledge import builtin_knowledge
 from producers.knowledge import unconditional_seed
 from simulator.qa import FREE_FORM, synthesize_instance
-from streams.envs.qa_synthesis import synthesis_inputs
+from synthesis.envs.qa_synthesis import synthesis_inputs
 from tests.cli import arena_env, broker_of, read_all, run_arena, stack_stopped_after
 from tests.test_cli import assert_user_error
 

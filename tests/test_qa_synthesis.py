@@ -21,7 +21,6 @@ from arena.config import EnvSettings
 from arena.hashing import content_hash
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
-from arena.llm.roles.qa import QaDraft, QaSynthesisInput
 from arena.records.envs import STRUCTURES, KbTable, KnowledgeBase, QaSeed, QaTrace, SubQA
 from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
 from producers.knowledge import question_seeds, unconditional_seed
@@ -29,7 +28,8 @@ from simulator import RULES
 from simulator.backend import RuleFn, RulesBackend
 from simulator.knowledge import Kb
 from simulator.qa import FREE_FORM, parse_question
-from streams.envs.qa_synthesis import Outcome, grounding_problems, synthesize
+from synthesis.envs.qa_synthesis import Outcome, grounding_problems, synthesize
+from synthesis.envs.roles.qa import QaDraft, QaSynthesisInput
 
 
 def run(seed: QaSeed, flaw_rate: float = 0.0, rules: Mapping[str, RuleFn] | None = None) -> list[Outcome]:

@@ -16,13 +16,12 @@ from pydantic import ValidationError
 
 from arena.config import EnvSettings
 from arena.llm.gateway import Gateway
-from arena.llm.roles.qa import QaDraft, QaJudgeInput, QaSynthesisInput, StepVerdict, ToolNeedInput
 from arena.records.envs import STRUCTURES, Grounding, KbTable, KnowledgeBase, QaTrace, SubQA
 from producers.builtin_knowledge import BUILTIN_DOMAINS, builtin_knowledge
 from simulator.backend import RulesBackend
 from simulator.qa import FLAW_KINDS, caught, judge_view, synthesize_instance
 from simulator.qa_judges import atomicity, completeness, dependency, sequence, tool_needs
-from streams.envs.quality import (
+from synthesis.envs.quality import (
     GATE_LEAF,
     GATE_QUALITY,
     GATE_UNGROUNDED,
@@ -35,6 +34,7 @@ from streams.envs.quality import (
     tc,
     validate,
 )
+from synthesis.envs.roles.qa import QaDraft, QaJudgeInput, QaSynthesisInput, StepVerdict, ToolNeedInput
 
 KB = KnowledgeBase(
     domain="real_estate",

@@ -19,11 +19,10 @@ from pydantic import BaseModel
 
 from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
-from arena.llm.roles.judges import QUERY_UNDERSTANDING, ROUND_PLANNING, Judgement
 from arena.records.sft import CallStatus, Trajectory
 from simulator import RULES
 from simulator.backend import RulesBackend
-from streams.sft.reward import (
+from synthesis.sft.reward import (
     DIMENSIONS,
     Judged,
     MalformedTrajectory,
@@ -40,6 +39,7 @@ from streams.sft.reward import (
     tool_calls,
     tool_response_score,
 )
+from synthesis.sft.roles.judges import QUERY_UNDERSTANDING, ROUND_PLANNING, Judgement
 
 TASK = "Find books by 'Ursula K. Le Guin' and check whether the first result is available."
 

@@ -23,18 +23,7 @@ from pydantic import BaseModel
 from arena.llm.core import Undecidable
 from arena.llm.gateway import Gateway
 from arena.llm.roles import agent as agent_roles
-from arena.llm.roles import judges as judge_roles
 from arena.llm.roles.agent import AGENT_POLICY, AgentTurnInput
-from arena.llm.roles.judges import (
-    JUDGES,
-    AnswerView,
-    BinaryJudgement,
-    CallView,
-    GradedJudgement,
-    Judgement,
-    RoundView,
-    TrajectoryView,
-)
 from arena.records.sft import CallStatus, Trajectory
 from simulator import RULES
 from simulator.agent import agent_turn
@@ -49,7 +38,18 @@ from simulator.judges import (
     round_understanding,
 )
 from simulator.reading import failure_kind, stated_values
-from streams.sft.reward import DIMENSIONS, score_trajectory
+from synthesis.sft.reward import DIMENSIONS, score_trajectory
+from synthesis.sft.roles import judges as judge_roles
+from synthesis.sft.roles.judges import (
+    JUDGES,
+    AnswerView,
+    BinaryJudgement,
+    CallView,
+    GradedJudgement,
+    Judgement,
+    RoundView,
+    TrajectoryView,
+)
 from tests.test_reward import (
     CHECK_OK,
     CLEAN_ANSWER,
@@ -66,7 +66,7 @@ from tests.test_reward import (
     user,
 )
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools" / "good"
 
 
 # --------------------------------------------------------------------------- a real tool set

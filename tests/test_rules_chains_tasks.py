@@ -11,30 +11,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from arena.lang import detect_language
 from arena.llm.core import Role, Undecidable
-from arena.llm.roles.chains import (
-    CHAIN_COHERENCE,
-    CHAIN_SYNTHESIS,
-    TASK_FROM_CHAIN,
-    ChainSynthesisInput,
-    ChainTaskInput,
-    CoherenceInput,
-    SynthesizedChain,
-    TaskDraft,
-)
-from arena.llm.roles.tasks import (
-    AUGMENT_TASK,
-    SCORE_TASK,
-    TASK_FROM_SERVER,
-    AugmentInput,
-    ServerTaskInput,
-    TaskScoreInput,
-    TaskScores,
-)
 from arena.records.sft import ServerRef
 from arena.records.tools import NormalizedTool
-from arena.tool_links import arguments, failed, is_identifier, verify_dependencies
 from producers.tool_docs import load_tool_docs
 from simulator import RULES
 from simulator.chains import (
@@ -46,9 +25,30 @@ from simulator.chains import (
 )
 from simulator.tasks import anchor_tool, augment_task, score_task, task_from_server
 from simulator.values import kind_of
-from streams.sft.normalize import normalize_server, server_id
+from synthesis.sft.lang import detect_language
+from synthesis.sft.roles.chains import (
+    CHAIN_COHERENCE,
+    CHAIN_SYNTHESIS,
+    TASK_FROM_CHAIN,
+    ChainSynthesisInput,
+    ChainTaskInput,
+    CoherenceInput,
+    SynthesizedChain,
+    TaskDraft,
+)
+from synthesis.sft.roles.tasks import (
+    AUGMENT_TASK,
+    SCORE_TASK,
+    TASK_FROM_SERVER,
+    AugmentInput,
+    ServerTaskInput,
+    TaskScoreInput,
+    TaskScores,
+)
+from synthesis.sft.tool_links import arguments, failed, is_identifier, verify_dependencies
+from synthesis.tools.normalize import normalize_server, server_id
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools" / "good"
 THETA = 0.6  # default thresholds of eq. (1)
 
 

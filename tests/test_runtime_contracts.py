@@ -22,7 +22,6 @@ from arena.topics import TOPICS, topic
 from lake.parquet import arrow_schema
 from streams.app import CommitGate, OrderedRunner
 from streams.eigen import eigen_intents
-from streams.eigen.items import make_item
 from streams.runtime import (
     Context,
     Emit,
@@ -32,6 +31,7 @@ from streams.runtime import (
     decode_input,
     run_handler,
 )
+from synthesis.eigen.items import make_item
 
 EIGEN_TOPICS = ("eigen.seeds", "eigen.intents", "eigen.tasks", "eigen.dialogs", "eigen.dialogs.validated")
 

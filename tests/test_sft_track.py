@@ -15,11 +15,11 @@ import pytest
 
 from app.demo import sample_tools_dir
 from arena.config import ArenaSettings
-from arena.lang import detect_language
 from arena.records.sft import Task, ToolChain
 from arena.records.tools import ToolServer
-from arena.tool_links import failed, verify_dependencies
 from lake.catalog import Catalog
+from synthesis.sft.lang import detect_language
+from synthesis.sft.tool_links import failed, verify_dependencies
 from tests.cli import lake_json, read_all, run_arena
 from tests.fixtures.demo import Demo, values
 

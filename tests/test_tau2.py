@@ -83,7 +83,7 @@ def test_the_pack_folder_is_a_valid_manifest_naming_the_import(
     lake: tuple[LocalStore, dict[str, Tau2Import]], tmp_path: Path
 ) -> None:
     from producers.tau2_import import write_pack
-    from streams.eigen.packs import DomainManifest
+    from synthesis.eigen.packs import DomainManifest
 
     imported = lake[1]["retail"]
     folder = write_pack(imported, tmp_path / "tau2_retail")
@@ -243,9 +243,9 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
     simulator acts with its own tools (telecom), dialogues are validated and verified, and Arena's
     verification agrees with tau2's evaluator on every finished dialogue."""
     from arena.config import ArenaSettings
-    from arena.llm.roles.eigen_dialogs import REFERENCE_NOTE
     from lake.catalog import open_gateway
     from producers.tau2_synthesis import SOURCE, synthesise_domain
+    from synthesis.eigen.roles.dialogs import REFERENCE_NOTE
     from tests.fixtures import free_ports
     from tests.fixtures.llm_serve import llm_server
 

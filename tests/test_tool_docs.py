@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from arena.records.tools import ToolDocFormat
 from producers.tool_docs import LoadError, LoadResult, detect_format, load_tool_doc_bytes, load_tool_docs
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools"
 
 WEATHER = {
     "name": "get_weather",
@@ -159,7 +159,7 @@ def test_openapi_operations_become_entries(tmp_path: Path) -> None:
 
 
 def test_openapi_end_to_end_with_normalizer(tmp_path: Path) -> None:
-    from streams.sft.normalize import normalize_server
+    from synthesis.tools.normalize import normalize_server
 
     (s,) = load(tmp_path, "pets.yaml", OPENAPI).servers
     out = normalize_server(s)
@@ -446,7 +446,7 @@ COLLECTIONS = Path(__file__).resolve().parent / "fixtures" / "tool_collections"
 
 
 def _accepted(servers: list[Any]) -> dict[str, list[str]]:
-    from streams.sft.normalize import normalize_server, server_gate
+    from synthesis.tools.normalize import normalize_server, server_gate
 
     out = {}
     for s in servers:
@@ -457,7 +457,7 @@ def _accepted(servers: list[Any]) -> dict[str, list[str]]:
 
 
 def test_swagger2_spec() -> None:
-    from streams.sft.normalize import normalize_server
+    from synthesis.tools.normalize import normalize_server
 
     res = load_tool_docs([COLLECTIONS / "petstore_swagger2.json"])
     assert res.errors == []
@@ -502,7 +502,7 @@ def test_mcp_capture_and_xlam_json_string_tools() -> None:
         "xlam_style": ["find_n_largest_numbers", "is_power_of_two", "calculate_median"],
     }
     (xlam,) = [s for s in res.servers if s.server == "xlam_style"]
-    from streams.sft.normalize import normalize_server
+    from synthesis.tools.normalize import normalize_server
 
     median = normalize_server(xlam).tools[2].function.parameters
     assert median["required"] == ["numbers"]  # "int, optional" with a default is not required
@@ -690,7 +690,7 @@ def test_no_copy_path_is_taken_only_for_values_the_copy_keeps(doc: Any, ascii_on
 
 
 def test_each_distinct_entry_and_schema_is_fingerprinted_once(tmp_path: Path) -> None:
-    from streams.sft.normalize import _schema_fingerprint
+    from synthesis.tools.normalize import _schema_fingerprint
     from tests.fixtures.tool_collection import write_collection
 
     path = write_collection(tmp_path / "collection.jsonl", lines=400)
@@ -704,7 +704,7 @@ def test_each_distinct_entry_and_schema_is_fingerprinted_once(tmp_path: Path) ->
     # One fingerprint per distinct entry, not per line it is repeated in; one conversion per schema.
     assert info.hits + info.misses == len(distinct) and info.misses == len(schemas) < len(distinct)
     # A huge schema is converted but not kept (the cache stays bounded).
-    from streams.sft.normalize import entry_fingerprint
+    from synthesis.tools.normalize import entry_fingerprint
 
     props = {f"p{i}": {"type": "string", "description": "x" * 100} for i in range(200)}
     fp = entry_fingerprint({**WEATHER, "parameters": {"type": "object", "properties": props}})

@@ -11,12 +11,12 @@ from arena.llm.gateway import Gateway
 from arena.records.sft import CallStatus, ServerRef
 from producers.tool_docs import load_tool_docs
 from simulator.backend import RulesBackend
-from streams.sft.emulator import Emulator
-from streams.sft.normalize import normalize_server
-from streams.sft.tool_pool import open_session
-from streams.sft.tool_results import ToolResult
+from synthesis.sft.emulator import Emulator
+from synthesis.sft.tool_pool import open_session
+from synthesis.tools.normalize import normalize_server
+from synthesis.tools.tool_results import ToolResult
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools" / "good"
 
 
 def notes_server() -> ServerRef:

@@ -38,8 +38,8 @@ from environments.user_view import (
     user_view_messages,
 )
 from sandbox import SandboxPool
-from streams.eigen.packs import DomainPack
-from streams.eigen.verification import build_instance, interactive_sample
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.verification import build_instance, interactive_sample
 from tests.fixtures.domain import sandboxed
 from trainer.policy import Generation, HfBackend, stop_ids_of
 from trainer.rollout import rollout

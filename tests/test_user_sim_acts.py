@@ -31,8 +31,6 @@ from transformers import AutoTokenizer
 
 from arena.config import ArenaSettings, SandboxSettings
 from arena.llm.gateway import Gateway
-from arena.llm.roles.eigen import DEFAULT_PERSONAS, DifficultyFactors, Goal, GoalCall, Persona, UserIntent
-from arena.llm.roles.eigen_dialogs import AgentStep, AgentToolCall, TrajectoryAgentInput
 from arena.llm.roles.user_sim import (
     DialogueMessage,
     UserAction,
@@ -41,7 +39,7 @@ from arena.llm.roles.user_sim import (
     UserSimInput,
     user_behaviour,
 )
-from arena.records.eigen import Dialog
+from arena.records.eigen import Dialog, DifficultyFactors, Goal, GoalCall, Persona, UserIntent
 from environments.environment import InteractiveEnvironment, read_verdict, verify_program
 from environments.render import IM_END, encode_segment, render_text
 from environments.user_view import GatewayUserSimulator
@@ -49,9 +47,11 @@ from sandbox import SandboxPool
 from simulator import RULES
 from simulator.backend import RulesBackend
 from simulator.user_sim import CHANGED_MIND, DETAILS, THANKS, changed, user_turn
-from streams.eigen.dialog_loop import synthesize_dialog
-from streams.eigen.packs import DomainPack
-from streams.eigen.verification import build_instance, interactive_sample
+from synthesis.eigen.dialog_loop import synthesize_dialog
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.roles.dialogs import AgentStep, AgentToolCall, TrajectoryAgentInput
+from synthesis.eigen.roles.tasks import DEFAULT_PERSONAS
+from synthesis.eigen.verification import build_instance, interactive_sample
 from trainer.evaluate import EvalReport, evaluate, interactive_cases
 from trainer.policy import Generation
 from trainer.tiny import build_tiny

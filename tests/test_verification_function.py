@@ -1,6 +1,6 @@
 """The VerificationFunction worker's generated verifiers (issue 6 acceptance), run in the sandbox.
 
-A verifier from ``streams.eigen.verification`` passes the reference trajectory; still passes when
+A verifier from ``synthesis.eigen.verification`` passes the reference trajectory; still passes when
 the dialogue is paraphrased (it reads calls and states, never text: reworded free-text
 arguments and state fields) and timestamps/uuids differ; fails when a key argument of a
 state-changing call changes; fails when a policy rule is broken. Trajectories run in a sandbox
@@ -24,9 +24,9 @@ from environments.environment import (
 )
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
-from streams.eigen.dialog_loop import call_tool, load_tools
-from streams.eigen.packs import DomainPack
-from streams.eigen.verification import (
+from synthesis.eigen.dialog_loop import call_tool, load_tools
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.verification import (
     build_instance,
     field_class,
     interactive_sample,

@@ -2,7 +2,7 @@
 
 Each stage handler runs in-process on one record through a gateway whose backend (the rules
 simulator) counts how many ``complete`` calls are in flight at once. The reference is the same
-handler with ``streams.fanout.LIMIT = 1``: one item after another, as the stages' plain loops
+handler with ``synthesis.fanout.LIMIT = 1``: one item after another, as the stages' plain loops
 ran before. The concurrent run must reach more than one call in flight and emit exactly what
 the reference emits, in the same order, dead letters of failing items included.
 """
@@ -21,24 +21,24 @@ from pydantic import BaseModel
 from arena.config import ArenaSettings
 from arena.llm.core import Completion, CompletionRequest, Undecidable
 from arena.llm.gateway import Gateway
-from arena.llm.roles.chains import ChainSynthesisInput, ChainTaskInput
-from arena.llm.roles.envs import MergeInvocationInput
-from arena.llm.roles.tasks import AugmentInput
 from arena.records.sft import Task, ToolChain
 from arena.records.tools import ToolServer
 from arena.topics import topic
 from producers.tool_docs import load_tool_docs
 from sandbox import SandboxPool
 from simulator.backend import RulesBackend
-from streams import fanout
-from streams.envs.merging import base_of, merge_package
-from streams.envs.synthesis import synthesize_package
 from streams.runtime import Context, Emit, StageDef, run_handler
 from streams.sft import chains, tasks, trajectories
-from streams.sft.normalize import normalize_server, server_id
+from synthesis import fanout
+from synthesis.envs.env_synthesis import synthesize_package
+from synthesis.envs.merging import base_of, merge_package
+from synthesis.envs.roles.envs import MergeInvocationInput
+from synthesis.sft.roles.chains import ChainSynthesisInput, ChainTaskInput
+from synthesis.sft.roles.tasks import AugmentInput
+from synthesis.tools.normalize import normalize_server, server_id
 from tests.test_env_synthesis import PARALLEL, SETTINGS, run
 
-SAMPLES = Path(__file__).resolve().parents[1] / "arena" / "samples" / "tools" / "good"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "tools" / "good"
 STAGE_MODULES = (chains, tasks, trajectories)
 
 Failing = Callable[[CompletionRequest], bool]

@@ -2,8 +2,8 @@
 
 The model is reached through the LLM gateway's ``agent_policy`` role, which is sent natively: the
 conversation as chat messages with ``tools=``, the reply's ``tool_calls`` parsed (a Hermes
-``<tool_call>`` text fallback and a JSON-object fallback live in the gateway). An episode is the
-message-level twin of the token-level rollout (``trainer.rollout``)::
+``<tool_call>`` text fallback and a JSON-object fallback live in the gateway). An episode runs the
+token-level rollout's state machine (``trainer.turn_loop``), at the message level::
 
     GENERATE --tool calls--------> TOOLS --turns left--> GENERATE
         |                            '--> DONE (max_turns)
@@ -12,9 +12,11 @@ message-level twin of the token-level rollout (``trainer.rollout``)::
         |                                '--> DONE (user_stop | max_turns)
         '--prompt over the context--> DONE (max_length)
 
-and it ends in the same ``Trajectory`` (no token ids: ``prompt_ids``, ``response_ids``,
-``response_mask`` and ``logprobs`` are empty), scored by the environment's reward, so
-``trainer.evaluate`` counts successes, F1, turns and tool calls exactly as for a local checkpoint.
+The endpoint plugs in only its ``Generate`` (one chat call per turn); nothing is counted against a
+context budget here (``UNBOUNDED``): the server's window is, through ``PromptTooLong``. It ends in
+the same ``Trajectory`` (no token ids: ``prompt_ids``, ``response_ids``, ``response_mask`` and
+``logprobs`` are empty), scored by the environment's reward, so ``trainer.evaluate`` counts
+successes, F1, turns and tool calls exactly as for a local checkpoint.
 
 Decisions worth knowing:
 
@@ -39,22 +41,23 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from arena.llm.backends import make_backend, parse_llm_url
 from arena.llm.core import Answer, InvalidOutput, Sampling
 from arena.llm.gateway import Gateway, PromptTooLong, backend_health
-from arena.llm.roles.agent import AGENT_POLICY, AgentTurn, AgentTurnInput, PlannedCall
+from arena.llm.roles.agent import AGENT_POLICY, AgentTurn, AgentTurnInput
 from arena.llm.routing import route_of
-from arena.records.envs import VerifiedSample
-from environments.rewards import ToolResult
-from streams.sft.agent_loop import assistant_message
-from trainer.rollout import State, Stop, Trajectory, derive_seed
+from synthesis.sft.agent_loop import assistant_message
+from trainer.rollout import Trajectory, derive_seed, scored, trajectory_of
+from trainer.turn_loop import Turn, TurnLoop
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
+    from arena.records.envs import VerifiedSample
     from environments.environment import Environment
+    from trainer.turn_loop import Generate
 
 log = logging.getLogger(__name__)
 
@@ -164,103 +167,24 @@ async def open_endpoint_policy(settings: ArenaSettings, url: str) -> EndpointPol
     return EndpointPolicy(gateway=gateway, url=url, temperature=temperature)
 
 
-@dataclass
-class _Episode:
-    """The mutable state of one episode."""
+def _endpoint_turns(policy: EndpointPolicy, tools: list[dict[str, Any]], seed: int) -> Generate:
+    """The endpoint's side of an episode: one chat call per turn, seeded by the trial seed and the
+    turn; ``None`` once the conversation outgrew the context window, ``TurnFailed`` when no usable
+    reply came."""
 
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    turns: int = 0
-    tool_calls: int = 0
-    failed_calls: int = 0
-    user_turns: int = 0
-    tool_outputs: list[str] = field(default_factory=list)
-    tool_results: list[ToolResult] = field(default_factory=list)
-    pending: list[PlannedCall] = field(default_factory=list)
-    content: str = ""
-    """The latest assistant turn's text (what the user simulator answers)."""
-    stop: Stop | None = None
-
-    def done(self, stop: Stop) -> State:
-        self.stop = stop
-        return State.DONE
-
-
-class _Driver:
-    """One episode's transitions; ``run`` drives them until DONE."""
-
-    def __init__(
-        self, policy: EndpointPolicy, env: Environment, sample: VerifiedSample, max_turns: int, seed: int
-    ) -> None:
-        self.policy = policy
-        self.env = env
-        self.sample = sample
-        self.max_turns = max_turns
-        self.seed = seed
-        self.ep = _Episode(messages=[dict(m) for m in sample.prompt], tools=list(env.tools))
-
-    async def run(self) -> _Episode:
-        state = State.GENERATE
-        while state is not State.DONE:
-            if state is State.GENERATE:
-                state = await self.generate()
-            elif state is State.TOOLS:
-                state = await self.call_tools()
-            else:
-                state = await self.user()
-        return self.ep
-
-    async def generate(self) -> State:
-        """One assistant turn from the endpoint."""
-        ep = self.ep
+    async def generate(messages: list[dict[str, Any]], turn: int) -> Turn | None:
         try:
-            answer = await self.policy.turn(ep.messages, ep.tools, derive_seed(self.seed, "turn", ep.turns))
+            answer = await policy.turn(messages, tools, derive_seed(seed, "turn", turn - 1))
         except PromptTooLong:
-            return ep.done("max_length")
+            return None
         except InvalidOutput as exc:
-            raise TurnFailed(ep.turns + 1, exc) from None
-        ep.turns += 1
-        turn = answer.output
-        ep.pending = list(turn.tool_calls)
-        ep.content = turn.content
-        ep.messages.append(assistant_message(turn.content, ep.pending, ep.turns, answer.reasoning))
-        ep.tool_calls += len(ep.pending)
-        if ep.pending:
-            return State.TOOLS
-        if self.sample.kind == "interactive":
-            return State.USER
-        return ep.done("no_tool_call")
+            raise TurnFailed(turn, exc) from None
+        reply = answer.output
+        calls = list(reply.tool_calls)
+        message = assistant_message(reply.content, calls, turn, answer.reasoning)
+        return Turn(message=message, content=reply.content, calls=calls)
 
-    async def call_tools(self) -> State:
-        """Run the turn's calls in order; each result is a ``tool`` message."""
-        ep = self.ep
-        ids = [str(c["id"]) for c in ep.messages[-1]["tool_calls"]]
-        for call_id, call in zip(ids, ep.pending, strict=True):
-            obs = await self.env.call(call.name, dict(call.arguments))
-            message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": obs.text}
-            message |= ({"name": obs.tool} if obs.tool else {}) | ({} if obs.ok else {"error": True})
-            ep.messages.append(message)
-            ep.tool_results.append(ToolResult(name=obs.tool, content=obs.text, ok=obs.ok))
-            if obs.ok:
-                ep.tool_outputs.append(obs.text)
-            elif obs.tool:
-                ep.failed_calls += 1
-        return self._next_turn()
-
-    async def user(self) -> State:
-        """Interactive: the simulated user answers the agent's message, or ends the dialogue."""
-        ep = self.ep
-        if ep.turns >= self.max_turns:
-            return ep.done("max_turns")
-        reply = await self.env.user_turn(ep.content)
-        if reply is None:
-            return ep.done("user_stop")
-        ep.messages.append({"role": "user", "content": reply})
-        ep.user_turns += 1
-        return self._next_turn()
-
-    def _next_turn(self) -> State:
-        return self.ep.done("max_turns") if self.ep.turns >= self.max_turns else State.GENERATE
+    return generate
 
 
 async def endpoint_episode(
@@ -272,25 +196,7 @@ async def endpoint_episode(
     """
     if max_turns < 1:
         raise ValueError("max_turns must be at least 1")
-    ep = await _Driver(policy, env, sample, max_turns, seed).run()
-    assert ep.stop is not None
-    trajectory = Trajectory(
-        sample_id=sample.sample_id,
-        seed=seed,
-        messages=ep.messages,
-        tools=ep.tools,
-        prompt_ids=[],
-        response_ids=[],
-        response_mask=[],
-        logprobs=[],
-        turns=ep.turns,
-        tool_calls=ep.tool_calls,
-        invalid_calls=0,
-        failed_calls=ep.failed_calls,
-        user_turns=ep.user_turns,
-        tool_outputs=ep.tool_outputs,
-        tool_results=ep.tool_results,
-        stop=ep.stop,
-    )
-    reward, parts = await env.reward(trajectory)
-    return trajectory.model_copy(update={"reward": reward, "reward_parts": parts})
+    tools = list(env.tools)
+    generate = _endpoint_turns(policy, tools, seed)
+    episode = await TurnLoop(env=env, sample=sample, max_turns=max_turns, generate=generate).run()
+    return await scored(env, trajectory_of(episode, sample_id=sample.sample_id, seed=seed, tools=tools))

@@ -1,4 +1,5 @@
-"""The multi-turn rollout (ASTRA §3.1, EigenData §5) as an explicit state machine.
+"""The multi-turn rollout (ASTRA §3.1, EigenData §5): the token-level side of the episode's state
+machine (``trainer.turn_loop``)::
 
     GENERATE --tool calls--------> TOOLS --room left, turns left--> GENERATE
         |                            '--> DONE (max_turns | max_length)
@@ -6,6 +7,10 @@
         |--no tool call, interactive-> USER --reply, room left--> GENERATE
         |                                '--> DONE (user_stop | max_turns | max_length)
         '--budget spent------------> DONE (max_length | max_turns)
+
+``TurnLoop`` runs the states, the tool calls and the user simulator; ``_Tokens`` plugs in its
+``Generate`` (one turn sampled by the local backend, closed and parsed) and its ``Budget`` (the
+token ids, within ``max_seq_len``).
 
 Token layout (``environments.render``; ``render(final messages)`` reproduces it):
 ``prompt_ids = render(prompt, tools) + generation_header``; each assistant turn is generated up to
@@ -43,17 +48,16 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import asyncio
-import enum
 import hashlib
 import logging
 import weakref
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
 from arena.records.envs import VerifiedSample
-from environments.environment import Environment, Observation
+from environments.environment import Environment
 from environments.render import (
     ParsedTurn,
     Tokenizer,
@@ -68,13 +72,12 @@ from environments.render import (
 )
 from environments.rewards import ToolResult
 from trainer.batching import Group
+from trainer.turn_loop import Episode, Stop, Turn, TurnLoop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Sequence
 
     from trainer.policy import Generation, RolloutBackend
-
-Stop = Literal["no_tool_call", "max_turns", "max_length", "user_stop"]
 
 
 class Trajectory(BaseModel):
@@ -140,55 +143,6 @@ UPDATE_FIELDS = (
     "stop",
 )
 """``Trajectory`` fields a ``Group`` keeps for the update."""
-
-
-class State(enum.Enum):
-    GENERATE = "generate"
-    TOOLS = "tools"
-    USER = "user"
-    DONE = "done"
-
-
-@dataclass
-class _Run:
-    """The mutable state of one rollout."""
-
-    messages: list[dict[str, Any]]
-    prompt_ids: list[int]
-    max_seq_len: int
-    response_ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: int = 0
-    tool_calls: int = 0
-    invalid_calls: int = 0
-    failed_calls: int = 0
-    user_turns: int = 0
-    tool_outputs: list[str] = field(default_factory=list)
-    tool_results: list[ToolResult] = field(default_factory=list)
-    parsed: ParsedTurn | None = None
-    stop: Stop | None = None
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-    def room(self) -> int:
-        return self.max_seq_len - self.length
-
-    def generated(self, ids: list[int], logprobs: list[float]) -> None:
-        self.response_ids += ids
-        self.mask += [1] * len(ids)
-        self.logprobs += logprobs
-
-    def context(self, ids: list[int]) -> None:
-        self.response_ids += ids
-        self.mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-
-    def done(self, stop: Stop) -> State:
-        self.stop = stop
-        return State.DONE
 
 
 def derive_seed(seed: int, *path: int | str) -> int:
@@ -299,8 +253,9 @@ class _Lockstep:
                 future.set_result(gen)
 
 
-class _Rollout:
-    """One rollout's transitions; ``run`` drives them until DONE."""
+class _Tokens:
+    """The token side of one rollout (``TurnLoop``'s ``Generate`` and ``Budget``): samples each turn
+    from the backend, closes and parses it, and keeps the ids within ``max_seq_len``."""
 
     def __init__(
         self,
@@ -318,35 +273,29 @@ class _Rollout:
         self.lockstep = lockstep
         self.index = index
         self.tok = tokenizer
-        self.env = env
-        self.sample = sample
-        self.max_turns = limits.max_turns
+        self.max_seq_len = limits.max_seq_len
         self.max_new_tokens = limits.max_new_tokens
         self.temperature = limits.temperature
         self.seed = seed
         self.im_end = im_end_id(tokenizer)
         self.header = generation_header(tokenizer)
         self.suffix = turn_suffix_ids(tokenizer)
-        messages = [dict(m) for m in sample.prompt]
-        prompt = render(tokenizer, messages, env.tools).input_ids + self.header
-        self.run_ = _Run(messages=messages, prompt_ids=prompt, max_seq_len=limits.max_seq_len)
+        self.prompt_ids = (
+            render(tokenizer, [dict(m) for m in sample.prompt], env.tools).input_ids + self.header
+        )
+        self.response_ids: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
 
-    async def run(self) -> _Run:
-        state = State.GENERATE if self.run_.room() > 0 else self.run_.done("max_length")
-        while state is not State.DONE:
-            if state is State.GENERATE:
-                state = await self.generate()
-            elif state is State.TOOLS:
-                state = await self.tools()
-            else:
-                state = await self.user()
-        return self.run_
+    def room(self) -> int:
+        return self.max_seq_len - len(self.prompt_ids) - len(self.response_ids)
 
-    async def generate(self) -> State:
-        """One assistant turn: sample it, close it, parse it."""
-        run = self.run_
-        budget = min(self.max_new_tokens, run.room())
-        context = run.prompt_ids + run.response_ids
+    async def generate(self, messages: list[dict[str, Any]], turn: int) -> Turn | None:
+        """Assistant turn ``turn``: sample it, close it, parse it (``None``: no room left for it)."""
+        if self.room() <= 0:
+            return None
+        budget = min(self.max_new_tokens, self.room())
+        context = self.prompt_ids + self.response_ids
         if self.lockstep is not None:
             gen = await self.lockstep.generate(self.index, context, budget)
         else:
@@ -355,94 +304,57 @@ class _Rollout:
                 [context],
                 max_new_tokens=budget,
                 temperature=self.temperature,
-                seed=derive_seed(self.seed, "turn", run.turns),
+                seed=derive_seed(self.seed, "turn", turn - 1),
             )
         ids, logprobs = list(gen.token_ids[:budget]), list(gen.logprobs[:budget])
-        run.generated(ids, logprobs)
-        run.turns += 1
+        self._add(ids, logprobs, mask=1)
         closed = bool(ids) and ids[-1] == self.im_end
         body = ids[:-1] if closed else ids
-        if not closed and run.room() <= 0:
+        if not closed and self.room() <= 0:
             # Cut by the sequence budget: the turn stays open and the rollout ends.
-            run.messages.append({"role": "assistant", "content": self._decode(body)})
-            return run.done("max_length")
+            return Turn(message={"role": "assistant", "content": self._decode(body)}, cut=True)
         if not closed:
-            run.context([self.im_end])  # cut at max_new_tokens: close the message (not the model's token)
+            self._context([self.im_end])  # cut at max_new_tokens: close the message (not the model's token)
         text = self._decode(body)
         parsed = parse_assistant(text)
-        run.messages.append(self._message(parsed, text, run.turns))
-        run.tool_calls += parsed.emitted
-        run.invalid_calls += len(parsed.invalid_calls)
-        run.parsed = parsed
-        if parsed.emitted:
-            return State.TOOLS
-        if self.sample.kind == "interactive":
-            return State.USER
-        self._separator()
-        return run.done("no_tool_call")
+        return Turn(
+            message=self._message(parsed, text, turn),
+            content=parsed.content,
+            calls=parsed.tool_calls,
+            invalid=parsed.invalid_calls,
+        )
 
-    async def tools(self) -> State:
-        """Execute the turn's calls in order (invalid blocks get an error observation)."""
-        run = self.run_
-        assert run.parsed is not None
-        observations: list[tuple[str, Observation]] = []
-        for i, call in enumerate(run.parsed.tool_calls):
-            observations.append(
-                (f"call_{run.turns}_{i}", await self.env.call(call.name, dict(call.arguments)))
-            )
-        for j, raw in enumerate(run.parsed.invalid_calls):
-            text = f"error: invalid tool call (need JSON {{'name': str, 'arguments': object}}): {raw[:200]}"
-            observations.append((f"call_{run.turns}_invalid_{j}", Observation(text=text, ok=False, tool="")))
-        obs_ids = observation_ids(self.tok, [o.text for _, o in observations])
-        if run.room() < len(self.suffix) + len(obs_ids):
-            self._separator()
-            return run.done("max_length")
-        run.context(self.suffix + obs_ids)
-        for call_id, obs in observations:
-            message: dict[str, Any] = {"role": "tool", "tool_call_id": call_id, "content": obs.text}
-            message |= ({"name": obs.tool} if obs.tool else {}) | ({} if obs.ok else {"error": True})
-            run.messages.append(message)
-            run.tool_results.append(ToolResult(name=obs.tool, content=obs.text, ok=obs.ok))
-            if obs.ok:
-                run.tool_outputs.append(obs.text)
-            elif obs.tool:
-                run.failed_calls += 1
-        return self._next_turn()
+    def admit_tools(self, outputs: list[str]) -> bool:
+        return self._admit(observation_ids(self.tok, outputs))
 
-    async def user(self) -> State:
-        """Interactive: the simulated user answers the agent's message, or ends the dialogue."""
-        run = self.run_
-        assert run.parsed is not None
-        if run.turns >= self.max_turns:
-            self._separator()
-            return run.done("max_turns")
-        reply = await self.env.user_turn(run.parsed.content)
-        if reply is None:
-            self._separator()
-            return run.done("user_stop")
-        ids = user_ids(self.tok, reply)
-        if run.room() < len(self.suffix) + len(ids):
-            self._separator()
-            return run.done("max_length")
-        run.context(self.suffix + ids)
-        run.messages.append({"role": "user", "content": reply})
-        run.user_turns += 1
-        return self._next_turn()
+    def admit_user(self, reply: str) -> bool:
+        return self._admit(user_ids(self.tok, reply))
 
-    def _next_turn(self) -> State:
-        """After an observation or user segment: open the next assistant turn if turns and room remain."""
-        run = self.run_
-        if run.turns >= self.max_turns:
-            return run.done("max_turns")
-        if run.room() < len(self.header) + 1:
-            return run.done("max_length")
-        run.context(self.header)
-        return State.GENERATE
+    def open_turn(self) -> bool:
+        if self.room() < len(self.header) + 1:
+            return False
+        self._context(self.header)
+        return True
 
-    def _separator(self) -> None:
+    def close(self) -> None:
         """The ``\\n`` after a closed final message, when it fits (so render(messages) matches)."""
-        if self.run_.room() >= len(self.suffix):
-            self.run_.context(self.suffix)
+        if self.room() >= len(self.suffix):
+            self._context(self.suffix)
+
+    def _admit(self, segment: list[int]) -> bool:
+        """The separator and ``segment`` (mask 0), if they fit."""
+        if self.room() < len(self.suffix) + len(segment):
+            return False
+        self._context(self.suffix + segment)
+        return True
+
+    def _add(self, ids: list[int], logprobs: list[float], *, mask: int) -> None:
+        self.response_ids += ids
+        self.mask += [mask] * len(ids)
+        self.logprobs += logprobs
+
+    def _context(self, ids: list[int]) -> None:
+        self._add(ids, [0.0] * len(ids), mask=0)
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
@@ -509,34 +421,67 @@ async def _episode(
     """One rollout from start to reward; ``env`` is closed at the end, and a lockstep left, whatever happens."""
     try:
         try:
-            run = await _Rollout(
+            tokens = _Tokens(
                 backend, tokenizer, env, sample, limits, seed=seed, lockstep=lockstep, index=index
-            ).run()
+            )
+            loop = TurnLoop(
+                env=env, sample=sample, max_turns=limits.max_turns, generate=tokens.generate, budget=tokens
+            )
+            episode = await loop.run()
         finally:
             if lockstep is not None:  # done generating (or failed): the batch's next turns go without it
                 lockstep.leave()
-        assert run.stop is not None
-        trajectory = Trajectory(
+        trajectory = trajectory_of(
+            episode,
             sample_id=sample.sample_id,
             seed=seed,
-            messages=run.messages,
             tools=list(env.tools),
-            prompt_ids=run.prompt_ids,
-            response_ids=run.response_ids,
-            response_mask=run.mask,
-            logprobs=run.logprobs,
-            turns=run.turns,
-            tool_calls=run.tool_calls,
-            invalid_calls=run.invalid_calls,
-            failed_calls=run.failed_calls,
-            user_turns=run.user_turns,
-            tool_outputs=run.tool_outputs,
-            tool_results=run.tool_results,
-            stop=run.stop,
+            prompt_ids=tokens.prompt_ids,
+            response_ids=tokens.response_ids,
+            response_mask=tokens.mask,
+            logprobs=tokens.logprobs,
         )
-        reward, parts = await env.reward(trajectory)
+        return await scored(env, trajectory)
     finally:
         await env.close()
+
+
+def trajectory_of(
+    episode: Episode,
+    *,
+    sample_id: str,
+    seed: int,
+    tools: list[dict[str, Any]],
+    prompt_ids: list[int] | None = None,
+    response_ids: list[int] | None = None,
+    response_mask: list[int] | None = None,
+    logprobs: list[float] | None = None,
+) -> Trajectory:
+    """The ``Trajectory`` of a finished episode, unscored; without token ids (an endpoint's), those
+    four fields are empty."""
+    return Trajectory(
+        sample_id=sample_id,
+        seed=seed,
+        messages=episode.messages,
+        tools=tools,
+        prompt_ids=prompt_ids or [],
+        response_ids=response_ids or [],
+        response_mask=response_mask or [],
+        logprobs=logprobs or [],
+        turns=episode.turns,
+        tool_calls=episode.tool_calls,
+        invalid_calls=episode.invalid_calls,
+        failed_calls=episode.failed_calls,
+        user_turns=episode.user_turns,
+        tool_outputs=episode.tool_outputs,
+        tool_results=episode.tool_results,
+        stop=episode.stop,
+    )
+
+
+async def scored(env: Environment, trajectory: Trajectory) -> Trajectory:
+    """``trajectory`` with the environment's reward and its components."""
+    reward, parts = await env.reward(trajectory)
     return trajectory.model_copy(update={"reward": reward, "reward_parts": parts})
 
 

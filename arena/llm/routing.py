@@ -59,7 +59,7 @@ KIND_DEFAULTS: dict[str, dict[str, Any]] = {
     "agent": {"temperature": 0.7, "top_p": 0.95, "max_tokens": 1024},
     "user": {"temperature": 0.7, "top_p": 0.95, "max_tokens": 512},
 }
-"""Sampling of each kind unless configured (documented in the README's per-role table)."""
+"""Sampling of each kind unless configured (documented in docs/models.md's per-role table)."""
 
 
 ROLE_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -16,11 +16,173 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from arena.llm.roles.eigen import PlanStep, PoolDraw, Repair, UserIntent
-from arena.llm.roles.eigen_dialogs import DialogIssue, DimensionRating, TrajectoryVerdict
 from arena.records.common import Record
+
+# --------------------------------------------------------------------------- role outputs on the topics
+# The EigenData roles' outputs that records carry (arena.records is the kernel's one home of
+# what flows on a topic; the roles in synthesis.eigen.roles import them from here).
+
+
+class Persona(BaseModel):
+    """A user persona."""
+
+    role: Annotated[str, Field(description="Kind of customer, e.g. 'weekend hiker'.")]
+    expertise: Annotated[
+        Literal["novice", "occasional", "frequent", "expert"], Field(description="Experience.")
+    ]
+    tone: Annotated[str, Field(description="How they write, e.g. 'polite', 'curt', 'anxious'.")]
+    priorities: list[str] = Field(default_factory=list, description="What they care about.")
+
+
+class EnvironmentContext(BaseModel):
+    """The slice of the database a scenario is about."""
+
+    user_id: Annotated[str, Field(description="The customer the scenario is about.")]
+    order_ids: list[str] = Field(default_factory=list, description="That customer's orders in play.")
+    product_ids: list[str] = Field(default_factory=list, description="Products of those orders.")
+    nonexistent_ids: list[str] = Field(
+        default_factory=list,
+        description="Ids that exist nowhere in the database (for error-prone parameters).",
+    )
+
+
+class DifficultyFactors(BaseModel):
+    """Task factors that control difficulty (§4.2 RandomPool)."""
+
+    required_calls: Annotated[int, Field(ge=1, description="Tool calls the task should need.")]
+    branching: bool = Field(default=False, description="Add a conditional fallback.")
+    ambiguity: bool = Field(default=False, description="The user does not give ids up front.")
+    error_prone_parameters: bool = Field(default=False, description="A goal carries a wrong id.")
+    policy_violation: bool = Field(default=False, description="A goal asks for a forbidden action.")
+    deception_tactics: list[str] = Field(default_factory=list, description="Tactics the user tries.")
+
+
+class PoolDraw(BaseModel):
+    """A scenario seed: persona, environment context, difficulty factors."""
+
+    seed: Annotated[int, Field(ge=0, description="The scenario seed.")]
+    persona: Persona
+    context: EnvironmentContext
+    difficulty: DifficultyFactors
+    testing_objectives: list[str] = Field(default_factory=list, description="What the scenario tests.")
+    task_kinds: list[str] = Field(
+        default_factory=list, description="Goal templates allowed (params.task_kinds); empty: all."
+    )
+
+
+class GoalCall(BaseModel):
+    """A call a goal needs, with the arguments the user supplies or the state implies."""
+
+    name: Annotated[str, Field(description="Tool name.")]
+    arguments: dict[str, Any] = Field(default_factory=dict, description="Arguments as a JSON object.")
+    actor: Literal["agent", "user"] = Field(default="agent", description="Who makes the call.")
+
+
+class Goal(BaseModel):
+    """One thing the user wants done, and the state-changing calls it takes."""
+
+    kind: Annotated[str, Field(description="Template / main write tool, e.g. 'cancel_order'.")]
+    requirement: Annotated[str, Field(description="How the user asks for it (one of the requirements).")]
+    calls: Annotated[list[GoalCall], Field(min_length=1, description="State-changing calls, in order.")]
+
+
+class UserIntent(BaseModel):
+    """A concrete task specification (§4.2 UserIntent, appendix prompt)."""
+
+    domain: Annotated[str, Field(description="Domain name.")]
+    seed: Annotated[int, Field(ge=0, description="Scenario seed it came from.")]
+    persona: Persona
+    objective: Annotated[str, Field(min_length=1, description="The user-facing objective.")]
+    reason_for_call: Annotated[str, Field(description="The user's opening message.")]
+    known_info: dict[str, str] = Field(
+        default_factory=dict, description="What the user knows (identity, ids, the code on their phone)."
+    )
+    requirements: list[str] = Field(
+        default_factory=list, description="Must requirements, in the order raised."
+    )
+    must_not: list[str] = Field(default_factory=list, description="Must-not requirements.")
+    hidden_subgoals: list[str] = Field(
+        default_factory=list, description="Latent subgoals for validation, not said by the user."
+    )
+    deception_tactics: list[str] = Field(
+        default_factory=list, description="Tactics the user tries (may be empty)."
+    )
+    must_have_functions: list[str] = Field(default_factory=list, description="Tools a solution must call.")
+    rubrics: list[str] = Field(default_factory=list, description="Expected agent behaviour.")
+    goals: list[Goal] = Field(default_factory=list, description="What must get done, as calls.")
+    refused: list[Goal] = Field(
+        default_factory=list, description="Requests the agent must decline (policy-enforcement tests)."
+    )
+    difficulty: DifficultyFactors
+
+
+class PlanStep(BaseModel):
+    """One step of a solution plan."""
+
+    step: Annotated[int, Field(ge=1)]
+    function: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    actor: Literal["agent", "user"] = "agent"
+    purpose: str = ""
+    precondition_verified: bool = True
+
+
+class Repair(BaseModel):
+    """One edit applied."""
+
+    target_field: str
+    original_value: str
+    repaired_value: str
+    rationale: str
+
+
+Criterion = Literal["schema", "grounding", "goal", "realism", "policy"]
+
+
+Rating = Literal["Good", "Acceptable", "Poor"]
+
+
+class DialogIssue(BaseModel):
+    """One finding of the validation."""
+
+    criterion: Criterion
+    critical: Annotated[bool, Field(description="A CRITICAL issue fails the dialogue by itself.")]
+    description: Annotated[str, Field(min_length=1)]
+    evidence: str = Field(default="", description="The quoted claim, call or message.")
+    turn: int | None = Field(default=None, description="Index of the message concerned.")
+
+
+class DimensionRating(BaseModel):
+    """The rating of one validation dimension."""
+
+    rating: Rating
+    score: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    assessment: str = ""
+
+
+class TrajectoryVerdict(BaseModel):
+    """The appendix prompt's output."""
+
+    validation_summary: dict[str, DimensionRating] = Field(
+        default_factory=dict, description="Dimension name -> rating."
+    )
+    critical_issues: list[DialogIssue] = Field(default_factory=list)
+    non_critical_observations: list[str] = Field(default_factory=list)
+    validation_result: Literal["PASS", "FAIL"]
+    failure_reason: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrajectoryVerdict:
+        poor = sum(1 for r in self.validation_summary.values() if r.rating == "Poor")
+        should_fail = bool(self.critical_issues) or poor >= 2
+        if (self.validation_result == "FAIL") != should_fail:
+            raise ValueError("FAIL exactly when there is a critical issue or 2+ dimensions are Poor")
+        if self.validation_result == "FAIL" and not self.failure_reason:
+            raise ValueError("FAIL needs a failure_reason")
+        return self
+
 
 # --------------------------------------------------------------------------- dialogues
 

@@ -10,7 +10,6 @@ tool's data and lets verification detect tampered data.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,7 +20,6 @@ from pydantic import (
     model_validator,
 )
 
-from arena.passages import chunk_passages
 from arena.records.common import Record
 
 Cell = str | int | float
@@ -261,26 +259,3 @@ class VerifiedSample(Record):
     ]
     domain: Annotated[str, Field(description="Domain.")]
     split: Annotated[str, Field(description="Split name; held-out samples are never published.")] = "train"
-
-
-def prune_knowledge(kb: KnowledgeBase, sub_qas: Sequence[SubQA], extra_chunks: int = 0) -> KnowledgeBase:
-    """Only the tables the groundings refer to (and links among them), and the passage chunks they cite.
-
-    ``extra_chunks`` more chunks (the first ones not cited, in order) may be kept as distractors so a
-    passage search tool has more than the answer to search through.
-    """
-    groundings = [s.grounding for s in sub_qas if s.grounding is not None]
-    used = {g.table for g in groundings if not g.is_passage}
-    tables = [
-        t.model_copy(update={"links": {c: v for c, v in t.links.items() if v in used}})
-        for t in kb.tables
-        if t.name in used
-    ]
-    cited = {g.passage for g in groundings if g.is_passage}
-    passages: list[str] = []
-    if cited:
-        chunks = chunk_passages(kb.passages)
-        extra = {c.id for c in chunks if c.id not in cited}
-        keep = cited | set(sorted(extra, key=[c.id for c in chunks].index)[:extra_chunks])
-        passages = [c.text for c in chunks if c.id in keep]  # in the knowledge base's order
-    return KnowledgeBase(domain=kb.domain, tables=tables, passages=passages)

@@ -117,7 +117,7 @@ class ToolServer(Record):
     name: Annotated[str, Field(description="Server name.")]
     source: Annotated[str, Field(description="Origin file path or URI.")]
     format: Annotated[ToolDocFormat, Field(description="Format the docs were published in.")]
-    domain: Annotated[str, Field(description="Domain from the fixed taxonomy (arena.domains).")]
+    domain: Annotated[str, Field(description="Domain from the fixed taxonomy (synthesis.sft.domains).")]
     domain_score: Annotated[
         float, Field(description="Cosine similarity of the server text to the domain label.")
     ]

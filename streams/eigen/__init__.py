@@ -1,5 +1,1 @@
-"""EigenData track (issue 6, EigenData §4-5): domain-pack instances, workers and their stages.
-
-So far: ``verification`` -- the VerificationFunction worker's rules backend (generated,
-sandbox-run ``verify`` functions) and ``build_instance`` (one interactive instance of a pack).
-"""
+"""EigenData track (EigenData §4): eigen.seeds -> intents -> tasks -> dialogs -> dialogs.validated -> verified."""

@@ -2,20 +2,20 @@
 
 The UserSimulator (instructed by the task, with stop / transfer / out-of-scope signals) and the
 TrajectoryAgent (the pack's policy and agent tools) talk; every agent and user tool call runs in
-the sandbox against the dialogue's own copy of the database (``streams.eigen.dialogs``).
+the sandbox against the dialogue's own copy of the database (``synthesis.eigen.dialog_synthesis``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from arena.llm.roles.eigen_dialogs import EIGEN_TRAJECTORY_AGENT
 from arena.llm.roles.user_sim import USER_SIMULATOR, user_behaviour
 from arena.records.eigen import DialogPayload, EigenDialog, EigenTask
-from streams.eigen.dialog_loop import synthesize_dialog
-from streams.eigen.items import lineage_of, make_item, open_item
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
+from synthesis.eigen.dialog_loop import synthesize_dialog
+from synthesis.eigen.items import lineage_of, make_item, open_item
+from synthesis.eigen.roles.dialogs import EIGEN_TRAJECTORY_AGENT
 
 STAGE_VERSION = "1"
 ROLES = (EIGEN_TRAJECTORY_AGENT.name, USER_SIMULATOR.name)

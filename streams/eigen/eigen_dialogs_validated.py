@@ -2,7 +2,7 @@
 
 Schema validity, grounding of claims in tool outputs, goal completion, realism and policy
 compliance, then the TrajectoryValidation role on that evidence and the paper's pass / fail rule
-(``streams.eigen.dialogs.judge_dialog``). A failing dialogue is repaired (goals never achieved
+(``synthesis.eigen.dialog_synthesis.judge_dialog``). A failing dialogue is repaired (goals never achieved
 are dropped from the task by Modify) and synthesized again, at most ``eigen.max_repair_rounds``
 times, then rejected to ``eigen.dialogs.rejected`` with the reasons. Realism, quality and repair
 rounds are phase-3 audit figures of the item's prompt set.
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from arena.llm.roles.eigen import EIGEN_MODIFY
-from arena.llm.roles.eigen_dialogs import EIGEN_TRAJECTORY_VALIDATION
 from arena.llm.roles.user_sim import user_behaviour
 from arena.records.eigen import EigenDialog, EigenValidated, ValidatedPayload
-from streams.eigen.audit import record_and_audit
-from streams.eigen.dialogs import validate_with_dialog_repair
-from streams.eigen.items import lineage_of, make_item, open_item
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
+from synthesis.eigen.audit import record_and_audit
+from synthesis.eigen.dialog_synthesis import validate_with_dialog_repair
+from synthesis.eigen.items import lineage_of, make_item, open_item
+from synthesis.eigen.roles.dialogs import EIGEN_TRAJECTORY_VALIDATION
+from synthesis.eigen.roles.tasks import EIGEN_MODIFY
 
 STAGE_VERSION = "1"
 GATE = "trajectory_validation"

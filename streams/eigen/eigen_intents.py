@@ -3,7 +3,7 @@
 A seed names a published pack, a database seed, a scenario seed and the prompt set (phase 3)
 that draws it. RandomPool draws persona, environment context and difficulty factors with the
 set's parameters; UserIntent turns the draw into a task on the database slice it names. A set
-the phase-3 audit sent back to phase 2 is piloted again first (``streams.eigen.audit.repilot``);
+the phase-3 audit sent back to phase 2 is piloted again first (``synthesis.eigen.audit.repilot``);
 its per-iteration metrics go to ``eigen.pilot.metrics`` with the item.
 """
 
@@ -12,21 +12,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from arena.llm.roles.eigen import (
-    EIGEN_RANDOM_POOL,
-    EIGEN_USER_INTENT,
-    EntityRef,
-    RandomPoolInput,
-)
 from arena.llm.roles.user_sim import user_behaviour
 from arena.llm.routing import budget_for
 from arena.records.eigen import EigenIntent, EigenSeed, IntentPayload
-from streams.eigen.audit import repilot
-from streams.eigen.evolution import PILOT_TOPIC, pilot_key
-from streams.eigen.items import lineage_of, make_item, open_item
-from streams.eigen.workers import domain_summary, entities_within, entity_refs, user_intent_input
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
+from synthesis.eigen.agents import domain_summary, entities_within, entity_refs, user_intent_input
+from synthesis.eigen.audit import repilot
+from synthesis.eigen.evolution import PILOT_TOPIC, pilot_key
+from synthesis.eigen.items import lineage_of, make_item, open_item
+from synthesis.eigen.roles.tasks import EIGEN_RANDOM_POOL, EIGEN_USER_INTENT, EntityRef, RandomPoolInput
 
 STAGE_VERSION = "1"
 ROLES = (EIGEN_RANDOM_POOL.name, EIGEN_USER_INTENT.name)

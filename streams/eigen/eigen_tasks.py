@@ -1,7 +1,7 @@
 """Stage ``eigen.intents -> eigen.tasks``: TaskValidation with Modify repair (EigenData §4.2).
 
 The feasibility probe executes the task's reads and dry-runs its writes in the sandbox against a
-copy of the database (``streams.eigen.workers.probe_task``); an INFEASIBLE task is repaired by
+copy of the database (``synthesis.eigen.agents.probe_task``); an INFEASIBLE task is repaired by
 Modify and validated again, at most ``eigen.max_repair_rounds`` times, then rejected to
 ``eigen.intents.rejected`` with the last verdict's reasons. Each item's repair rounds and schema
 problems are phase-3 audit figures of its prompt set.
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from arena.llm.roles.eigen import EIGEN_MODIFY, EIGEN_TASK_VALIDATION
 from arena.records.eigen import EigenIntent, EigenTask, TaskPayload
-from streams.eigen.audit import record_and_audit
-from streams.eigen.items import lineage_of, make_item, open_item
-from streams.eigen.workers import static_problems, validate_with_repair
 from streams.resources import eigen_store_for, gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
+from synthesis.eigen.agents import static_problems, validate_with_repair
+from synthesis.eigen.audit import record_and_audit
+from synthesis.eigen.items import lineage_of, make_item, open_item
+from synthesis.eigen.roles.tasks import EIGEN_MODIFY, EIGEN_TASK_VALIDATION
 
 STAGE_VERSION = "1"
 GATE = "task_validation"

@@ -2,9 +2,9 @@
 
 From an accepted dialogue: the reference calls (every agent and user call that ran, replayed from
 the seeded database with the pack's tools) and the reference final state give the generated
-``verify(initial_state, final_state, calls)`` (``streams.eigen.verification``). It is run in the
+``verify(initial_state, final_state, calls)`` (``synthesis.eigen.verification``). It is run in the
 sandbox on the dialogue's own final state and call log, which it must pass, then through the
-mutation gate (``streams.eigen.mutation``: correct variants pass, every perturbation of the reference
+mutation gate (``synthesis.eigen.mutation``: correct variants pass, every perturbation of the reference
 fails, the pack's policy embedded unchanged), which rejects a weakened verifier; the instance is then
 catalogued with its split (content hash mod ``envs.heldout_k``, bucket 0 held out for
 ``arena eval``). Training-split instances go out as
@@ -30,13 +30,13 @@ from environments.render import ToolCall
 from environments.user_view import MARKERS, Signal, ViewTurn, user_view_messages
 from lake.env_packages import split_of
 from sandbox.env_runtime import Runner, run_settled
-from streams.eigen.dialog_loop import user_instructions
-from streams.eigen.items import load_pack, make_item
-from streams.eigen.mutation import GateReport, gate_cases, gate_program, judge, policy_integrity
-from streams.eigen.packs import DomainPack
-from streams.eigen.verification import build_instance, interactive_sample, replay_reference
 from streams.resources import eigen_store_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef
+from synthesis.eigen.dialog_loop import user_instructions
+from synthesis.eigen.items import load_pack, make_item
+from synthesis.eigen.mutation import GateReport, gate_cases, gate_program, judge, policy_integrity
+from synthesis.eigen.packs import DomainPack
+from synthesis.eigen.verification import build_instance, interactive_sample, replay_reference
 
 STAGE_VERSION = "2"
 GATE = "verification"
@@ -153,7 +153,7 @@ async def handle(record: EigenValidated, ctx: Context) -> Sequence[Emit]:
 async def mutation_gate(
     pack: DomainPack, instance: dict[str, Any], pool: Runner, timeout_s: float
 ) -> GateReport:
-    """The mutation gate (``streams.eigen.mutation``) on an instance's verifier, its cases run in the sandbox.
+    """The mutation gate (``synthesis.eigen.mutation``) on an instance's verifier, its cases run in the sandbox.
 
     The cases come from the reference trajectory alone (replayed with the pack's tools here); the
     verifier must pass the correct ones and fail every perturbation, and embed the pack's policy

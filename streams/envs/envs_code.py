@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from arena.llm.core import InvalidOutput
 from arena.records.envs import QaTrace
-from streams.envs.synthesis import synthesize_package
 from streams.resources import gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
+from synthesis.envs.env_synthesis import synthesize_package
 
 STAGE_VERSION = "1"
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from arena.llm.core import InvalidOutput
-from arena.llm.roles.envs import HOMOGENEOUS_GROUPS
 from arena.llm.routing import budget_for
 from arena.records.envs import EnvPackage
 from sandbox.env_runtime import verify_package
-from streams.envs.merging import merge_package
 from streams.resources import gateway_for, sandbox_pool_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
+from synthesis.envs.merging import merge_package
+from synthesis.envs.roles.envs import HOMOGENEOUS_GROUPS
 
 STAGE_VERSION = "1"
 

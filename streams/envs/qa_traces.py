@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from arena.llm.core import InvalidOutput
 from arena.records.envs import QaSeed
-from streams.envs.qa_synthesis import synthesize
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
+from synthesis.envs.qa_synthesis import synthesize
 
 STAGE_VERSION = "1"
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from arena.llm.core import InvalidOutput
 from arena.records.envs import QaTrace
-from streams.envs.quality import validate
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
+from synthesis.envs.quality import validate
 
 STAGE_VERSION = "1"
 

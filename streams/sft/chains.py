@@ -14,7 +14,7 @@ Per server:
    ``chains.rejected`` with the check that failed.
 
 The syntheses of step 1 are independent of each other, and so are the candidates of step 4:
-each step asks all of its calls at once (``streams.fanout``) and emits in variant / walk
+each step asks all of its calls at once (``synthesis.fanout``) and emits in variant / walk
 order, as one call after another would.
 """
 
@@ -28,7 +28,13 @@ from typing import Any
 from arena.hashing import content_hash
 from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
-from arena.llm.roles.chains import (
+from arena.records.sft import ServerRef, ToolChain
+from arena.records.tools import ToolServer
+from streams.resources import chain_graphs_for, gateway_for
+from streams.runtime import Context, Emit, StageDef, llm_lineage
+from synthesis.fanout import map_ordered
+from synthesis.sft.chain_graph import Walk
+from synthesis.sft.roles.chains import (
     CHAIN_COHERENCE,
     CHAIN_SYNTHESIS,
     TASK_FROM_CHAIN,
@@ -37,13 +43,7 @@ from arena.llm.roles.chains import (
     CoherenceInput,
     SynthesizedChain,
 )
-from arena.records.sft import ServerRef, ToolChain
-from arena.records.tools import ToolServer
-from arena.tool_links import failed, verify_dependencies
-from streams.fanout import map_ordered
-from streams.resources import chain_graphs_for, gateway_for
-from streams.runtime import Context, Emit, StageDef, llm_lineage
-from streams.sft.chain_graph import Walk
+from synthesis.sft.tool_links import failed, verify_dependencies
 
 STAGE_VERSION = "1"
 

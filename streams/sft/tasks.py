@@ -8,7 +8,7 @@ persona); a variant whose language differs from its original is dropped
 quality, scenario realism and tool-use necessity and kept only when all three
 reach their thresholds (eq. 1). Drops go to ``tasks.rejected`` with the gate.
 
-Within a record, independent calls run at once (``streams.fanout``): the server-only
+Within a record, independent calls run at once (``synthesis.fanout``): the server-only
 originals, the augmentations of every original, then the scores of every candidate; emits keep
 the order one call after another gave them.
 """
@@ -21,11 +21,16 @@ from typing import Any, Literal
 
 from arena.config import SftSettings
 from arena.hashing import content_hash
-from arena.lang import detect_language
 from arena.llm.core import Answer, InvalidOutput
 from arena.llm.gateway import Gateway
-from arena.llm.roles.chains import TASK_FROM_CHAIN, ChainTaskInput, TaskDraft
-from arena.llm.roles.tasks import (
+from arena.records.sft import AugmentAxis, ServerRef, Task, ToolChain
+from arena.records.tools import ToolServer
+from streams.resources import gateway_for
+from streams.runtime import Context, Emit, StageDef, llm_lineage
+from synthesis.fanout import map_ordered
+from synthesis.sft.lang import detect_language
+from synthesis.sft.roles.chains import TASK_FROM_CHAIN, ChainTaskInput, TaskDraft
+from synthesis.sft.roles.tasks import (
     AUGMENT_TASK,
     SCORE_TASK,
     TASK_FROM_SERVER,
@@ -34,11 +39,6 @@ from arena.llm.roles.tasks import (
     ServerTaskInput,
     TaskScoreInput,
 )
-from arena.records.sft import AugmentAxis, ServerRef, Task, ToolChain
-from arena.records.tools import ToolServer
-from streams.fanout import map_ordered
-from streams.resources import gateway_for
-from streams.runtime import Context, Emit, StageDef, llm_lineage
 
 STAGE_VERSION = "1"
 

@@ -16,8 +16,8 @@ from arena.llm.core import InvalidOutput
 from arena.records.sft import Task, Trajectory
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
-from streams.sft.agent_loop import AgentLoop
-from streams.sft.tool_pool import open_session
+from synthesis.sft.agent_loop import AgentLoop
+from synthesis.sft.tool_pool import open_session
 
 STAGE_VERSION = "1"
 

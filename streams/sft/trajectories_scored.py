@@ -1,6 +1,6 @@
 """Stage ``trajectories -> trajectories.scored`` (ASTRA §2.1.5): the 7-dimension reward.
 
-The judges run through the gateway (``streams.sft.reward``); a judge that
+The judges run through the gateway (``synthesis.sft.reward``); a judge that
 stays invalid or undecidable after its retries dead-letters the trajectory:
 it is never scored by default.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from arena.records.sft import ScoredTrajectory, Trajectory
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
-from streams.sft.reward import score_trajectory
+from synthesis.sft.reward import score_trajectory
 
 STAGE_VERSION = "1"
 

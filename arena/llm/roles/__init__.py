@@ -1,1 +1,1 @@
-"""Role definitions (typed input, typed output, prompt) grouped by stage."""
+"""Roles more than one track uses: the agent policy and the user simulator (a track's own live in ``synthesis/<track>/roles``)."""

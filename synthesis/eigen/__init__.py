@@ -1,0 +1,1 @@
+"""The EigenData library (EigenData §4): domain packs, the agents, dialogues, verification, self-evolution."""

@@ -1,0 +1,1 @@
+"""The environment track's LLM roles: QA synthesis and checks, tool specs and implementations."""

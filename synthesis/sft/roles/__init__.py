@@ -1,0 +1,1 @@
+"""The SFT track's LLM roles: chains, tasks, tool emulation, trajectory judges."""
