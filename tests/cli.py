@@ -32,10 +32,21 @@ def arena_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def run_arena(
-    args: list[str], env: dict[str, str], *, timeout: float = 300, check: int | None = 0
+    args: list[str],
+    env: dict[str, str],
+    *,
+    timeout: float = 300,
+    check: int | None = 0,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [ARENA, *args], env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        [ARENA, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
     )
     if check is not None and proc.returncode != check:
         raise AssertionError(

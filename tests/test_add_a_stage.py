@@ -75,12 +75,14 @@ def test_the_walkthrough_touches_four_files_and_its_stage_runs_until_drained(tmp
             [ARENA, "topics", "list"], env=env, cwd=repo, capture_output=True, text=True, check=True
         ).stdout
         assert "tasks.terse" in listed and "tasks-terse" in listed
-        run_arena(["publish", "tools", str(repo / "samples/tools/good/weather_openai.json")], env)
+        # From the copy: `python -m app.run` (each worker) puts its cwd first on sys.path.
+        run_arena(["publish", "tools", str(repo / "samples/tools/good/weather_openai.json")], env, cwd=repo)
         stages = ["tools-servers", "tasks-from-servers", "tasks-terse"]
         run_arena(
             ["worker", *[a for s in stages for a in ("--stage", s)], "--until-drained", "--timeout", "400"],
             env,
             timeout=480,
+            cwd=repo,
         )
         bootstrap = broker_of(home)
         tasks = [json.loads(r.value) for r in read_all(bootstrap, "tasks")]
