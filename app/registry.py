@@ -1,6 +1,6 @@
 """Every worker Arena can run: the stages plus the sinks that consume topics.
 
-``arena worker --stage NAME`` looks names up here; each worker is its own
+``arena worker --stage NAME`` (or ``--track NAME``, ``TRACKS``) looks names up here; each worker is its own
 Faust app, so its own consumer group (``arena-<name>``). ``topic_roles()`` says
 who writes and who reads each topic: the workers, plus the commands outside
 the worker registry (publishers, the trainer) declared in ``CLIENTS``.

@@ -25,7 +25,7 @@ DATAFLOW_ORDER = ("tools", "sft", "envs", "eigen")
 
 @dataclass(frozen=True)
 class Track:
-    """One track: its name (the folder's), what it is, and its stages in module order."""
+    """One track: its name (the folder's), what it is, and its stages in dataflow order."""
 
     name: str
     description: str
