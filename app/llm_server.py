@@ -149,11 +149,12 @@ def _offers_tools(body: dict[str, Any]) -> bool:
 
 
 def _role_of(body: dict[str, Any], needs_role: bool, named: str | None = None) -> Role[Any, Any]:
-    if named in roles():
-        return roles()[named]
+    known = roles()
+    if named in known:
+        return known[named]
     name = _json_schema(body).get("name")
-    if isinstance(name, str) and name in roles():
-        return roles()[name]
+    if isinstance(name, str) and name in known:
+        return known[name]
     if needs_role and _offers_tools(body) and not name:
         # Any OpenAI client's tool-calling chat (BFCL, tau2, an app): the lexical agent reads exactly
         # the messages and tool schemas, so it needs no Arena role to answer one.
