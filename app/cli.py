@@ -24,7 +24,7 @@ from app.cli_catalog import eigen_app, env_app, export_app, lake_app
 from app.cli_common import UserError, broker, console, err, ready_broker, settings
 from app.cli_domain import domain_app
 from app.cli_llm import llm_app
-from app.cli_ops import dlq_app, trace
+from app.cli_ops import dlq_app, stages, trace
 from app.cli_publish import publish_app
 from app.cli_reward import reward_app
 from arena.config import ArenaSettings
@@ -50,6 +50,7 @@ app.add_typer(reward_app, name="reward")
 app.add_typer(decontam_app, name="decontam")
 app.add_typer(domain_app, name="domain")
 app.command("trace")(trace)
+app.command("stages")(stages)
 
 # --- stack --------------------------------------------------------------
 

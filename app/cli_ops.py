@@ -1,4 +1,5 @@
-"""Operating the pipeline: `arena dlq` (dead letters: list, replay) and `arena trace` (lineage)."""
+"""Operating the pipeline: `arena stages` (per-stage ledger), `arena dlq` (dead letters: list,
+replay) and `arena trace` (lineage)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,80 @@ def dlq_replay(
             console.print(f"  [red]{failure.key}[/red]: {escape(failure.reason)}")
     if report.failed:
         raise typer.Exit(1)
+
+
+# --- stages -------------------------------------------------------------
+
+
+def stages(
+    track: Annotated[
+        str | None, typer.Option("--track", help="Only this track's stages (tools, sft, envs, eigen).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per stage.")] = False,
+) -> None:
+    """What each stage made of its inputs: in = produced + rejected + dead_lettered + in_flight.
+
+    Counts come from the stages.ledger topic (one entry per input record, written with its outputs
+    in one transaction) and the input topics' data records; a stage that does not balance is flagged.
+    """
+    from app.registry import TRACKS
+    from consumers.ledger import stage_ledgers
+
+    chosen = [t for t in TRACKS if track is None or t.name == track]
+    if not chosen:
+        raise UserError(f"unknown track {track!r}; known: {', '.join(t.name for t in TRACKS)}")
+    wanted = {stage.name: stage.input for t in chosen for stage in t.stages}
+    ledgers = stage_ledgers(broker(settings()), wanted)
+    if as_json:
+        print(json.dumps([ledger.as_json() for ledger in ledgers], indent=2))
+    else:
+        console.print(render_stages(ledgers))
+    unbalanced = [ledger.stage for ledger in ledgers if not ledger.balanced]
+    if unbalanced and not as_json:
+        console.print(
+            f"[red]{len(unbalanced)} stage(s) do not balance: {', '.join(unbalanced)}[/red] "
+            "(`arena worker --until-drained` names the records it skipped)"
+        )
+
+
+def _breakdown(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def render_stages(ledgers: list[Any]) -> Table:
+    """The per-stage ledger as a rich table; an unbalanced row in red."""
+    table = Table(title="Stage ledger (in = produced + rejected + dead-lettered + in flight)")
+    table.add_column("STAGE", style="cyan", no_wrap=True)
+    table.add_column("INPUT", no_wrap=True)
+    for name in ("IN", "PRODUCED", "OUTPUTS", "REJECTED", "DEAD-LETTERED", "IN FLIGHT"):
+        table.add_column(name, justify="right")
+    table.add_column("WHY NOT")
+    for ledger in ledgers:
+        why = "; ".join(
+            part
+            for part in (
+                _breakdown(ledger.rejected_by_gate),
+                _breakdown({f"dlq:{k}": n for k, n in ledger.dead_lettered_by_kind.items()}),
+            )
+            if part
+        )
+        row = [
+            ledger.stage,
+            ledger.topic,
+            str(ledger.in_),
+            str(ledger.produced),
+            str(ledger.outputs),
+            str(ledger.rejected),
+            str(ledger.dead_lettered),
+            str(ledger.in_flight),
+            escape(why),
+        ]
+        if not ledger.balanced:
+            row[0] = f"[red]{ledger.stage} (unbalanced: {ledger.accounted} accounted)[/red]"
+        elif not ledger.ran and ledger.in_:
+            row[0] = f"{ledger.stage} [dim](idle)[/dim]"
+        table.add_row(*row)
+    return table
 
 
 # --- trace --------------------------------------------------------------

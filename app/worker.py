@@ -30,6 +30,7 @@ from rich.console import Console
 
 from app.admission_host import start_admission_host
 from app.endpoint_watch import EndpointWatch
+from app.ledger_metrics import LedgerCollector
 from app.metrics_http import LagCollector, WorkerMetrics
 from app.registry import stage_inputs, topics_by_group, worker
 from app.stack import pid_alive
@@ -179,6 +180,8 @@ def start_metrics(
     folder = settings.home / "metrics" / f"worker-{os.getpid()}"
     _remove_stale_metrics(folder.parent)
     metrics = WorkerMetrics(cfg, folder, lag, supervisor)
+    names = [group.removeprefix("arena-") for group in groups]
+    metrics.registry.register(LedgerCollector.for_stages(bootstrap, stage_inputs(names)))
     console.print(f"metrics: http://{cfg.host}:{metrics.port}/metrics")
     return metrics
 

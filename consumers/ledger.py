@@ -1,4 +1,5 @@
-"""Every record a stage consumed has an outcome: the check behind `arena worker --until-drained`.
+"""Every record a stage consumed has an outcome: the check behind `arena worker --until-drained`,
+and the per-stage ledger behind `arena stages`.
 
 Each stage writes one ``stages.ledger`` entry per input record it handled (``streams.runtime
 .ledger_emit``), in the transaction that carries the record's outputs and its offset. So below a
@@ -10,6 +11,10 @@ topics up to the committed offsets and the ledger, and names every such record.
 A stage whose group committed offsets but that has no ledger entry at all ran before the ledger
 existed (an older home): it is listed as unchecked, not as lost.
 
+``stage_ledgers`` sums the same entries per stage, ``in = produced + rejected + dead_lettered +
+in_flight``, with ``in`` counted independently (the data records on the input topic) so a stage
+that skipped a record does not balance.
+
 Synchronous (kafka-python), like ``consumers.lag``.
 """
 
@@ -19,15 +24,17 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Mapping
+from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from arena.hashing import content_hash
+from arena.topics import topic as topic_spec
 from consumers.lag import _committed_offsets
 from streams import read_committed
 from streams.admin import admin_client, partition_counts
-from streams.runtime import LEDGER_TOPIC
+from streams.runtime import LEDGER_TOPIC, NO_OUTPUT_GATE
 
 READ_TIMEOUT_S = 120.0
 
@@ -162,3 +169,127 @@ def check(bootstrap: str, stages: Mapping[str, str], *, timeout_s: float = READ_
                     )
     result.missing.sort(key=lambda u: (u.stage, u.topic, u.partition, u.offset))
     return result
+
+
+# -- per-stage ledger (`arena stages`) ---------------------------------------------------------
+
+NOT_ADDRESSED = "not_addressed"
+"""Ledger outcome of a dead-letter replay addressed to another stage: not one of this stage's inputs."""
+
+
+class StageLedger(BaseModel):
+    """What one stage made of its input records (``arena stages --json``: one object per stage).
+
+    ``in = produced + rejected + dead_lettered + in_flight`` holds for a stage that accounted for
+    every record; ``balanced`` says whether it does.
+    """
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    stage: str = Field(description="The stage (consumer group arena-<stage>).")
+    topic: str = Field(description="Its input topic.")
+    in_: int = Field(
+        0,
+        alias="in",
+        description="Data records on the input topic (read_committed, from the earliest retained "
+        "offset), less dead-letter replays addressed to other stages.",
+    )
+    produced: int = Field(
+        0, description="Inputs that made at least one output (or were stored: StageDef.effect)."
+    )
+    rejected: int = Field(
+        0, description="Inputs that ended in rejections only (duplicates and no-output included)."
+    )
+    dead_lettered: int = Field(0, description="Inputs that ended in dead letters, with no output.")
+    in_flight: int = Field(
+        0, description="Inputs above the committed offset: not handled yet, or being handled."
+    )
+    outputs: int = Field(
+        0, description="Records emitted to the stage's output topics (an input may make several)."
+    )
+    rejected_by_gate: dict[str, int] = Field(
+        default_factory=dict, description="Rejected inputs by the gate of their first rejection."
+    )
+    dead_lettered_by_kind: dict[str, int] = Field(
+        default_factory=dict, description="Dead-lettered inputs by the kind of their first dead letter."
+    )
+    outputs_by_topic: dict[str, int] = Field(
+        default_factory=dict, description="``outputs`` per output topic."
+    )
+    skipped_replays: int = Field(
+        0, description="Dead-letter replays addressed to another stage (not in ``in``)."
+    )
+    ran: bool = Field(False, description="The stage's group has committed offsets: it ran.")
+
+    @property
+    def accounted(self) -> int:
+        return self.produced + self.rejected + self.dead_lettered + self.in_flight
+
+    @property
+    def balanced(self) -> bool:
+        return self.in_ == self.accounted
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.model_dump(by_alias=True), "balanced": self.balanced}
+
+
+def _count(counts: dict[str, int], name: str) -> None:
+    counts[name] = counts.get(name, 0) + 1
+
+
+def _add_entry(ledger: StageLedger, entry: Mapping[str, Any]) -> None:
+    """Count one ledger entry (raw JSON: entries of every Arena version parse) into ``ledger``."""
+    outcome = entry.get("outcome")
+    if outcome == NOT_ADDRESSED:
+        ledger.skipped_replays += 1
+        return
+    for name, n in (entry.get("outputs") or {}).items():
+        if topic_spec(name).side_of is None:
+            ledger.outputs += n
+            ledger.outputs_by_topic[name] = ledger.outputs_by_topic.get(name, 0) + n
+    if outcome in ("emitted", "stored"):
+        ledger.produced += 1
+    elif outcome == "dead_letter":
+        ledger.dead_lettered += 1
+        _count(ledger.dead_lettered_by_kind, next(iter(entry.get("dead_letters") or {}), "unknown"))
+    else:
+        ledger.rejected += 1
+        gates = {"duplicate": "duplicate", "empty": NO_OUTPUT_GATE}
+        gate = gates.get(str(outcome)) or next(iter(entry.get("rejections") or {}), "unknown")
+        _count(ledger.rejected_by_gate, gate)
+
+
+def stage_ledgers(
+    bootstrap: str, stages: Mapping[str, str], *, timeout_s: float = READ_TIMEOUT_S
+) -> list[StageLedger]:
+    """The ledger of each stage (name -> input topic), in the order given.
+
+    Reads the input topics and ``stages.ledger`` to their read_committed ends: data records only,
+    so transaction markers count nowhere.
+    """
+    groups = {f"arena-{name}": name for name in stages}
+    with admin_client(bootstrap) as admin:
+        committed = _committed_offsets(admin, list(groups))
+    inputs = read_to_end(bootstrap, sorted(set(stages.values())), timeout_s)
+    entries: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+    for records in read_to_end(bootstrap, [LEDGER_TOPIC], timeout_s).values():
+        for _offset, _key, value in records:
+            entry = json.loads(value or b"{}")
+            entries[(entry["stage"], entry["topic"], int(entry["partition"]), int(entry["offset"]))] = entry
+    ledgers = {name: StageLedger(stage=name, topic=source) for name, source in stages.items()}
+    for group, name in groups.items():
+        ledger = ledgers[name]
+        offsets = committed.get(group, {})
+        ledger.ran = any(tp.topic == ledger.topic for tp in offsets)
+        for tp, records in inputs.items():
+            if tp.topic != ledger.topic:
+                continue
+            done = offsets.get(tp, 0)
+            ledger.in_ += len(records)
+            ledger.in_flight += sum(1 for offset, _k, _v in records if offset >= done)
+    for (name, source, _p, _o), entry in entries.items():
+        if name in ledgers and ledgers[name].topic == source:
+            _add_entry(ledgers[name], entry)
+    for ledger in ledgers.values():
+        ledger.in_ -= ledger.skipped_replays
+    return list(ledgers.values())

@@ -307,7 +307,14 @@ async def release(
         message = event.message
         key = source_key(message.key, message.value)
         entry = ledger_emit(
-            stage.name, message.topic, message.partition, message.offset, key, emits, duplicate=duplicate
+            stage.name,
+            message.topic,
+            message.partition,
+            message.offset,
+            key,
+            emits,
+            duplicate=duplicate,
+            stored=stage.effect is not None,
         )
         for emit in [*emits, entry]:
             await send(app, emit, stage=stage.name, version=stage.version, event=event, claims=claims)

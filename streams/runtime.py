@@ -11,7 +11,9 @@ owns everything around the handler, so stage modules stay small:
   reads them back and verifies their hash, and a missing or corrupt one goes to ``<input>.dlq``
   (``claim_error``);
 * a handler that raises sends the record to ``<input>.dlq`` (``crash``);
-* gate drops are ``Emit``s to ``<input>.rejected`` built with ``Context.reject``;
+* gate drops are ``Emit``s to ``<input>.rejected`` built with ``Context.reject``; a handler that
+  returns nothing at all (and writes no ``effect``) gets a ``no_output`` rejection, so every input
+  record ends with an output, a reason or a dead letter;
 * every emitted record is keyed by a content hash and carries lineage headers;
 * a stage emits only to the topics it declares (``StageDef.may_emit``): its
   ``outputs``, its input's ``.dlq``/``.rejected`` and its outputs' ``.rejected``;
@@ -166,6 +168,10 @@ class StageDef(Generic[In]):
     description: str = ""
     dedupe: bool = False
     """Skip an input whose key this stage already handled (see ``streams.dedupe``)."""
+    effect: str | None = None
+    """Where the stage writes outside Kafka, e.g. "the LanceDB tools table". Such a stage may
+    return no emits for a record it handled fully (its ledger outcome is ``stored``); any other
+    stage that returns nothing gets a ``no_output`` rejection (``run_handler``)."""
 
     def __post_init__(self) -> None:
         try:
@@ -414,15 +420,37 @@ async def run_handler(stage: StageDef[In], record: In, ctx: Context, raw: bytes)
             source_key=ctx.source_key,
         )
         return [Emit(ctx.input.dlq, dead_letter_key(letter), letter, (ctx.source_key,))]
+    if not emits and stage.effect is None:
+        emits = [no_output(ctx)]
     stage.check_emits(emits)
     return emits
+
+
+NO_OUTPUT_GATE = "no_output"
+
+
+def no_output(ctx: Context) -> Emit:
+    """The rejection of a record its stage handled without an output, a rejection or a dead letter.
+
+    A drop is data: the ledger and ``<input>.rejected`` say which record ended here. Stages name
+    their own gates where they know why (``chains``: ``no_walk``); this one says they did not.
+    """
+    return ctx.reject(
+        NO_OUTPUT_GATE,
+        ctx.source_key,
+        f"stage {ctx.stage} made no output from this record and named no gate",
+    )
 
 
 LEDGER_TOPIC = "stages.ledger"
 
 
-def outcome_of(emits: Sequence[Emit], *, duplicate: bool = False) -> Outcome:
-    """What ``emits`` say a stage made of its input record (see ``Outcome``)."""
+def outcome_of(emits: Sequence[Emit], *, duplicate: bool = False, stored: bool = False) -> Outcome:
+    """What ``emits`` say a stage made of its input record (see ``Outcome``).
+
+    ``stored``: the stage writes its output outside Kafka (``StageDef.effect``), so a record that
+    made no emit at all was stored there.
+    """
     if duplicate:
         return Outcome.duplicate
     sides = [topic(emit.topic).side_of is not None for emit in emits]
@@ -430,7 +458,9 @@ def outcome_of(emits: Sequence[Emit], *, duplicate: bool = False) -> Outcome:
         return Outcome.emitted
     if any(emit.topic.endswith(".dlq") for emit in emits):
         return Outcome.dead_letter
-    return Outcome.rejected if emits else Outcome.empty
+    if emits:
+        return Outcome.rejected
+    return Outcome.stored if stored else Outcome.empty
 
 
 def ledger_emit(
@@ -442,19 +472,28 @@ def ledger_emit(
     emits: Sequence[Emit],
     *,
     duplicate: bool,
+    stored: bool = False,
 ) -> Emit:
     """The ``stages.ledger`` entry of one handled input record (sent in its transaction)."""
     outputs: dict[str, int] = {}
+    rejections: dict[str, int] = {}
+    dead_letters: dict[str, int] = {}
     for emit in emits:
         outputs[emit.topic] = outputs.get(emit.topic, 0) + 1
+        if isinstance(emit.value, Rejection):
+            rejections[emit.value.gate] = rejections.get(emit.value.gate, 0) + 1
+        elif isinstance(emit.value, DeadLetter):
+            dead_letters[emit.value.kind] = dead_letters.get(emit.value.kind, 0) + 1
     entry = LedgerEntry(
         stage=stage,
         topic=input_topic,
         partition=partition,
         offset=offset,
         key=key,
-        outcome=outcome_of(emits, duplicate=duplicate),
+        outcome=outcome_of(emits, duplicate=duplicate, stored=stored),
         outputs=outputs,
+        rejections=rejections,
+        dead_letters=dead_letters,
     )
     ledger_key = content_hash([stage, input_topic, partition, offset], prefix="led-", length=24)
     return Emit(LEDGER_TOPIC, ledger_key, entry, (key,))

@@ -370,6 +370,37 @@ def test_arena_worker_serves_stage_metrics_and_lag_that_arena_lag_shows(tmp_path
             assert samples[("arena_stage_in_flight", stage)] == 0
             assert samples[("arena_worker_processes", stage)] == 1
 
+            # The stage ledger (cached for 15 s): one record produced, one dead-lettered, balanced.
+            ledger = {
+                ("produced",): 1.0,
+                ("dead_lettered",): 1.0,
+                ("rejected",): 0.0,
+                ("in_flight",): 0.0,
+            }
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                samples = scrape(port)
+                seen = {
+                    tuple(v for k, v in labels if k == "outcome"): value
+                    for (name, labels), value in samples.items()
+                    if name == "arena_stage_ledger_records" and ("stage", "tools-servers") in labels
+                }
+                if seen == ledger:
+                    break
+                time.sleep(1)
+            assert seen == ledger
+            assert samples[("arena_stage_ledger_in", stage)] == 2
+            assert samples[("arena_stage_ledger_balanced", stage)] == 1
+            assert (
+                samples[
+                    (
+                        "arena_stage_ledger_dead_lettered",
+                        (("kind", "parse_error"), ("stage", "tools-servers")),
+                    )
+                ]
+                == 1
+            )
+
             cli = run_arena(["lag", "--json", "--group", "arena-tools-servers"], env)
             assert lag_samples(scrape(port), "arena-tools-servers") == expected_from_rows(
                 json.loads(cli.stdout)

@@ -123,7 +123,10 @@ class Outcome(StrEnum):
     duplicate = "duplicate"
     """Its key was handled before (``streams.dedupe``): skipped, no outputs."""
     empty = "empty"
-    """Handled, and the handler returned nothing at all."""
+    """Handled, and the handler returned nothing at all (entries from before every such record
+    became a ``no_output`` rejection; counted as rejected)."""
+    stored = "stored"
+    """Its output went outside Kafka (``StageDef.effect``: the LanceDB index, the env catalog)."""
 
 
 class LedgerEntry(Record):
@@ -142,4 +145,10 @@ class LedgerEntry(Record):
     outcome: Annotated[Outcome, Field(description="What the stage made of it.")]
     outputs: dict[str, int] = Field(
         default_factory=dict, description="Records emitted per topic (side topics included)."
+    )
+    rejections: dict[str, int] = Field(
+        default_factory=dict, description="Rejections emitted per gate, in the order first emitted."
+    )
+    dead_letters: dict[str, int] = Field(
+        default_factory=dict, description="Dead letters emitted per kind, in the order first emitted."
     )

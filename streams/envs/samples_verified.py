@@ -65,4 +65,5 @@ STAGE = StageDef(
     outputs=("samples.verified",),
     description="catalog every package with its split; publish the training split as qa samples",
     dedupe=True,
+    effect="the env catalog (a held-out package is catalogued, not published)",
 )

@@ -160,10 +160,30 @@ async def handle(record: ToolServer, ctx: Context) -> Sequence[Emit]:
         max_length=cfg.max_chain_length,
         acyclic=cfg.acyclic_walks,
     )
+    if not walks:
+        # Every synthesised chain may be too short (or the graph empty): say so, or the record
+        # would end with LLM calls spent and nothing to show for them.
+        emits.append(no_walk(ctx, server, synthesised, graph.chain_count, len(graph.edges)))
+        return emits
     # Walks are drawn above, before any call; each candidate's task and checks are independent of
     # the others', so they run at once (emits keep walk order).
     emits += await map_ordered(lambda walk: verify_walk(gw, server, walk, graph.chain_count, ctx), walks)
     return emits
+
+
+def no_walk(ctx: Context, server: ServerRef, synthesised: list[list[str]], chains: int, edges: int) -> Emit:
+    """The rejection of a server whose transition graph gave no walk of an allowed length."""
+    cfg = ctx.settings.sft
+    lengths = sorted(len(chain) for chain in synthesised)
+    return ctx.reject(
+        "no_walk",
+        server.name,
+        f"no walk of {cfg.min_chain_length}-{cfg.max_chain_length} tools on the transition graph "
+        f"({chains} chains, {edges} edges); this record's {cfg.chain_syntheses} syntheses gave "
+        f"{len(synthesised)} usable chains of lengths {lengths}",
+        details={"synthesised": synthesised, "graph_chains": chains, "graph_edges": edges},
+        candidate_of="chains",
+    )
 
 
 STAGE = StageDef(

@@ -28,4 +28,5 @@ STAGE = StageDef(
     version="1",
     handler=handle,
     description="embed normalised tool docs into the LanceDB `tools` table",
+    effect="the LanceDB tools table",
 )
