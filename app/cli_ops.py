@@ -146,12 +146,12 @@ def _breakdown(counts: dict[str, int]) -> str:
 
 def render_stages(ledgers: list[Any]) -> Table:
     """The per-stage ledger as a rich table; an unbalanced row in red."""
-    table = Table(title="Stage ledger (in = produced + rejected + dead-lettered + in flight)")
+    table = Table(title="Stage ledger: IN = PROD (produced) + REJ (rejected) + DLQ + FLIGHT; OUT = records emitted")
     table.add_column("STAGE", style="cyan", no_wrap=True)
-    table.add_column("INPUT", no_wrap=True)
-    for name in ("IN", "PRODUCED", "OUTPUTS", "REJECTED", "DEAD-LETTERED", "IN FLIGHT"):
-        table.add_column(name, justify="right")
-    table.add_column("WHY NOT")
+    table.add_column("INPUT", overflow="fold")
+    for name in ("IN", "PROD", "OUT", "REJ", "DLQ", "FLIGHT"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("WHY NOT PRODUCED", overflow="fold", min_width=16)
     for ledger in ledgers:
         why = "; ".join(
             part
@@ -173,9 +173,10 @@ def render_stages(ledgers: list[Any]) -> Table:
             escape(why),
         ]
         if not ledger.balanced:
-            row[0] = f"[red]{ledger.stage} (unbalanced: {ledger.accounted} accounted)[/red]"
+            row[0] = f"[red]{ledger.stage}[/red]"
+            row[-1] = f"[red]unbalanced: {ledger.accounted} of {ledger.in_} accounted for[/red] {row[-1]}"
         elif not ledger.ran and ledger.in_:
-            row[0] = f"{ledger.stage} [dim](idle)[/dim]"
+            row[-1] = "[dim]idle: never ran[/dim]"
         table.add_row(*row)
     return table
 
