@@ -146,7 +146,9 @@ def _breakdown(counts: dict[str, int]) -> str:
 
 def render_stages(ledgers: list[Any]) -> Table:
     """The per-stage ledger as a rich table; an unbalanced row in red."""
-    table = Table(title="Stage ledger: IN = PROD (produced) + REJ (rejected) + DLQ + FLIGHT; OUT = records emitted")
+    table = Table(
+        title="Stage ledger: IN = PROD (produced) + REJ (rejected) + DLQ + FLIGHT; OUT = records emitted"
+    )
     table.add_column("STAGE", style="cyan", no_wrap=True)
     table.add_column("INPUT", overflow="fold")
     for name in ("IN", "PROD", "OUT", "REJ", "DLQ", "FLIGHT"):
