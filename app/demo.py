@@ -159,8 +159,8 @@ def start_demo_mcp(log_dir: Path, port: int = 0, clock: datetime | None = None) 
     return DemoMcp(http, endpoints)
 
 
-async def fetch_with_retry(endpoint: McpEndpoint, name: str, timeout_s: float = 60.0) -> RawToolServer:
-    """tools/list of a server that may still be starting."""
+async def fetch_with_retry(endpoint: McpEndpoint, name: str, timeout_s: float = 180.0) -> RawToolServer:
+    """tools/list of a server that may still be starting (a loaded 2-core box took over 60 s)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
