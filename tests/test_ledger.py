@@ -62,6 +62,7 @@ def _commit_to_end(bootstrap: str, group: str, topic: str) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(600)
 def test_until_drained_names_records_a_stage_committed_past(tmp_path: Path) -> None:
     env = arena_env(tmp_path / "home")
     with stack_stopped_after(env):
