@@ -21,26 +21,38 @@ dlq_app = typer.Typer(
 
 MAX_CHILDREN = 40
 """Children shown per node of the trace tree (the rest are counted)."""
+MAX_LETTERS = 50
+"""Letters `arena dlq` shows with their history, newest first (`--json` lists all)."""
+
+TopicOption = Annotated[
+    str | None, typer.Option("--topic", help="A stage topic (tools.raw) or its .dlq topic.")
+]
+ReasonOption = Annotated[
+    str | None, typer.Option("--reason", help="A kind (crash, parse_error, ...) or words of the reason.")
+]
+ListJsonOption = Annotated[bool, typer.Option("--json", help="Print the letters as a JSON list.")]
 
 
 @dlq_app.callback(invoke_without_command=True)
-def dlq_default(ctx: typer.Context) -> None:
-    """`arena dlq` alone lists the dead letters (like `arena dlq list`)."""
+def dlq_default(
+    ctx: typer.Context,
+    topic: TopicOption = None,
+    reason: ReasonOption = None,
+    as_json: ListJsonOption = False,
+) -> None:
+    """`arena dlq` alone lists the dead letters (like `arena dlq list`, with the same options)."""
     if ctx.invoked_subcommand is None:
-        dlq_list(topic=None, reason=None, as_json=False)
+        dlq_list(topic=topic, reason=reason, as_json=as_json)
+    elif topic or reason or as_json:
+        raise UserError(
+            f"put the options after `{ctx.invoked_subcommand}`: "
+            f"`arena dlq {ctx.invoked_subcommand} ... --json` (or `arena dlq --json` to list)"
+        )
 
 
 @dlq_app.command("list")
-def dlq_list(
-    topic: Annotated[
-        str | None, typer.Option("--topic", help="A stage topic (tools.raw) or its .dlq topic.")
-    ] = None,
-    reason: Annotated[
-        str | None, typer.Option("--reason", help="A kind (crash, parse_error, ...) or words of the reason.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per letter.")] = False,
-) -> None:
-    """Dead letters grouped by topic and reason, with counts (how many are replayed already)."""
+def dlq_list(topic: TopicOption = None, reason: ReasonOption = None, as_json: ListJsonOption = False) -> None:
+    """Dead letters grouped by topic and reason, with counts, then each letter's replay history."""
     from consumers.dlq import DlqError, list_dead_letters
 
     cfg = settings()
@@ -55,6 +67,19 @@ def dlq_list(
     if not rows:
         console.print("no dead letters" + (" matching" if topic or reason else ""))
         return
+    console.print(_groups_table(rows))
+    console.print(_letters_table(rows))
+    console.print(
+        f"{len(rows)} dead letters; once the cause is fixed replay them to the stage that failed: "
+        "`arena dlq replay TOPIC [--reason R]` or `arena dlq replay --key KEY` (`--force`: again)"
+    )
+
+
+def _clip(text: str, width: int) -> str:
+    return escape(text if len(text) <= width else text[: width - 3] + "...")
+
+
+def _groups_table(rows: list[Any]) -> Table:
     groups: dict[tuple[str, str, str, str], list[Any]] = defaultdict(list)
     for row in rows:
         groups[(row.source_topic, row.stage, row.kind, row.reason)].append(row)
@@ -64,41 +89,70 @@ def dlq_list(
             source,
             stage,
             kind,
-            escape(why if len(why) <= 160 else why[:157] + "..."),
+            _clip(why, 160),
             str(len(letters)),
             str(sum(r.replayed for r in letters)),
             max(r.at for r in letters).strftime("%Y-%m-%d %H:%M:%S"),
         )
-    console.print(table)
-    console.print(
-        f"{len(rows)} dead letters; replay a topic's once fixed: `arena dlq replay TOPIC [--reason R]`"
-    )
+    return table
+
+
+def _letters_table(rows: list[Any]) -> Table:
+    """The newest ``MAX_LETTERS`` letters, each with its history (replayed when, failed again as)."""
+    newest = sorted(rows, key=lambda r: r.at, reverse=True)[:MAX_LETTERS]
+    more = f" (newest {MAX_LETTERS} of {len(rows)}; `--json` lists all)" if len(rows) > MAX_LETTERS else ""
+    table = Table("letter", "topic", "stage", "kind", "at (UTC)", "history", title=f"letters{more}")
+    for row in newest:
+        table.add_row(
+            row.key[:12],
+            row.source_topic,
+            row.stage,
+            row.kind,
+            row.at.strftime("%Y-%m-%d %H:%M:%S"),
+            _clip(row.history, 200),
+        )
+    return table
 
 
 @dlq_app.command("replay")
 def dlq_replay(
-    topic: Annotated[str, typer.Argument(help="The stage topic (tools.raw) or its .dlq topic.")],
+    topic: Annotated[
+        str | None, typer.Argument(help="The stage topic (tools.raw) or its .dlq topic; optional with --key.")
+    ] = None,
     reason: Annotated[
         str | None, typer.Option("--reason", help="Only letters of this kind or with these words.")
     ] = None,
+    keys: Annotated[
+        list[str] | None,
+        typer.Option("--key", help="Only this letter (its key or first 8+ characters); repeatable."),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replay failures replayed before too (say, after they failed again)."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Re-publish the topic's dead letters to it, each exactly once (fix their cause first)."""
+    """Re-publish each matching failure's record for the stage that failed on it, once (fix the cause first)."""
     from consumers.dlq import DlqError, replay_dead_letters
 
     cfg = settings()
     address = broker(cfg)
     try:
-        report = asyncio.run(replay_dead_letters(cfg, address, topic, reason=reason))
+        report = asyncio.run(replay_dead_letters(cfg, address, topic, reason=reason, keys=keys, force=force))
     except DlqError as exc:
         raise UserError(str(exc)) from None
     if as_json:
         print(report.model_dump_json(indent=2))
     else:
+        again = (
+            f" ({report.failed_again} failed again after it: `--force` replays them)"
+            if report.failed_again
+            else ""
+        )
         console.print(
-            f"{report.source_topic}: {report.matched} matching, {report.replayed} replayed, "
-            f"{report.skipped_already_replayed} replayed before, {report.in_progress} in progress elsewhere, "
-            f"{len(report.failed)} failed"
+            f"{', '.join(report.source_topics) or topic}: {report.matched} failures matching, "
+            f"{report.replayed} replayed, {report.skipped_already_replayed} replayed before{again}, "
+            f"{report.in_progress} in progress elsewhere, {len(report.failed)} failed"
         )
         for failure in report.failed:
             console.print(f"  [red]{failure.key}[/red]: {escape(failure.reason)}")

@@ -9,8 +9,9 @@ CDN) polls the API about once a second:
   `arena lag` shows, from ``consumers.lag.compute_lag``) and its throughput: records/s from the
   change of the group's position between two samples. ``groups`` lists every consumer group the
   cluster knows, registered or not, the same way.
-- ``GET /api/dlq`` (``?topic=``, ``?reason=``) and ``POST /api/dlq/replay`` ``{topic, reason}``:
-  dead letters and their replay (``consumers.dlq``).
+- ``GET /api/dlq`` (``?topic=``, ``?reason=``) and ``POST /api/dlq/replay`` ``{keys, force}`` (or
+  ``{topic, reason, force}``): dead letters with their history, and the replay of exactly the
+  letters selected (``consumers.dlq``).
 - ``GET /api/lake/tables`` and ``POST /api/lake/query`` ``{sql, limit}``: the lake's views with
   row counts, and one read-only DuckDB statement (``lake.query``) with its first rows.
 - ``GET /api/training``: per-run step series of ``trainer.metrics`` (loss, reward, ...), read
@@ -152,12 +153,21 @@ class QueryResult(BaseModel):
 
 
 class ReplayRequest(BaseModel):
-    """``POST /api/dlq/replay``."""
+    """``POST /api/dlq/replay``: the letters to replay, by key, or by topic and reason."""
 
-    topic: Annotated[str, Field(min_length=1, description="Dead-letter topic (<topic>.dlq).")]
+    keys: Annotated[
+        list[str] | None,
+        Field(min_length=1, description="Keys of the letters to replay (the rows selected)."),
+    ] = None
+    topic: Annotated[
+        str | None, Field(min_length=1, description="Dead-letter topic (<topic>.dlq): all its letters.")
+    ] = None
     reason: Annotated[str | None, Field(description="Only dead letters with this reason; all when None.")] = (
         None
     )
+    force: Annotated[
+        bool, Field(description="Replay failures replayed before too (the 'replay again' button).")
+    ] = False
 
 
 class TrainingPoint(BaseModel):
@@ -648,7 +658,9 @@ class Dashboard:
 
         body: ReplayRequest = await _body(request, ReplayRequest)
         try:
-            report = await replay_dead_letters(self.cfg, self.bootstrap, body.topic, reason=body.reason)
+            report = await replay_dead_letters(
+                self.cfg, self.bootstrap, body.topic, reason=body.reason, keys=body.keys, force=body.force
+            )
         except DlqError as exc:
             raise UiError(str(exc)) from None
         return _model(report)

@@ -107,18 +107,30 @@ class PromptVersion(SQLModel, table=True):
 
 
 class DlqReplay(SQLModel, table=True):
-    """The replay ledger: one row per dead letter re-published to its source topic (``arena dlq replay``).
+    """The replay ledger: one row per replay of a failure (``arena dlq replay``).
 
-    The primary key is the dead letter's key, so a claim is one insert-or-ignore: of two
-    concurrent replays exactly one wins, and a row survives restarts.
+    A failure is a stage and the record it gave up on (``consumers.dlq.failure_id``), the same
+    whatever the stage's reason said and however often it failed; its replays are attempts 1, 2, ...
+    (the second and later ones forced). The primary key ``<failure id>#<attempt>`` is also the
+    ``arena-replay-of`` header of the re-published record, so a claim is one insert-or-ignore: of
+    two concurrent replays of the same attempt exactly one wins, and a row survives restarts.
     """
 
-    __tablename__ = "dlq_replays"
+    __tablename__ = "dlq_replay_attempts"
 
-    dead_letter_key: str = Field(primary_key=True, description="Key of the dead letter in its .dlq topic.")
+    replay_id: str = Field(primary_key=True, description="'<failure id>#<attempt>'.")
+    failure_id: str = Field(index=True, description="The stage and record that failed (their hash).")
+    attempt: int = Field(description="1 for the failure's first replay, then one more per forced replay.")
+    dead_letter_key: str = Field(description="Key of the dead letter the record was replayed from.")
     dlq_topic: str = Field(index=True, description="The .dlq topic the letter was read from.")
     source_topic: str = Field(description="Topic the raw value is re-published to.")
     source_key: str | None = Field(default=None, description="Key the raw value is re-published with.")
+    target_stage: str | None = Field(
+        default=None, description="The one stage the replay is for; None: every reader of the topic."
+    )
+    forced: bool = Field(
+        default=False, description="Replayed with --force (the failure was replayed before)."
+    )
     status: str = Field(default="claimed", description="claimed (publishing) or replayed (acknowledged).")
     claim: str = Field(description="Random token of the invocation that holds or held the claim.")
     claimed_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
@@ -461,28 +473,19 @@ class Catalog:
         return sorted(rows, key=lambda r: (r.run, r.step, r.sample_key, r.role))
 
     # DLQ replay ledger --------------------------------------------------
-    def claim_replay(
-        self, key: str, *, dlq_topic: str, source_topic: str, source_key: str | None, claim: str
-    ) -> bool:
-        """Claim dead letter ``key`` for re-publishing; False when a row exists (claimed or replayed)."""
-        row = {
-            "dead_letter_key": key,
-            "dlq_topic": dlq_topic,
-            "source_topic": source_topic,
-            "source_key": source_key,
-            "status": "claimed",
-            "claim": claim,
-            "claimed_at": _now(),
-        }
+    def claim_replay(self, attempt: DlqReplay) -> bool:
+        """Claim a replay attempt (its row, status ``claimed``); False when the row exists already."""
+        row = attempt.model_dump()
+        row.update(status="claimed", replayed_at=None, partition=None, offset=None)
         table = DlqReplay.__table__  # type: ignore[attr-defined]
-        return insert_ignore(self.engine, table, [row], ["dead_letter_key"], atomic=True) == 1
+        return insert_ignore(self.engine, table, [row], ["replay_id"], atomic=True) == 1
 
-    def take_over_replay(self, key: str, *, stale_claim: str, claim: str) -> bool:
+    def take_over_replay(self, replay_id: str, *, stale_claim: str, claim: str) -> bool:
         """Move a stale claim to ``claim`` (compare-and-set on the old token); True when this caller won."""
         stmt = (
             update(DlqReplay)
             .where(
-                col(DlqReplay.dead_letter_key) == key,
+                col(DlqReplay.replay_id) == replay_id,
                 col(DlqReplay.claim) == stale_claim,
                 col(DlqReplay.status) == "claimed",
             )
@@ -491,39 +494,41 @@ class Catalog:
         with self.engine.begin() as conn:
             return (conn.execute(stmt).rowcount or 0) == 1
 
-    def finish_replay(self, key: str, *, claim: str, partition: int | None, offset: int | None) -> bool:
-        """Mark ``key`` replayed (only while ``claim`` holds it); True when the row changed."""
+    def finish_replay(self, replay_id: str, *, claim: str, partition: int | None, offset: int | None) -> bool:
+        """Mark an attempt replayed (only while ``claim`` holds it); True when the row changed."""
         stmt = (
             update(DlqReplay)
-            .where(col(DlqReplay.dead_letter_key) == key, col(DlqReplay.claim) == claim)
+            .where(col(DlqReplay.replay_id) == replay_id, col(DlqReplay.claim) == claim)
             .values(status="replayed", replayed_at=_now(), partition=partition, offset=offset)
         )
         with self.engine.begin() as conn:
             return (conn.execute(stmt).rowcount or 0) == 1
 
-    def release_replay(self, key: str, *, claim: str) -> None:
+    def release_replay(self, replay_id: str, *, claim: str) -> None:
         """Give up a claim that published nothing (the send failed), so a later replay retries."""
         stmt = delete(DlqReplay).where(
-            col(DlqReplay.dead_letter_key) == key,
+            col(DlqReplay.replay_id) == replay_id,
             col(DlqReplay.claim) == claim,
             col(DlqReplay.status) == "claimed",
         )
         with self.engine.begin() as conn:
             conn.execute(stmt)
 
-    def replays(self, keys: Sequence[str] | None = None) -> dict[str, DlqReplay]:
-        """Ledger rows by dead letter key (all when ``keys`` is None)."""
+    def replays(self, failure_ids: Sequence[str] | None = None) -> dict[str, list[DlqReplay]]:
+        """Replay attempts by failure id, oldest first (every failure's when ``failure_ids`` is None)."""
         stmt = select(DlqReplay)
-        if keys is not None:
-            if not keys:
+        if failure_ids is not None:
+            if not failure_ids:
                 return {}
-            stmt = stmt.where(col(DlqReplay.dead_letter_key).in_(list(keys)))
+            stmt = stmt.where(col(DlqReplay.failure_id).in_(list(failure_ids)))
         with self._session() as session:
             rows = list(session.exec(stmt).all())
-        for row in rows:
+        out: dict[str, list[DlqReplay]] = {}
+        for row in sorted(rows, key=lambda r: (r.failure_id, r.attempt)):
             row.claimed_at = _utc(row.claimed_at) or row.claimed_at
             row.replayed_at = _utc(row.replayed_at)
-        return {row.dead_letter_key: row for row in rows}
+            out.setdefault(row.failure_id, []).append(row)
+        return out
 
     def prompt_versions_by_id(self, ids: Sequence[str]) -> dict[str, PromptVersion]:
         """Prompt versions by id (unknown ids are left out)."""

@@ -37,7 +37,7 @@ from arena.hashing import content_hash
 from arena.llm.core import CALLER, Caller
 from arena.topics import topic
 from lake.store import ClaimCheck
-from streams.dedupe import SeenKeys, is_replay
+from streams.dedupe import SeenKeys, addressed_to, is_replay, replay_id
 from streams.runtime import (
     Context,
     Emit,
@@ -48,6 +48,7 @@ from streams.runtime import (
     encode,
     encode_claimed,
     ledger_emit,
+    place_dead_letters,
     run_handler,
 )
 from streams.usage import UsageReporter
@@ -245,7 +246,28 @@ async def handle_event(
     """Decode and handle one input event: its outputs, or None when ``seen`` says it was handled.
 
     A claimed value is read from the lake with ``claims`` (see ``streams.runtime.decode_async``).
+    Its dead letters name its partition, offset and replay (``streams.runtime.place_dead_letters``).
     """
+    emits = await _handle(stage, settings, event, seen, claims)
+    if emits is None:
+        return None
+    message = event.message
+    return place_dead_letters(
+        emits,
+        topic(stage.input).dlq,
+        partition=message.partition,
+        offset=message.offset,
+        replay_of=replay_id(message.headers),
+    )
+
+
+async def _handle(
+    stage: StageDef[In],
+    settings: ArenaSettings,
+    event: Any,
+    seen: SeenKeys | None,
+    claims: ClaimCheck | None,
+) -> list[Emit] | None:
     spec = topic(stage.input)
     message = event.message
     key = source_key(message.key, message.value)
@@ -282,10 +304,12 @@ async def release(
     claims: ClaimCheck | None = None,
     *,
     duplicate: bool = False,
+    not_addressed: bool = False,
 ) -> bool:
     """Send ``emits`` and the event's ledger entry, and ack ``event``, under the gate.
 
-    False (nothing sent) when the event is stale.
+    False (nothing sent) when the event is stale. ``duplicate`` and ``not_addressed`` give the
+    ledger entry's outcome for an event skipped with no outputs (``streams.runtime.outcome_of``).
 
     Stale: a rebalance started, or the event was fetched in an earlier consumer generation. Its
     partition's offsets were reset to the committed position, so the event comes again (here or
@@ -315,6 +339,7 @@ async def release(
             emits,
             duplicate=duplicate,
             stored=stage.effect is not None,
+            not_addressed=not_addressed,
         )
         for emit in [*emits, entry]:
             await send(app, emit, stage=stage.name, version=stage.version, event=event, claims=claims)
@@ -431,27 +456,44 @@ class OrderedRunner:
 
     async def _run(self, event: Any, previous: asyncio.Future[None] | None) -> None:
         try:
-            with metrics.stage_record(self.stage.name):
-                emits = await handle_event(self.stage, self.settings, event, self.seen, self.claims)
+            message = event.message
+            # A replay of another stage's dead letter: that stage alone runs it; this one only
+            # accounts for the record in the ledger, in its turn.
+            addressed = addressed_to(self.stage.name, message.headers)
+            emits: list[Emit] | None = []
+            if addressed:
+                with metrics.stage_record(self.stage.name):
+                    emits = await handle_event(self.stage, self.settings, event, self.seen, self.claims)
             if previous is not None:
                 await asyncio.shield(previous)  # a cancelled successor must not cancel its predecessor
             if self._failure is not None:
                 return
             duplicate = emits is None  # handled before (dedupe): acked in its turn, with no outputs
             emits = emits or []
-            message = event.message
             key = source_key(message.key, message.value)
             if (
-                self.seen is not None
+                addressed
+                and self.seen is not None
                 and not is_replay(message.headers)
                 and self.seen.handled(message.partition, key)
             ):
                 log.info("%s: %s was handled while this copy was in flight; dropped", self.stage.name, key)
                 emits, duplicate = [], True
+            if not addressed:
+                log.info("%s: %s is a replay for another stage; skipped", self.stage.name, key)
             released = await release(
-                self.app, self.stage, event, emits, self.gate, self.claims, duplicate=duplicate
+                self.app,
+                self.stage,
+                event,
+                emits,
+                self.gate,
+                self.claims,
+                duplicate=duplicate,
+                not_addressed=not addressed,
             )
-            if released and self.seen is not None:
+            # A partition not read yet (its records so far were replays) is read on its next
+            # record, this one's key included.
+            if released and self.seen is not None and self.seen.loaded(message.partition):
                 self.seen.add(message.partition, key)
         except asyncio.CancelledError:
             raise

@@ -36,16 +36,41 @@ KEYS_READ_STALL_S = 120.0
 """How long rebuilding a partition's keys may make no progress before it fails (the worker restarts)."""
 
 REPLAY_HEADER = "arena-replay-of"
-"""Header of a record `arena dlq replay` re-published (value: the dead letter's key).
+"""Header of a record `arena dlq replay` re-published (value: the replay's id, ``<failure id>#<attempt>``).
 
 A replay repeats a key the stage has already handled (it dead-lettered it), so ``seen`` must not
-skip it; the replay ledger (``consumers.dlq``) makes sure each dead letter is replayed once.
+skip it; the replay ledger (``consumers.dlq``) makes sure each attempt is published once. A stage
+that fails on the record again names the replay in its dead letter (``DeadLetter.replay_of``).
 """
+
+REPLAY_TARGET_HEADER = "arena-replay-for"
+"""Header naming the one stage a replay is for: the stage that dead-lettered the record.
+
+The other stages reading the topic skip the record (ledger outcome ``not_addressed``): they handled
+it when it first came. A replay without it (a publisher's letter: the record never reached the
+topic) is for every reader.
+"""
+
+
+def _header(headers: Any, name: str) -> str | None:
+    value = dict(headers or ()).get(name)
+    return None if value is None else bytes(value).decode("utf-8", "replace")
 
 
 def is_replay(headers: Any) -> bool:
     """True when a message's headers (pairs or a mapping) mark it as a dead-letter replay."""
     return REPLAY_HEADER in dict(headers or ())
+
+
+def replay_id(headers: Any) -> str | None:
+    """The id of the replay a message is (its ``arena-replay-of``), None for an ordinary record."""
+    return _header(headers, REPLAY_HEADER)
+
+
+def addressed_to(stage: str, headers: Any) -> bool:
+    """False only for a replay addressed to another stage (``REPLAY_TARGET_HEADER``)."""
+    target = _header(headers, REPLAY_TARGET_HEADER)
+    return target is None or target == stage
 
 
 class SeenKeys:
@@ -78,6 +103,15 @@ class SeenKeys:
 
     def add(self, partition: int, key: str) -> None:
         self._seen.setdefault(partition, set()).add(key)
+
+    def loaded(self, partition: int) -> bool:
+        """True when the partition's set is here (read from the topic, or given with ``add``).
+
+        Only then may a handled key be ``add``-ed: a set started by ``add`` alone (a partition
+        whose first records were replays, which skip ``seen``) would stand for one that holds
+        every key before it, and ``seen`` would never read the partition.
+        """
+        return partition in self._seen
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop revoked partitions: another worker may handle keys there before they come back."""

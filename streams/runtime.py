@@ -26,7 +26,7 @@ import asyncio
 import base64
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import partial
 from typing import Any, Generic, Literal, TypeVar
@@ -357,7 +357,29 @@ def dead_letter(
 
 
 def dead_letter_key(letter: DeadLetter) -> str:
-    return content_hash([letter.topic, letter.payload_b64, letter.kind, letter.reason])
+    """The letter's key: its record, kind and reason, and the replay it failed on (if one)."""
+    parts = [letter.topic, letter.payload_b64, letter.kind, letter.reason]
+    return content_hash(parts if letter.replay_of is None else [*parts, letter.replay_of])
+
+
+def place_dead_letters(
+    emits: Sequence[Emit], dlq: str, *, partition: int, offset: int, replay_of: str | None
+) -> list[Emit]:
+    """``emits`` with each dead letter to ``dlq`` stamped with where its record was read and the
+    replay it came in (``replay_of``), keyed anew.
+
+    Every letter a stage sends then says it was read from the topic (``arena dlq replay`` addresses
+    its replay to that stage alone) and which replay, if any, failed again.
+    """
+    out: list[Emit] = []
+    for emit in emits:
+        if emit.topic == dlq and isinstance(emit.value, DeadLetter):
+            letter = emit.value.model_copy(
+                update={"partition": partition, "offset": offset, "replay_of": replay_of}
+            )
+            emit = replace(emit, key=dead_letter_key(letter), value=letter)
+        out.append(emit)
+    return out
 
 
 def _short_validation_error(spec: TopicSpec, exc: ValidationError) -> str:
@@ -445,12 +467,16 @@ def no_output(ctx: Context) -> Emit:
 LEDGER_TOPIC = "stages.ledger"
 
 
-def outcome_of(emits: Sequence[Emit], *, duplicate: bool = False, stored: bool = False) -> Outcome:
+def outcome_of(
+    emits: Sequence[Emit], *, duplicate: bool = False, stored: bool = False, not_addressed: bool = False
+) -> Outcome:
     """What ``emits`` say a stage made of its input record (see ``Outcome``).
 
     ``stored``: the stage writes its output outside Kafka (``StageDef.effect``), so a record that
     made no emit at all was stored there.
     """
+    if not_addressed:
+        return Outcome.not_addressed
     if duplicate:
         return Outcome.duplicate
     sides = [topic(emit.topic).side_of is not None for emit in emits]
@@ -473,6 +499,7 @@ def ledger_emit(
     *,
     duplicate: bool,
     stored: bool = False,
+    not_addressed: bool = False,
 ) -> Emit:
     """The ``stages.ledger`` entry of one handled input record (sent in its transaction)."""
     outputs: dict[str, int] = {}
@@ -490,7 +517,7 @@ def ledger_emit(
         partition=partition,
         offset=offset,
         key=key,
-        outcome=outcome_of(emits, duplicate=duplicate, stored=stored),
+        outcome=outcome_of(emits, duplicate=duplicate, stored=stored, not_addressed=not_addressed),
         outputs=outputs,
         rejections=rejections,
         dead_letters=dead_letters,

@@ -1,25 +1,29 @@
 """The concurrent runner: many records in flight, outputs and acks released in offset order.
 
 Faust is replaced here by the few attributes the runner reads (rebalancing, generation, the
-producer, the ack), so each property can be provoked deterministically; the real broker path,
-with SIGKILL, is in tests/test_recovery.py and tests/test_llm_endpoint_faults.py.
+producer, the ack), so each property can be provoked deterministically (a dedupe stage reads its
+keys from the real session broker); the real broker path, with SIGKILL, is in tests/test_recovery.py
+and tests/test_llm_endpoint_faults.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafka import KafkaProducer
 from pydantic import BaseModel
 
 from arena.config import ArenaSettings
 from arena.llm.core import CALLER, Caller
+from arena.records.common import DeadLetter
 from arena.records.tools import RawToolServer
 from streams.app import CommitGate, OrderedRunner
 from streams.dedupe import SeenKeys
-from streams.runtime import Context, Emit, StageDef
+from streams.runtime import Context, Emit, StageDef, dead_letter_key
 
 TOPIC = "tools.raw"
 
@@ -60,6 +64,8 @@ class Producer:
     sent: list[tuple[str, bytes]] = field(default_factory=list)
     ledger: list[tuple[int, int, str]] = field(default_factory=list)
     """(partition, offset, outcome) of each ledger entry sent: one per released record."""
+    letters: list[tuple[bytes, dict[str, Any]]] = field(default_factory=list)
+    """(key, value) of each dead letter sent."""
 
     async def send(self, topic: str, key: bytes, value: bytes, *args: Any, **kwargs: Any) -> Any:
         record = json.loads(value)
@@ -69,6 +75,8 @@ class Producer:
             self.ledger.append((record["partition"], record["offset"], record["outcome"]))
             return future
         self.sent.append((topic, key))
+        if topic.endswith(".dlq"):
+            self.letters.append((key, record))
         if "source_key" in record:  # a dead letter: it names its input by key, k<partition>-<offset>
             partition, offset = (int(x) for x in record["source_key"][1:].split("-"))
         else:
@@ -245,3 +253,63 @@ def test_records_handled_before_are_acked_in_turn_and_copies_in_flight_are_dropp
     assert log == [("ack", 0, 0), ("send", 0, 1), ("ack", 0, 1), ("ack", 0, 2)]
     # every released record is accounted for, the skipped copies as duplicates
     assert app.producer.ledger == [(0, 0, "duplicate"), (0, 1, "emitted"), (0, 2, "duplicate")]
+
+
+def test_a_replay_runs_only_in_the_stage_it_is_for() -> None:
+    """A dead-letter replay names its stage: another stage reading the topic only accounts for it in
+    the ledger (not_addressed, not a duplicate), the stage it is for runs it although its key was
+    handled (dedupe), and a letter sent for it names the replay and where the record was read."""
+    log: list[tuple[str, int, int]] = []
+    callers: list[Caller] = []
+    seen = SeenKeys("127.0.0.1:9", TOPIC)  # partition 0 is known below, so the broker is never read
+    events = [_event(0, o, log) for o in range(4)]
+    events[1].message.headers = (("arena-replay-of", b"dlf-ab#1"), ("arena-replay-for", b"tool-index"))
+    events[3].message.headers = (("arena-replay-of", b"dlf-cd#2"), ("arena-replay-for", b"tools-servers"))
+    for event in events[1::2]:
+        seen.add(0, event.message.key.decode())  # handled when they first came
+    app = App(Producer(log))
+    _run(events, app, _stage({}, callers), concurrency=4, seen=seen)
+
+    assert len(callers) == 3  # offset 1 never reached the handler
+    assert app.producer.ledger == [
+        (0, 0, "emitted"),
+        (0, 1, "not_addressed"),
+        (0, 2, "emitted"),
+        (0, 3, "dead_letter"),
+    ]
+    ((key, value),) = app.producer.letters  # offset 3 of partition 0 crashes the handler
+    letter = DeadLetter.model_validate(value)
+    assert (letter.replay_of, letter.partition, letter.offset, letter.stage) == (
+        "dlf-cd#2",
+        0,
+        3,
+        "tools-servers",
+    )
+    assert (
+        key.decode()
+        == dead_letter_key(letter)
+        != dead_letter_key(letter.model_copy(update={"replay_of": None}))
+    )
+
+
+def test_a_partition_whose_first_record_is_a_replay_still_knows_the_keys_before_it(
+    broker: str, new_topic: Callable[..., str]
+) -> None:
+    """A dedupe stage restarted at a replay for another stage (no handling: the partition's keys are
+    not read) must read them on the next record, or a key handled before that passes again."""
+    name = new_topic(partitions=1)
+    producer = KafkaProducer(bootstrap_servers=broker)
+    try:
+        for key in (b"k0-0", b"k0-1", b"k0-0"):  # the last is the replay: the stage restarts there
+            producer.send(name, b"{}", key=key, partition=0)
+        producer.flush()
+    finally:
+        producer.close()
+    log: list[tuple[str, int, int]] = []
+    events = [_event(0, 2, log), _event(0, 3, log)]
+    events[0].message.key = b"k0-0"
+    events[0].message.headers = (("arena-replay-of", b"dlf-ab#1"), ("arena-replay-for", b"tool-index"))
+    events[1].message.key = b"k0-1"  # handled before the restart: a duplicate
+    app = App(Producer(log))
+    _run(events, app, _stage({}, []), concurrency=1, seen=SeenKeys(broker, name))
+    assert app.producer.ledger == [(0, 2, "not_addressed"), (0, 3, "duplicate")]

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -108,8 +109,8 @@ def produce_dead_letter(broker: str, reason: str) -> bytes:
     return raw
 
 
-def replayed_values(broker: str, key: str) -> list[bytes]:
-    """Values on DLQ_SOURCE that carry ``arena-replay-of: <key>``."""
+def replayed_values(broker: str, failure: str) -> list[bytes]:
+    """Values on DLQ_SOURCE that are replays of ``failure`` (``arena-replay-of: <failure>#<attempt>``)."""
     consumer = KafkaConsumer(bootstrap_servers=broker, group_id=None, enable_auto_commit=False)
     try:
         tps = [TopicPartition(DLQ_SOURCE, p) for p in sorted(consumer.partitions_for_topic(DLQ_SOURCE) or [])]
@@ -121,7 +122,9 @@ def replayed_values(broker: str, key: str) -> list[bytes]:
         while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=200).values():
                 found.extend(
-                    r.value for r in records if ("arena-replay-of", key.encode()) in list(r.headers or [])
+                    r.value
+                    for r in records
+                    if dict(r.headers or []).get("arena-replay-of", b"").startswith(f"{failure}#".encode())
                 )
         return found
     finally:
@@ -270,24 +273,40 @@ def test_loopback_only_host_header(cfg: ArenaSettings, broker: str) -> None:
 # --- dead letters --------------------------------------------------------------------------------
 
 
-def test_dead_letters_list_and_replay_once(client: TestClient, broker: str) -> None:
+def test_dead_letters_list_and_replay_exactly_the_letters_asked(client: TestClient, broker: str) -> None:
     reason = uuid.uuid4().hex
     raw = produce_dead_letter(broker, reason)
+    other = produce_dead_letter(broker, f"{reason}-other")
     query = {"topic": f"{DLQ_SOURCE}.dlq", "reason": reason}
-    (row,) = client.get("/api/dlq", params=query).json()
-    assert (row["source_topic"], row["kind"], row["replayed"]) == (DLQ_SOURCE, "crash", False)
-    assert reason in row["reason"]
 
-    report = client.post("/api/dlq/replay", json=query).json()
+    def listed() -> tuple[dict[str, Any], dict[str, Any]]:
+        rows = {r["reason"]: r for r in client.get("/api/dlq", params=query).json()}
+        assert len(rows) == 2
+        return rows[f"handler raised: {reason}"], rows[f"handler raised: {reason}-other"]
+
+    row, other_row = listed()
+    assert (row["source_topic"], row["kind"], row["replayed"]) == (DLQ_SOURCE, "crash", False)
+    assert reason in row["reason"] and row["history"] == "not replayed"
+
+    report = client.post("/api/dlq/replay", json={"keys": [row["key"]]}).json()
     assert (report["replayed"], report["skipped_already_replayed"], report["failed"]) == (1, 0, [])
-    (row,) = client.get("/api/dlq", params=query).json()
-    assert row["replayed"] is True
-    assert replayed_values(broker, row["key"]) == [raw]
-    again = client.post("/api/dlq/replay", json=query).json()
+    row, other_row = listed()
+    assert (row["replayed"], row["needs_force"], other_row["replayed"]) == (True, True, False)
+    assert replayed_values(broker, row["failure_id"]) == [raw]
+    assert replayed_values(broker, other_row["failure_id"]) == []  # not asked for
+    again = client.post("/api/dlq/replay", json={"keys": [row["key"]]}).json()
     assert (again["replayed"], again["skipped_already_replayed"]) == (0, 1)
+    forced = client.post("/api/dlq/replay", json={"keys": [row["key"]], "force": True}).json()
+    assert forced["replay_ids"] == [f"{row['failure_id']}#2"]
+    assert replayed_values(broker, row["failure_id"]) == [raw, raw]
+    by_topic = client.post("/api/dlq/replay", json=query).json()  # what is left of the topic and reason
+    assert (by_topic["replayed"], by_topic["skipped_already_replayed"]) == (1, 1)
+    assert replayed_values(broker, other_row["failure_id"]) == [other]
 
     bad = client.post("/api/dlq/replay", json={"topic": "nope.dlq"})
     assert bad.status_code == 400 and "no dead-letter topic" in bad.json()["error"]
+    unknown = client.post("/api/dlq/replay", json={"keys": ["0123456789abcdef"]})
+    assert unknown.status_code == 400 and "no dead letter with key" in unknown.json()["error"]
 
 
 # --- training curves -----------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 `arena ui` runs as a subprocess (the CLI as a user starts it) on a free loopback port; the page is
 driven like a user would: the lag of a paused consumer group grows on screen as records arrive,
-a query typed in the query box returns rows, a dead letter is replayed with its button (and lands
-on its source topic), and training metrics become a curve.
+a query typed in the query box returns rows, and training metrics become a curve; the dead letters
+ticked are replayed with one button, and a letter's own button replays it again (each lands on its
+source topic, and the result shows beside the button clicked).
 
 Chromium is Debian's (`scripts/test.sh` installs it); Playwright's own browser download is not
 used. The test is skipped only when no Chromium or no Playwright is installed.
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -117,7 +119,6 @@ def test_dashboard_in_a_real_browser(
     commit(broker, group, {TopicPartition(topic, 0): 3})  # caught up, then stopped consuming
     write_chains(cfg, 3)
     reason = uuid.uuid4().hex
-    raw = produce_dead_letter(broker, reason)
     run = f"ui-{reason[:8]}"
 
     expect = sync_api.expect
@@ -172,20 +173,6 @@ def test_dashboard_in_a_real_browser(
             page.click("#run-query")
             expect(page.locator("#query-error")).to_contain_text("only read-only queries", timeout=WAIT_MS)
 
-            # Dead letters: filter to this test's letter, replay it with its button.
-            page.fill("#dlq-topic", f"{DLQ_SOURCE}.dlq")
-            page.fill("#dlq-reason", reason)
-            page.click("#dlq-filter button[type=submit]")
-            letter = page.locator('tr[data-testid="dlq-row"]')
-            expect(letter).to_have_count(1, timeout=WAIT_MS)
-            expect(letter).to_have_attribute("data-replayed", "no")
-            expect(letter).to_contain_text(reason)
-            letter.locator('button[data-testid="replay"]').click()
-            expect(page.locator("#dlq-result")).to_contain_text("replayed 1", timeout=WAIT_MS)
-            expect(letter).to_have_attribute("data-replayed", "yes", timeout=WAIT_MS)
-            key = f"dl-{reason}"
-            assert replayed_values(broker, key) == [raw]
-
             # Training curves: published steps become a line in the loss chart.
             producer = KafkaProducer(bootstrap_servers=broker)
             try:
@@ -200,6 +187,66 @@ def test_dashboard_in_a_real_browser(
             line = page.locator(f'[data-metric="loss"] polyline[data-run="{run}"]')
             expect(line).to_have_count(1, timeout=WAIT_MS)
             assert len((line.get_attribute("points") or "").split()) == 5
+            assert errors == []
+        finally:
+            browser.close()
+
+
+def test_dead_letters_replay_in_a_real_browser(ui: tuple[str, ArenaSettings], broker: str) -> None:
+    """The letters ticked, and only they, are replayed with "Replay selected", whose result shows
+    beside it; a row's "replay again" forces one more replay of its letter, with the result in the row."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]"
+    )
+    chromium = _chromium()
+    url, _ = ui
+    reason = uuid.uuid4().hex
+    raws = {name: produce_dead_letter(broker, f"{reason}-{name}") for name in "abc"}
+    query = {"topic": f"{DLQ_SOURCE}.dlq", "reason": reason}
+    failures = {r["reason"][-1]: r["failure_id"] for r in httpx.get(f"{url}api/dlq", params=query).json()}
+
+    expect = sync_api.expect
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on(
+                "response",
+                lambda resp: errors.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None,
+            )
+            page.goto(url)
+            page.fill("#dlq-topic", query["topic"])
+            page.fill("#dlq-reason", reason)
+            page.click("#dlq-filter button[type=submit]")
+            expect(page.locator('tr[data-testid="dlq-row"]')).to_have_count(3, timeout=WAIT_MS)
+
+            def row(name: str) -> Any:
+                return page.locator('tr[data-testid="dlq-row"]', has_text=f"{reason}-{name}")
+
+            row("a").locator('input[data-testid="select"]').check()
+            row("c").locator('input[data-testid="select"]').check()
+            expect(page.locator("#dlq-replay-selected")).to_have_text("Replay selected (2)")
+            page.click("#dlq-replay-selected")
+            expect(page.locator("#dlq-result")).to_contain_text("2 selected: replayed 2", timeout=WAIT_MS)
+            for name, replayed in (("a", "yes"), ("b", "no"), ("c", "yes")):
+                expect(row(name)).to_have_attribute("data-replayed", replayed, timeout=WAIT_MS)
+            assert {n: replayed_values(broker, f) for n, f in failures.items()} == {
+                "a": [raws["a"]],
+                "b": [],
+                "c": [raws["c"]],
+            }
+
+            again = row("a").locator('button[data-testid="replay"]')
+            expect(again).to_have_text("replay again")
+            again.click()
+            expect(row("a").locator('[data-testid="replay-note"]')).to_have_text(
+                "replayed 1", timeout=WAIT_MS
+            )
+            assert replayed_values(broker, failures["a"]) == [raws["a"], raws["a"]]
+            assert replayed_values(broker, failures["b"]) == []
+            expect(row("a").locator('td[data-col="history"]')).to_contain_text("replay #2 (forced)")
             assert errors == []
         finally:
             browser.close()

@@ -161,13 +161,57 @@ function dlqFilter() {
   return q.toString();
 }
 
-async function replay(topic, reason) {
-  const out = $("dlq-result");
-  out.textContent = `replaying ${topic}…`;
+const dlqSelected = new Set(); // keys of the letters ticked, kept across refreshes
+const dlqNotes = new Map(); // letter key -> { text, bad }: the result of the replay clicked in its row
+let dlqRows = []; // the letters drawn last
+
+function replaySummary(r) {
+  const parts = [`replayed ${r.replayed}`];
+  if (r.skipped_already_replayed) {
+    parts.push(`${r.skipped_already_replayed} replayed before` + (r.failed_again ? ` (${r.failed_again} failed again)` : ""));
+  }
+  if (r.in_progress) parts.push(`${r.in_progress} in progress elsewhere`);
+  if (r.failed.length) parts.push(`failed ${r.failed.length}: ${r.failed.map((f) => f.reason).join("; ")}`);
+  return parts.join(", ");
+}
+
+// Replay exactly these letters. Those whose failure was replayed before go in a forced request
+// (the "replay again" button), the others in a plain one: a letter someone else replayed since
+// the page was drawn is then not sent twice.
+async function replayLetters(rows) {
+  const total = { replayed: 0, skipped_already_replayed: 0, failed_again: 0, in_progress: 0, failed: [] };
+  for (const force of [false, true]) {
+    const keys = [...new Set(rows.filter((d) => d.needs_force === force).map((d) => d.key))];
+    if (!keys.length) continue;
+    const r = await api("/api/dlq/replay", { keys, force });
+    for (const k of ["replayed", "skipped_already_replayed", "failed_again", "in_progress"]) total[k] += r[k];
+    total.failed.push(...r.failed);
+  }
+  return total;
+}
+
+async function replayRow(d) {
+  dlqNotes.set(d.key, { text: "replaying…", bad: false });
+  drawDlq();
   try {
-    const r = await api("/api/dlq/replay", { topic, reason });
-    out.textContent = `${topic}: replayed ${r.replayed} to ${r.source_topic}, already replayed ${r.skipped_already_replayed}, failed ${r.failed.length}` + (r.failed.length ? `: ${r.failed.map((f) => f.reason).join("; ")}` : "");
-    out.className = "note";
+    const r = await replayLetters([d]);
+    dlqNotes.set(d.key, { text: replaySummary(r), bad: r.failed.length > 0 });
+  } catch (e) {
+    dlqNotes.set(d.key, { text: `replay failed: ${e.message}`, bad: true });
+  }
+  await refreshDlq();
+}
+
+async function replaySelected() {
+  const rows = dlqRows.filter((d) => dlqSelected.has(d.key));
+  const out = $("dlq-result");
+  out.textContent = `replaying ${rows.length} letter(s)…`;
+  out.className = "note";
+  try {
+    const r = await replayLetters(rows);
+    out.textContent = `${rows.length} selected: ${replaySummary(r)}`;
+    out.className = r.failed.length ? "error" : "note";
+    dlqSelected.clear();
   } catch (e) {
     out.textContent = `replay failed: ${e.message}`;
     out.className = "error";
@@ -175,28 +219,52 @@ async function replay(topic, reason) {
   await refreshDlq();
 }
 
-async function refreshDlq() {
+function drawSelection() {
+  const n = dlqRows.filter((d) => dlqSelected.has(d.key)).length;
+  $("dlq-replay-selected").disabled = n === 0;
+  $("dlq-replay-selected").textContent = n ? `Replay selected (${n})` : "Replay selected";
+  $("dlq-all").checked = n > 0 && n === dlqRows.length;
+}
+
+function dlqRow(d) {
+  const pick = el("input", { type: "checkbox", "data-testid": "select", "aria-label": `select ${d.key}` });
+  pick.checked = dlqSelected.has(d.key);
+  pick.addEventListener("change", () => {
+    if (pick.checked) dlqSelected.add(d.key); else dlqSelected.delete(d.key);
+    drawDlq();
+  });
+  const button = el("button", { type: "button", "data-testid": "replay" }, d.needs_force ? "replay again" : "replay");
+  button.addEventListener("click", () => replayRow(d));
+  const note = dlqNotes.get(d.key);
+  return el("tr", {
+    "data-testid": "dlq-row", "data-key": d.key, "data-dlq-topic": d.dlq_topic, "data-offset": d.offset,
+    "data-replayed": d.replayed ? "yes" : "no",
+  }, el("td", {}, pick), el("td", {}, d.dlq_topic), el("td", {}, d.source_topic),
+  el("td", { className: "num" }, fmtNum(d.partition)), el("td", { className: "num" }, fmtNum(d.offset)),
+  el("td", {}, d.stage), el("td", {}, d.kind), el("td", {}, d.reason), el("td", {}, d.at),
+  el("td", { "data-col": "history" }, d.history), el("td", { "data-col": "replayed" }, d.replayed ? "yes" : "no"),
+  el("td", {}, button, el("div", { "data-testid": "replay-note", className: note && note.bad ? "error" : "note" },
+    note ? note.text : "")));
+}
+
+function drawDlq() {
   const body = $("dlq-table").tBodies[0];
-  let rows;
+  body.replaceChildren(...dlqRows.map(dlqRow));
+  if (!dlqRows.length) body.append(el("tr", {}, el("td", { colspan: 12, className: "note" }, "no dead letters")));
+  drawSelection();
+}
+
+async function refreshDlq() {
   try {
     const q = dlqFilter();
-    rows = await api(`/api/dlq${q ? "?" + q : ""}`);
+    dlqRows = await api(`/api/dlq${q ? "?" + q : ""}`);
   } catch (e) {
-    body.replaceChildren(el("tr", {}, el("td", { colspan: 10, className: "error" }, e.message)));
+    $("dlq-table").tBodies[0].replaceChildren(el("tr", {}, el("td", { colspan: 12, className: "error" }, e.message)));
     return;
   }
-  body.replaceChildren(...rows.map((d) => {
-    const button = el("button", { type: "button", "data-testid": "replay" }, d.replayed ? "replay again" : "replay");
-    button.addEventListener("click", () => replay(d.dlq_topic, d.reason));
-    return el("tr", {
-      "data-testid": "dlq-row", "data-dlq-topic": d.dlq_topic, "data-offset": d.offset,
-      "data-replayed": d.replayed ? "yes" : "no",
-    }, el("td", {}, d.dlq_topic), el("td", {}, d.source_topic), el("td", { className: "num" }, fmtNum(d.partition)),
-    el("td", { className: "num" }, fmtNum(d.offset)), el("td", {}, d.stage), el("td", {}, d.kind),
-    el("td", {}, d.reason), el("td", {}, d.at), el("td", { "data-col": "replayed" }, d.replayed ? "yes" : "no"),
-    el("td", {}, button));
-  }));
-  if (!rows.length) body.append(el("tr", {}, el("td", { colspan: 10, className: "note" }, "no dead letters")));
+  const shown = new Set(dlqRows.map((d) => d.key));
+  for (const key of [...dlqSelected]) if (!shown.has(key)) dlqSelected.delete(key);
+  drawDlq();
 }
 
 // --- lake ------------------------------------------------------------------------------------
@@ -335,6 +403,11 @@ document.addEventListener("DOMContentLoaded", () => {
   $("query-form").addEventListener("submit", runQuery);
   $("trace-form").addEventListener("submit", runTrace);
   $("dlq-filter").addEventListener("submit", (ev) => { ev.preventDefault(); refreshDlq(); });
+  $("dlq-replay-selected").addEventListener("click", replaySelected);
+  $("dlq-all").addEventListener("change", () => {
+    for (const d of dlqRows) if ($("dlq-all").checked) dlqSelected.add(d.key); else dlqSelected.delete(d.key);
+    drawDlq();
+  });
   every(1000, refreshGraph);
   every(3000, refreshDlq);
   every(10000, refreshTables);

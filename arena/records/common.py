@@ -52,6 +52,13 @@ class DeadLetter(Record):
     llm_raw: Annotated[
         str | None, Field(description="For llm_invalid_output: the last raw text the backend produced.")
     ] = None
+    replay_of: Annotated[
+        str | None,
+        Field(
+            description="The replay (`arena dlq replay`, '<failure id>#<attempt>') whose record the stage "
+            "failed on again; None for a first failure."
+        ),
+    ] = None
     at: datetime = Field(default_factory=utcnow, description="When the stage gave up (UTC).")
 
 
@@ -127,6 +134,8 @@ class Outcome(StrEnum):
     became a ``no_output`` rejection; counted as rejected)."""
     stored = "stored"
     """Its output went outside Kafka (``StageDef.effect``: the LanceDB index, the env catalog)."""
+    not_addressed = "not_addressed"
+    """A dead-letter replay addressed to another stage: skipped, no outputs."""
 
 
 class LedgerEntry(Record):
