@@ -76,8 +76,10 @@ def test_handler_gets_the_validated_typed_record() -> None:
     raw = server.model_dump_json().encode()
     decoded = decode_input(stage, raw, source_key="k")
     assert decoded.dead_letter is None and decoded.record is not None
-    assert asyncio.run(run_handler(stage, decoded.record, _ctx(stage, raw), raw)) == []
+    [emit] = asyncio.run(run_handler(stage, decoded.record, _ctx(stage, raw), raw))
     assert seen == [server] and type(seen[0]) is RawToolServer
+    # Nothing returned is not nothing said: the record ends as a no_output rejection.
+    assert emit.topic == "tools.raw.rejected" and emit.value.gate == "no_output"  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- declared outputs
