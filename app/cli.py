@@ -448,7 +448,9 @@ def lag(
 ) -> None:
     """Consumer lag per group, topic and partition (like kafka-consumer-groups --describe).
 
-    A group whose worker waits for its LLM endpoint (down, or refusing the key) says so in NOTE.
+    LAG and PENDING count data records (transaction markers are not records: a drained group reads
+    0); OFFSET LAG is end - committed. A group that never ran (no commit, no live member) reads
+    idle. A group whose worker waits for its LLM endpoint (down, or refusing the key) says so in NOTE.
     """
     from consumers.lag import compute_lag, mark_waiting, render_lag_table
 
@@ -488,13 +490,21 @@ def waiting_groups(cfg: ArenaSettings) -> dict[str, str]:
 def ui_cmd(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port to serve on.")] = 8600,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Token that writes (replay, queries) must send; random per start when not given. "
+            "Required for a non-loopback --host."
+        ),
+    ] = None,
 ) -> None:
     """Web dashboard: stage graph with live lag, dead letters and replay, lake browser, training curves."""
-    from app.ui import UiError, serve
+    from app.ui import UiError, check_token, serve
 
-    cfg = settings()
     try:
-        serve(cfg, ready_broker(cfg), host=host, port=port, say=err.print)
+        check_token(host, token)  # before the broker starts: a refused start changes nothing
+        cfg = settings()
+        serve(cfg, ready_broker(cfg), host=host, port=port, say=err.print, token=token)
     except UiError as exc:
         raise UserError(str(exc)) from None
 

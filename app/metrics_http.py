@@ -38,7 +38,13 @@ class MetricsPortError(RuntimeError):
 
 
 class LagCollector(Collector):
-    """Lag per group/topic/partition and end offsets per topic/partition, computed at scrape time."""
+    """Lag per group/topic/partition and end offsets per topic/partition, computed at scrape time.
+
+    Lag counts data records (``consumers.lag``): 0 on a drained partition, whatever transaction
+    markers lie behind the commit; the offset distance is ``arena_consumer_group_offset_lag``. A group
+    that never ran is idle: ``arena_consumer_group_idle`` 1 and no lag series, so an alert on lag
+    does not fire for a trainer nobody started.
+    """
 
     def __init__(self, rows: LagSource, *, cache_s: float = 2.0) -> None:
         self._source = rows
@@ -93,29 +99,44 @@ class LagCollector(Collector):
         )
         lag = GaugeMetricFamily(
             "arena_consumer_group_lag",
-            "end offset - committed offset, as `arena lag` shows it.",
+            "Data records the group would still receive, as `arena lag` LAG (markers not counted; "
+            "a lower bound when capped; absent for an idle group).",
             labels=member,
         )
         pending = GaugeMetricFamily(
-            "arena_consumer_group_pending",
-            "Data records the group would still receive (`arena lag` PENDING; a lower bound when capped).",
+            "arena_consumer_group_pending", "The same count as arena_consumer_group_lag.", labels=member
+        )
+        offset_lag = GaugeMetricFamily(
+            "arena_consumer_group_offset_lag",
+            "end offset - committed offset, markers included (kafka-consumer-groups' LAG).",
             labels=member,
         )
         committed = GaugeMetricFamily(
             "arena_consumer_group_committed_offset", "Committed offset (absent: none yet).", labels=member
         )
+        idle = GaugeMetricFamily(
+            "arena_consumer_group_idle",
+            "1 when the group never ran (no committed offset, no live member), else 0.",
+            labels=["group"],
+        )
         seen: set[tuple[str, int]] = set()
+        idle_of: dict[str, bool] = {}
         for r in rows:
             where = [r.topic, str(r.partition)]
             if (r.topic, r.partition) not in seen:
                 seen.add((r.topic, r.partition))
                 end.add_metric(where, r.end)
                 log_end.add_metric(where, r.log_end)
-            lag.add_metric([r.group, *where], r.lag)
-            pending.add_metric([r.group, *where], r.pending)
+            idle_of[r.group] = r.idle
+            if not r.idle:
+                lag.add_metric([r.group, *where], r.lag)
+                pending.add_metric([r.group, *where], r.pending)
+                offset_lag.add_metric([r.group, *where], r.offset_lag)
             if r.committed is not None:
                 committed.add_metric([r.group, *where], r.committed)
-        yield from (end, log_end, lag, pending, committed)
+        for group, never_ran in sorted(idle_of.items()):
+            idle.add_metric([group], int(never_ran))
+        yield from (end, log_end, lag, pending, offset_lag, committed, idle)
         yield GaugeMetricFamily(
             "arena_lag_up", "1 when the last lag computation reached the broker.", value=self._ok
         )

@@ -5,10 +5,12 @@ CDN) polls the API about once a second:
 
 - ``GET /api/graph``: the stage graph. Nodes are topics (plus sinks that write no topic), edges
   are workers reading topic A and writing topic B, derived from the worker registry
-  (``app.registry``) and the trainer. Each edge has its consumer group's lag on A (the numbers
-  `arena lag` shows, from ``consumers.lag.compute_lag``) and its throughput: records/s from the
-  change of the group's position between two samples. ``groups`` lists every consumer group the
-  cluster knows, registered or not, the same way.
+  (``app.registry``) and the trainer. Each edge has its consumer group's lag on A in data records
+  (the numbers `arena lag` shows, from ``consumers.lag.compute_lag``; transaction markers are not
+  records), whether the group is idle (never ran), and its throughput: data records/s consumed,
+  exponentially weighted over ``RATE_WINDOW_S``. A topic node has its data records
+  (``consumers.record_count``) and their rate the same way. ``groups`` lists every consumer group
+  the cluster knows, registered or not.
 - ``GET /api/dlq`` (``?topic=``, ``?reason=``) and ``POST /api/dlq/replay`` ``{keys, force}`` (or
   ``{topic, reason, force}``): dead letters with their history, and the replay of exactly the
   letters selected (``consumers.dlq``).
@@ -20,15 +22,21 @@ CDN) polls the API about once a second:
 
 Errors are JSON ``{"error": message}`` with a 4xx/5xx status: the message says what is wrong and
 how to fix it. The server binds loopback by default and, when it does, answers only requests
-whose Host is a loopback name (no DNS rebinding); writes need ``Content-Type: application/json``
-(no cross-site form posts).
+whose Host is a loopback name (no DNS rebinding). Every request that is not a GET, HEAD or
+OPTIONS needs the token of this start in ``X-Arena-Token`` (403 without it; random per start
+unless ``--token`` is given, and required for a non-loopback ``--host``); the page gets it
+embedded. Writes also need ``Content-Type: application/json`` (no cross-site form posts). Query
+results are capped in rows and in bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 import logging
 import math
+import secrets
 import threading
 import time
 from collections import defaultdict
@@ -41,12 +49,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from arena.config import ArenaSettings
 from streams import read_committed
@@ -60,6 +70,14 @@ LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 TRAINER_TOPIC = "trainer.metrics"
 DEFAULT_ROW_LIMIT = 500
 MAX_ROW_LIMIT = 5_000
+MAX_RESULT_BYTES = 2 * 1024 * 1024
+"""JSON bytes of result rows at most: one wide row (a whole trajectory) must not make a 50 MB answer."""
+RATE_WINDOW_S = 30.0
+"""Time constant of the records/s averages: bursty stages read steadily instead of mostly 0.0."""
+TOKEN_HEADER = "X-Arena-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+MIN_TOKEN_CHARS = 16
+TOKEN_PLACEHOLDER = '<meta name="arena-token" content="">'
 QUERY_TIMEOUT_S = 30.0
 READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
 """DuckDB statement types the query box runs (SELECT covers WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE)."""
@@ -77,9 +95,25 @@ class GraphNode(BaseModel):
 
     id: Annotated[str, Field(description="Topic name, or the sink worker's name.")]
     kind: Annotated[Literal["topic", "sink"], Field(description="What the node is.")]
-    depth: Annotated[int, Field(description="Column of the layout: longest path from a source topic.")]
-    end: Annotated[int | None, Field(description="Sum of read_committed end offsets; None if unsampled.")]
-    rate: Annotated[float | None, Field(description="Records/s appended between the last two samples.")]
+    depth: Annotated[int, Field(description="Row of the layout: longest path from a source topic.")]
+    end: Annotated[
+        int | None,
+        Field(description="Sum of read_committed end offsets (markers included); None if unsampled."),
+    ]
+    records: Annotated[
+        int | None, Field(description="Data records in the topic (no markers); None if unsampled.")
+    ]
+    records_complete: Annotated[
+        bool, Field(description="False: counting goes on, records is a lower bound.")
+    ] = True
+    rate: Annotated[
+        float | None,
+        Field(description=f"Data records/s appended, exponentially weighted over {RATE_WINDOW_S:g} s."),
+    ]
+    idle: Annotated[
+        bool,
+        Field(description="Every worker writing this node is idle (its group never ran); False for sources."),
+    ] = False
 
 
 class GraphEdge(BaseModel):
@@ -90,11 +124,18 @@ class GraphEdge(BaseModel):
     group: Annotated[str, Field(description="Consumer group the worker commits under.")]
     source: Annotated[str, Field(description="Topic read.")]
     target: Annotated[str, Field(description="Topic written (or the sink node's id).")]
-    lag: Annotated[int | None, Field(description="end - committed, summed over partitions (as `arena lag`).")]
-    pending: Annotated[int | None, Field(description="Data records still to read, summed over partitions.")]
-    pending_capped: Annotated[bool, Field(description="pending is a lower bound.")] = False
+    lag: Annotated[
+        int | None, Field(description="Data records still to read, summed over partitions (as `arena lag`).")
+    ]
+    pending: Annotated[int | None, Field(description="The same count as lag.")]
+    offset_lag: Annotated[int | None, Field(description="end - committed offsets, markers included.")] = None
+    pending_capped: Annotated[bool, Field(description="lag is a lower bound.")] = False
+    idle: Annotated[bool, Field(description="The group never ran (no commit, no live member).")] = False
     throughput: Annotated[
-        float | None, Field(description="Records/s the group consumed between the last two samples.")
+        float | None,
+        Field(
+            description=f"Data records/s the group consumed, exponentially weighted over {RATE_WINDOW_S:g} s."
+        ),
     ]
 
 
@@ -107,10 +148,15 @@ class GroupLag(BaseModel):
         int | None, Field(description="Sum of committed offsets; None when nothing committed.")
     ]
     end: Annotated[int, Field(description="Sum of read_committed end offsets.")]
-    lag: Annotated[int, Field(description="Sum of per-partition lag.")]
-    pending: Annotated[int, Field(description="Sum of per-partition pending records.")]
-    pending_capped: Annotated[bool, Field(description="Some partition's pending is a lower bound.")]
-    throughput: Annotated[float | None, Field(description="Records/s consumed between the last two samples.")]
+    lag: Annotated[int, Field(description="Data records still to read, summed over partitions.")]
+    pending: Annotated[int, Field(description="The same count as lag.")]
+    offset_lag: Annotated[int, Field(description="end - committed offsets, summed (markers included).")]
+    pending_capped: Annotated[bool, Field(description="Some partition's lag is a lower bound.")]
+    idle: Annotated[bool, Field(description="The group never ran (no commit, no live member).")]
+    throughput: Annotated[
+        float | None,
+        Field(description=f"Data records/s consumed, exponentially weighted over {RATE_WINDOW_S:g} s."),
+    ]
     worker: Annotated[str | None, Field(description="The registered worker of this group, if any.")]
 
 
@@ -122,6 +168,9 @@ class GraphView(BaseModel):
     groups: list[GroupLag]
     sampled_at: Annotated[datetime, Field(description="When the lag sample was taken (UTC).")]
     interval_s: Annotated[float | None, Field(description="Seconds between the last two samples.")]
+    rate_window_s: Annotated[float, Field(description="Time constant of the records/s averages.")] = (
+        RATE_WINDOW_S
+    )
 
 
 class LakeTable(BaseModel):
@@ -144,11 +193,20 @@ class QueryRequest(BaseModel):
 
 
 class QueryResult(BaseModel):
-    """The first rows of a query."""
+    """The first rows of a query, cut at ``limit`` rows or ``MAX_RESULT_BYTES``, whichever comes first."""
 
     columns: Annotated[list[str], Field(description="Column names, in order.")]
     rows: Annotated[list[list[Any]], Field(description="Rows as JSON values, at most ``limit``.")]
-    truncated: Annotated[bool, Field(description="The query had more rows than ``limit``.")]
+    truncated: Annotated[bool, Field(description="The query had more rows than were returned.")]
+    cut_by: Annotated[
+        Literal["rows", "bytes"] | None,
+        Field(description="What cut the rows: the row limit, the byte cap; None when all came."),
+    ] = None
+    bytes: Annotated[int, Field(description="JSON size of the returned rows.")] = 0
+    max_bytes: Annotated[int, Field(description="The byte cap on the rows.")] = MAX_RESULT_BYTES
+    note: Annotated[
+        str | None, Field(description="Why rows were cut and how to see more; None when not cut.")
+    ] = None
     elapsed_ms: Annotated[float, Field(description="Time the query took.")]
 
 
@@ -255,48 +313,107 @@ def node_depths(edges: Iterable[EdgeDef]) -> dict[str, int]:
 
 
 @dataclass
+class RateWindow:
+    """Per-second rate of a growing count, exponentially weighted over ``window_s``.
+
+    The moves and the elapsed time both decay by ``exp(-dt / window_s)`` at each update, so the rate
+    is the average over about the last ``window_s`` seconds (over all of them while fewer have
+    passed): a stage that handles a batch every few seconds reads its average, not 0.0 between
+    batches, and a long pause between samples leaves only the last interval.
+    """
+
+    window_s: float = RATE_WINDOW_S
+    _value: int | None = None
+    _at: float = 0.0
+    _moved: float = 0.0
+    _elapsed: float = 0.0
+
+    def update(self, value: int | None, at: float) -> None:
+        """The count seen at ``at``; None when unknown now (the next known count spans the gap)."""
+        if value is None:
+            return
+        if self._value is not None and at > self._at:
+            dt = at - self._at
+            decay = math.exp(-dt / self.window_s)
+            # a count that went back (retention, an offset reset) moved nothing
+            self._moved = self._moved * decay + max(value - self._value, 0)
+            self._elapsed = self._elapsed * decay + dt
+        self._value, self._at = value, at
+
+    @property
+    def rate(self) -> float | None:
+        return self._moved / self._elapsed if self._elapsed > 0 else None
+
+
+@dataclass
 class _Sample:
     at: float
     taken: datetime
     groups: dict[tuple[str, str], GroupLag]
-    ends: dict[str, int]
-    positions: dict[tuple[str, str], int]
+    topics: dict[str, Any]
+    """Topic name -> ``consumers.record_count.TopicRecords``."""
+    topic_rates: dict[str, float | None]
+    interval_s: float | None
 
 
-def _rate(now: int | None, before: int | None, dt: float) -> float | None:
-    if now is None or before is None or dt <= 0:
-        return None
-    return max(now - before, 0) / dt
+def _group_lag(group: str, topic: str, parts: list[Any], worker: str | None) -> GroupLag:
+    commits = [r.committed for r in parts if r.committed is not None]
+    lag = sum(r.lag for r in parts)
+    return GroupLag(
+        group=group,
+        topic=topic,
+        committed=sum(commits) if commits else None,
+        end=sum(r.end for r in parts),
+        lag=lag,
+        pending=lag,
+        offset_lag=sum(r.offset_lag for r in parts),
+        pending_capped=any(r.pending_capped for r in parts),
+        idle=any(r.idle for r in parts),
+        throughput=None,
+        worker=worker,
+    )
 
 
 @dataclass
 class LagSampler:
-    """Samples consumer lag (blocking kafka-python, in a thread) at most once per ``min_interval_s``.
+    """Samples consumer lag and topic records (blocking kafka-python, in a thread) at most once per ``min_interval_s``.
 
-    Concurrent callers share one sample; throughput compares a sample with the previous one.
+    Concurrent callers share one sample. Rates come from :class:`RateWindow`: a topic's data records,
+    and a group's consumed data records (the topic's records minus the group's lag, both counted up to
+    the same end offsets).
     """
 
     bootstrap: str
     topics_by_group: dict[str, list[str]]
     workers_by_group: dict[str, str]
+    topics: list[str] = field(default_factory=list)
+    """Topics whose records to count besides those the groups read (the graph's nodes)."""
     min_interval_s: float = 0.8
     pending_cap: int = 1_000
     timeout_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     _last: _Sample | None = None
-    _previous: _Sample | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _rates: dict[tuple[str, ...], RateWindow] = field(default_factory=dict)
+    _counter: Any = None
 
-    async def sample(self) -> tuple[_Sample, _Sample | None]:
-        """The newest sample and the one before it (None on the first)."""
+    async def sample(self) -> _Sample:
+        """The newest sample (taken now when the last one is older than ``min_interval_s``)."""
         async with self._lock:
             if self._last is None or self.clock() - self._last.at >= self.min_interval_s:
-                fresh = await asyncio.to_thread(self._take)
-                self._previous, self._last = self._last, fresh
-            return self._last, self._previous
+                self._last = await asyncio.to_thread(self._take)
+            return self._last
+
+    def _rate(self, key: tuple[str, ...], value: int | None, at: float) -> float | None:
+        window = self._rates.setdefault(key, RateWindow())
+        window.update(value, at)
+        return window.rate
 
     def _take(self) -> _Sample:
+        from kafka import TopicPartition
+
         from consumers.lag import compute_lag
+        from consumers.record_count import RecordCounter
 
         rows = compute_lag(
             self.bootstrap,
@@ -305,46 +422,47 @@ class LagSampler:
             pending_cap=self.pending_cap,
             timeout_s=self.timeout_s,
         )
+        if self._counter is None:
+            self._counter = RecordCounter(self.bootstrap)
+        ends = {TopicPartition(r.topic, r.partition): r.end for r in rows}
+        topics = self._counter.count([*self.topics, *(r.topic for r in rows)], ends)
         at = self.clock()
         per: dict[tuple[str, str], list[Any]] = defaultdict(list)
-        partition_ends: dict[tuple[str, int], int] = {}
         for row in rows:
             per[(row.group, row.topic)].append(row)
-            partition_ends[(row.topic, row.partition)] = row.end
-        ends: dict[str, int] = defaultdict(int)
-        for (name, _), end in partition_ends.items():
-            ends[name] += end
         groups: dict[tuple[str, str], GroupLag] = {}
-        positions: dict[tuple[str, str], int] = {}
         for (group, name), parts in per.items():
-            commits = [r.committed for r in parts if r.committed is not None]
-            groups[(group, name)] = GroupLag(
-                group=group,
-                topic=name,
-                committed=sum(commits) if commits else None,
-                end=sum(r.end for r in parts),
-                lag=sum(r.lag for r in parts),
-                pending=sum(r.pending for r in parts),
-                pending_capped=any(r.pending_capped for r in parts),
-                throughput=None,
-                worker=self.workers_by_group.get(group),
+            lag = _group_lag(group, name, parts, self.workers_by_group.get(group))
+            counted = topics.get(name)
+            # data records behind the group's commit; unknown while either count is a lower bound
+            known = counted is not None and counted.complete and not lag.pending_capped
+            consumed = counted.records - lag.lag if known and counted is not None else None
+            groups[(group, name)] = lag.model_copy(
+                update={"throughput": self._rate(("group", group, name), consumed, at)}
             )
-            # Where the group stands: its commit, or (none yet) the earliest offset it starts at.
-            positions[(group, name)] = sum(r.end - r.lag for r in parts)
-        return _Sample(at, datetime.now(UTC), groups, dict(ends), positions)
+        rates = {
+            name: self._rate(("topic", name), t.records if t.complete else None, at)
+            for name, t in topics.items()
+        }
+        previous = self._last.at if self._last is not None else None
+        return _Sample(
+            at, datetime.now(UTC), groups, topics, rates, at - previous if previous is not None else None
+        )
+
+    def close(self) -> None:
+        if self._counter is not None:
+            self._counter.close()
 
 
-def graph_view(edges: list[EdgeDef], last: _Sample, previous: _Sample | None) -> GraphView:
-    """The graph with the newest sample's lag and the throughput since the previous sample."""
-    dt = last.at - previous.at if previous is not None else 0.0
-
-    def group_rate(key: tuple[str, str]) -> float | None:
-        return _rate(last.positions.get(key), previous.positions.get(key) if previous else None, dt)
-
-    groups = [g.model_copy(update={"throughput": group_rate(k)}) for k, g in sorted(last.groups.items())]
+def graph_view(edges: list[EdgeDef], sample: _Sample) -> GraphView:
+    """The graph with the sample's lag, records and rates."""
     out_edges: list[GraphEdge] = []
+    idle_in: dict[str, list[bool]] = defaultdict(list)
     for edge in edges:
-        row = last.groups.get((edge.group, edge.source))
+        row = sample.groups.get((edge.group, edge.source))
+        # no row: the source topic does not exist yet, so the group cannot have run on it
+        idle = row is None or row.idle
+        idle_in[edge.target].append(idle)
         out_edges.append(
             GraphEdge(
                 id=edge.id,
@@ -354,27 +472,34 @@ def graph_view(edges: list[EdgeDef], last: _Sample, previous: _Sample | None) ->
                 target=edge.target,
                 lag=row.lag if row else None,
                 pending=row.pending if row else None,
+                offset_lag=row.offset_lag if row else None,
                 pending_capped=row.pending_capped if row else False,
-                throughput=group_rate((edge.group, edge.source)),
+                idle=idle,
+                throughput=row.throughput if row else None,
             )
         )
     sinks = {e.target for e in edges if e.sink}
-    nodes = [
-        GraphNode(
-            id=name,
-            kind="sink" if name in sinks else "topic",
-            depth=depth,
-            end=last.ends.get(name),
-            rate=_rate(last.ends.get(name), previous.ends.get(name) if previous else None, dt),
+    nodes = []
+    for name, depth in node_depths(edges).items():
+        counted = sample.topics.get(name)
+        nodes.append(
+            GraphNode(
+                id=name,
+                kind="sink" if name in sinks else "topic",
+                depth=depth,
+                end=counted.end if counted else None,
+                records=counted.records if counted else None,
+                records_complete=counted.complete if counted else True,
+                rate=sample.topic_rates.get(name),
+                idle=bool(idle_in.get(name)) and all(idle_in[name]),
+            )
         )
-        for name, depth in node_depths(edges).items()
-    ]
     return GraphView(
         nodes=nodes,
         edges=out_edges,
-        groups=groups,
-        sampled_at=last.taken,
-        interval_s=dt if previous is not None else None,
+        groups=[g for _, g in sorted(sample.groups.items())],
+        sampled_at=sample.taken,
+        interval_s=sample.interval_s,
     )
 
 
@@ -526,14 +651,69 @@ def _json_cell(value: Any) -> Any:
     return str(value)
 
 
+def _mib(n: int) -> str:
+    return f"{n / 1024 / 1024:.1f} MiB"
+
+
+@dataclass
+class _Rows:
+    """Result rows gathered under a row limit and a byte cap."""
+
+    limit: int
+    max_bytes: int
+    rows: list[list[Any]] = field(default_factory=list)
+    size: int = 2  # the list's brackets
+    cut_by: Literal["rows", "bytes"] | None = None
+    over: int = 0
+    """JSON bytes of the first row left out by the byte cap."""
+
+    def add(self, values: Iterable[Any]) -> bool:
+        """Takes one row; False once the result is full (this row left out)."""
+        if len(self.rows) >= self.limit:
+            self.cut_by = "rows"
+            return False
+        cells = [_json_cell(v) for v in values]
+        size = len(json.dumps(cells, ensure_ascii=False, separators=(",", ":")).encode()) + 1
+        if self.size + size > self.max_bytes:
+            self.cut_by, self.over = "bytes", size
+            return False
+        self.rows.append(cells)
+        self.size += size
+        return True
+
+    def note(self) -> str | None:
+        if self.cut_by == "rows":
+            return (
+                f"first {self.limit} rows (fix: a higher limit, up to {MAX_ROW_LIMIT}, or a narrower WHERE)"
+            )
+        if self.cut_by == "bytes" and not self.rows:
+            return (
+                f"the first row alone is {_mib(self.over)}, over the {_mib(self.max_bytes)} cap on results "
+                "(fix: select fewer or narrower columns, e.g. left(col, 1000))"
+            )
+        if self.cut_by == "bytes":
+            return (
+                f"cut after {len(self.rows)} rows at the {_mib(self.max_bytes)} cap on results "
+                "(fix: select fewer or narrower columns, or add a LIMIT)"
+            )
+        return None
+
+
 def run_query(
-    cfg: ArenaSettings, sql: str, limit: int = DEFAULT_ROW_LIMIT, *, timeout_s: float = QUERY_TIMEOUT_S
+    cfg: ArenaSettings,
+    sql: str,
+    limit: int = DEFAULT_ROW_LIMIT,
+    *,
+    timeout_s: float = QUERY_TIMEOUT_S,
+    max_bytes: int = MAX_RESULT_BYTES,
 ) -> QueryResult:
-    """One read-only statement over the lake's views; its first ``limit`` rows.
+    """One read-only statement over the lake's views; its first ``limit`` rows, ``max_bytes`` of JSON at most.
 
     Besides the statement check, the connection has file and network access switched off and
     its configuration locked, so no statement can read or write files (the views are Arrow
     objects registered from Python). A query still running after ``timeout_s`` is interrupted.
+    Rows are read in small batches and reading stops at the first row that does not fit, so a
+    huge result is never held whole.
     """
     import duckdb
 
@@ -551,7 +731,13 @@ def run_query(
         rel = con.sql(sql)
         if rel is None:
             return QueryResult(columns=[], rows=[], truncated=False, elapsed_ms=0.0)
-        table = rel.limit(limit + 1).to_arrow_table()
+        columns = list(rel.columns)
+        got = _Rows(limit, max_bytes)
+        reader = rel.limit(limit + 1).to_arrow_reader(batch_size=64)
+        for batch in reader:
+            if not all(got.add(row.values()) for row in batch.to_pylist()):
+                break
+        reader.close()
     except duckdb.InterruptException:
         raise UiError(
             f"query stopped after {timeout_s:g} s (fix: narrow it, e.g. a WHERE or LIMIT)"
@@ -561,11 +747,14 @@ def run_query(
     finally:
         timer.cancel()
         con.close()
-    rows = [[_json_cell(v) for v in row.values()] for row in table.slice(0, limit).to_pylist()]
     return QueryResult(
-        columns=list(table.column_names),
-        rows=rows,
-        truncated=table.num_rows > limit,
+        columns=columns,
+        rows=got.rows,
+        truncated=got.cut_by is not None,
+        cut_by=got.cut_by,
+        bytes=got.size,
+        max_bytes=max_bytes,
+        note=got.note(),
         elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
     )
 
@@ -586,6 +775,30 @@ def _model(value: BaseModel | Sequence[BaseModel]) -> Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class WriteToken:
+    """Refuses every request that may change something (any method but GET, HEAD, OPTIONS) without the token.
+
+    Applied to the whole app, so a write endpoint added later is covered without saying so.
+    """
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
+            sent = Headers(scope=scope).get(TOKEN_HEADER, "").encode()
+            if not secrets.compare_digest(sent, self.token):
+                refusal = _error(
+                    f"this request changes something and needs the dashboard's token in {TOKEN_HEADER} "
+                    "(fix: reload the page `arena ui` printed, or send the token it printed at start)",
+                    403,
+                )
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _api(handler: Handler) -> Handler:
@@ -620,24 +833,27 @@ async def _body(request: Request, model: type[Any]) -> Any:
 
 
 class Dashboard:
-    """The API's state: settings, the broker, the lag sampler and the training feed."""
+    """The API's state: settings, the broker, the lag sampler, the training feed and the write token."""
 
-    def __init__(self, cfg: ArenaSettings, bootstrap: str) -> None:
+    def __init__(self, cfg: ArenaSettings, bootstrap: str, *, token: str, token_in_page: bool) -> None:
         self.cfg = cfg
         self.bootstrap = bootstrap
+        self.token = token
+        self.token_in_page = token_in_page
         self.edges = graph_edges(cfg)
         topics_by_group: dict[str, list[str]] = defaultdict(list)
         workers: dict[str, str] = {}
+        topics: dict[str, None] = {}
         for edge in self.edges:
             if edge.source not in topics_by_group[edge.group]:
                 topics_by_group[edge.group].append(edge.source)
             workers[edge.group] = edge.worker
-        self.sampler = LagSampler(bootstrap, dict(topics_by_group), workers)
+            topics.update(dict.fromkeys([edge.source] if edge.sink else [edge.source, edge.target]))
+        self.sampler = LagSampler(bootstrap, dict(topics_by_group), workers, topics=list(topics))
         self.training = TrainingFeed(bootstrap)
 
     async def graph(self, _: Request) -> Response:
-        last, previous = await self.sampler.sample()
-        return _model(graph_view(self.edges, last, previous))
+        return _model(graph_view(self.edges, await self.sampler.sample()))
 
     async def dead_letters(self, request: Request) -> Response:
         from consumers.dlq import DlqError, list_dead_letters
@@ -688,16 +904,37 @@ class Dashboard:
             raise UiError(str(exc)) from None
         return _model(report)
 
-    async def index(self, _: Request) -> Response:
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+    async def index(self, request: Request) -> Response:
+        """The page, with the write token when it may have it: always on loopback, else with ``?token=``."""
+        page = (STATIC / "index.html").read_text()
+        asked = request.query_params.get("token", "").encode()
+        if self.token_in_page or secrets.compare_digest(asked, self.token.encode()):
+            page = page.replace(
+                TOKEN_PLACEHOLDER, f'<meta name="arena-token" content="{html.escape(self.token)}">'
+            )
+        return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
     def close(self) -> None:
         self.training.close()
+        self.sampler.close()
 
 
-def create_app(cfg: ArenaSettings, bootstrap: str, *, allowed_hosts: list[str] | None = None) -> Starlette:
-    """The dashboard app; ``allowed_hosts`` limits the Host header (None: any)."""
-    dash = Dashboard(cfg, bootstrap)
+def create_app(
+    cfg: ArenaSettings,
+    bootstrap: str,
+    *,
+    allowed_hosts: list[str] | None = None,
+    token: str | None = None,
+    token_in_page: bool = True,
+) -> Starlette:
+    """The dashboard app; ``allowed_hosts`` limits the Host header (None: any).
+
+    Writes need ``token`` (a random one when None: ``app.state.token``). The page carries it when
+    ``token_in_page`` (a loopback server, whose Host check keeps other sites out), otherwise only
+    when opened with ``?token=``.
+    """
+    token = token or secrets.token_urlsafe(24)
+    dash = Dashboard(cfg, bootstrap, token=token, token_in_page=token_in_page)
     routes = [
         Route("/", dash.index, methods=["GET"]),
         Route("/api/graph", _api(dash.graph), methods=["GET"]),
@@ -710,6 +947,7 @@ def create_app(cfg: ArenaSettings, bootstrap: str, *, allowed_hosts: list[str] |
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    middleware.append(Middleware(WriteToken, token=token))
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -718,6 +956,7 @@ def create_app(cfg: ArenaSettings, bootstrap: str, *, allowed_hosts: list[str] |
 
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.dashboard = dash
+    app.state.token = token
     return app
 
 
@@ -725,12 +964,36 @@ def is_loopback(host: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
-def serve(cfg: ArenaSettings, bootstrap: str, *, host: str, port: int, say: Callable[[str], None]) -> None:
-    """Serve the dashboard until interrupted (blocking)."""
+def check_token(host: str, token: str | None) -> None:
+    """A non-loopback address needs a token chosen by the user, and a token must be hard to guess."""
+    if token is None and not is_loopback(host):
+        raise UiError(
+            f"--host {host} is not a loopback address: anyone who reaches it could replay dead letters and "
+            "query the lake, so writes need a token you choose (fix: add --token with 16+ random characters, "
+            "e.g. from `python -c 'import secrets; print(secrets.token_urlsafe())'`, or drop --host)"
+        )
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise UiError(
+            f"--token has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+        )
+
+
+def serve(
+    cfg: ArenaSettings,
+    bootstrap: str,
+    *,
+    host: str,
+    port: int,
+    say: Callable[[str], None],
+    token: str | None = None,
+) -> None:
+    """Serve the dashboard until interrupted (blocking); writes need ``token`` (random when None, loopback only)."""
     import socket
 
     import uvicorn
 
+    check_token(host, token)
     try:
         with socket.create_server((host, port)):
             pass
@@ -738,12 +1001,23 @@ def serve(cfg: ArenaSettings, bootstrap: str, *, host: str, port: int, say: Call
         raise UiError(
             f"cannot listen on {host}:{port}: {exc.strerror} (fix: --port with a free port)"
         ) from None
-    allowed = LOOPBACK_HOSTS if is_loopback(host) else None
-    app = create_app(cfg, bootstrap, allowed_hosts=allowed)
+    loopback = is_loopback(host)
+    app = create_app(
+        cfg,
+        bootstrap,
+        allowed_hosts=LOOPBACK_HOSTS if loopback else None,
+        token=token,
+        token_in_page=loopback,
+    )
     shown = f"[{host}]" if ":" in host else host
     say(f"Arena dashboard on http://{shown}:{port}/ (broker {bootstrap}); Ctrl-C stops it")
-    if not is_loopback(host):
+    if loopback:
         say(
-            f"warning: {host} is not loopback: anyone who reaches it can replay dead letters and query the lake"
+            f"write token of this start: {app.state.token} (the page has it; other clients send {TOKEN_HEADER})"
+        )
+    else:
+        say(
+            f"open http://{shown}:{port}/?token=<your --token> for working buttons; {host} is not loopback, "
+            f"so anyone who reaches it can read the graph, dead letters and lake views (writes need the token)"
         )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

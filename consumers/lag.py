@@ -1,21 +1,26 @@
 """Consumer lag per group and partition, like ``kafka-consumer-groups.sh --describe``.
 
-Two numbers per partition, because exactly-once producers make the usual one
-misleading:
+Exactly-once producers make the usual number misleading: a transaction commit
+(or abort) marker occupies an offset but is never delivered, and aborted
+records are skipped, so ``end - committed`` stays > 0 forever on a fully
+processed partition. So each row has:
 
-- ``lag = end - committed``: the raw offset distance, as kafka-consumer-groups
-  shows it, with ``end`` the read_committed end offset (last stable offset).
-- ``pending``: how many *data* records a read_committed consumer would still
-  receive between ``committed`` and ``end``. A transaction commit (or abort)
-  marker occupies an offset but is never delivered, and aborted records are
-  skipped, so ``lag`` can stay > 0 forever on a fully processed partition;
-  ``pending`` is the number to wait on.
+- ``lag`` (and ``pending``, the same count under the name the drain check
+  uses): how many *data* records a read_committed consumer would still
+  receive between ``committed`` and ``end`` (the read_committed end offset,
+  last stable offset). 0 on a drained partition.
+- ``offset_lag = end - committed``: the raw offset distance, as
+  kafka-consumer-groups shows it.
+- ``idle``: the group never ran (no committed offset on any partition, no live
+  member), e.g. the trainer's group before any `arena train`. Its ``lag`` says
+  how many records wait for it; reports show it as idle, not lagging.
 
-``pending`` is measured by reading: one read_committed consumer (no group, no
+``lag`` is measured by reading: one read_committed consumer (no group, no
 commits) is assigned the lagging partitions, seeks to each start offset and
 counts records until its position reaches ``end``. Counting stops at
 ``pending_cap`` records per partition (the row says so with
-``pending_capped``), so a huge backlog costs a bounded read.
+``pending_capped``: ``lag`` is then a lower bound), so a huge backlog costs a
+bounded read.
 
 Everything is synchronous (kafka-python); run it in a thread from async code.
 """
@@ -30,7 +35,7 @@ from typing import Any
 from kafka import IsolationLevel, KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, OffsetSpec
 from kafka.errors import KafkaError, UnsupportedVersionError
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 from rich.table import Table
 
 from streams import read_committed
@@ -54,16 +59,33 @@ class LagRow(BaseModel):
     )
     end: int = Field(description="read_committed end offset (last stable offset).")
     log_end: int = Field(description="read_uncommitted end offset (high watermark).")
-    lag: int = Field(description="end - committed (earliest offset when none), never below 0.")
-    pending: int = Field(description="Data records a read_committed consumer would still receive.")
+    lag: int = Field(
+        description="Data records a read_committed consumer would still receive between committed "
+        "(earliest offset when none) and end: transaction markers and aborted records not counted."
+    )
+    offset_lag: int = Field(
+        description="end - committed (earliest offset when none), never below 0: the raw offset "
+        "distance kafka-consumer-groups shows, markers included."
+    )
     pending_capped: bool = Field(
         default=False,
-        description="pending is a lower bound: counting stopped at the cap or timed out.",
+        description="lag (and pending) is a lower bound: counting stopped at the cap or timed out.",
+    )
+    idle: bool = Field(
+        default=False,
+        description="The group never ran: no committed offset on any partition and no live member.",
     )
     waiting: str | None = Field(
         default=None,
         description="Set when the group's worker is paused waiting for its LLM endpoint: why (the last failure).",
     )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="The same count as lag: data records still to read (the name the drain check uses)."
+    )
+    @property
+    def pending(self) -> int:
+        return self.lag
 
     @property
     def open_transaction(self) -> bool:
@@ -72,13 +94,14 @@ class LagRow(BaseModel):
 
 
 class LagReport(BaseModel):
-    """The JSON form of a lag report (``arena lag --json``)."""
+    """Lag rows with totals over the groups that ran."""
 
     rows: list[LagRow]
-    total_lag: int
-    total_pending: int
-    pending_capped: bool
+    total_lag: int = Field(description="Sum of lag over the rows of groups that ran (idle groups left out).")
+    total_pending: int = Field(description="The same sum as total_lag.")
+    pending_capped: bool = Field(description="Some row's count is a lower bound.")
     open_transactions: int = Field(description="Partitions with an open transaction.")
+    idle_groups: list[str] = Field(description="Groups that never ran (no commit, no live member).")
 
 
 # -- gathering -------------------------------------------------------------
@@ -110,14 +133,19 @@ def _committed_offsets(admin: KafkaAdminClient, group_ids: list[str]) -> dict[st
     return out
 
 
-def _member_topics(admin: KafkaAdminClient, group_ids: list[str]) -> dict[str, set[str]]:
-    """Topics each group's live members subscribe to or are assigned."""
+def _members(admin: KafkaAdminClient, group_ids: list[str]) -> tuple[dict[str, set[str]], set[str]]:
+    """Topics each group's live members subscribe to or are assigned, and the groups with a live member."""
     out: dict[str, set[str]] = defaultdict(set)
+    live: set[str] = set()
     try:
         described = admin.describe_groups(group_ids)
     except KafkaError:
-        return out  # best effort: committed offsets and explicit topics still count
+        # best effort: committed offsets and explicit topics still count; no group is called
+        # idle on a failed answer (it would hide a running group's backlog)
+        return out, set(group_ids)
     for g, info in described.items():
+        if info.get("members"):
+            live.add(g)
         for member in info.get("members") or []:
             meta = member.get("member_metadata")
             if isinstance(meta, dict):
@@ -126,7 +154,7 @@ def _member_topics(admin: KafkaAdminClient, group_ids: list[str]) -> dict[str, s
             if isinstance(assignment, dict):
                 for part in assignment.get("assigned_partitions") or []:
                     out[g].add(str(part["topic"]))
-    return out
+    return out, live
 
 
 def _offsets(
@@ -225,10 +253,10 @@ def compute_lag(
     ``groups=None`` means every group the cluster knows. A group's topics are
     those its live members subscribe to or are assigned, those it has
     committed offsets on, and those listed in ``topics_by_group`` (which also
-    adds groups that have not started yet). On a partition where a group has
-    committed nothing, counting starts at the earliest offset, as a consumer
-    with ``auto_offset_reset=earliest`` would. Topics that do not exist yield
-    no rows.
+    adds groups that have not started yet: their rows are ``idle``). On a
+    partition where a group has committed nothing, counting starts at the
+    earliest offset, as a consumer with ``auto_offset_reset=earliest`` would.
+    Topics that do not exist yield no rows.
     """
     explicit = {g: list(ts) for g, ts in (topics_by_group or {}).items()}
     with admin_client(bootstrap) as admin:
@@ -236,7 +264,7 @@ def compute_lag(
         if not group_ids:
             return []
         committed = _committed_offsets(admin, group_ids)
-        members = _member_topics(admin, group_ids)
+        members, live = _members(admin, group_ids)
         topics_of: dict[str, set[str]] = {
             g: {tp.topic for tp in committed.get(g, {})} | members.get(g, set()) | set(explicit.get(g, []))
             for g in group_ids
@@ -264,7 +292,7 @@ def compute_lag(
     rows: list[LagRow] = []
     for g, tp, done, start in pending_rows:
         end = stable[tp]
-        pending, capped = counted.get((tp, start), (0, False))
+        records, capped = counted.get((tp, start), (0, False))
         base = done if done is not None else earliest[tp]
         rows.append(
             LagRow(
@@ -274,9 +302,10 @@ def compute_lag(
                 committed=done,
                 end=end,
                 log_end=high[tp],
-                lag=max(end - base, 0),
-                pending=pending,
+                lag=records,
+                offset_lag=max(end - base, 0),
                 pending_capped=capped,
+                idle=not committed[g] and g not in live,
             )
         )
     rows.sort(key=lambda r: (r.group, r.topic, r.partition))
@@ -291,9 +320,10 @@ def drained(
 ) -> bool:
     """True when every listed group has nothing left to read on its listed topics.
 
-    That is: every ``pending`` is 0 (not capped), and no transaction is open
+    That is: every ``lag`` is 0 (not capped), and no transaction is open
     on those topics (read_uncommitted end == read_committed end), so nothing
-    is on its way either. ``lag`` may still be > 0 because of commit markers.
+    is on its way either. A group that never ran counts too: its records wait
+    for it. ``offset_lag`` may still be > 0 because of commit markers.
     Pass ``rows`` from :func:`compute_lag` to avoid asking twice.
     """
     wanted = {g: set(ts) for g, ts in topics_by_group.items()}
@@ -302,30 +332,54 @@ def drained(
     for row in rows:
         if row.topic not in wanted.get(row.group, ()):
             continue
-        if row.pending > 0 or row.pending_capped or row.open_transaction:
+        if row.lag > 0 or row.pending_capped or row.open_transaction:
             return False
     return True
 
 
 def lag_report(rows: list[LagRow]) -> LagReport:
-    """Rows with totals, for the JSON form."""
+    """Rows with totals over the groups that ran."""
+    ran = [r for r in rows if not r.idle]
+    total = sum(r.lag for r in ran)
     return LagReport(
         rows=rows,
-        total_lag=sum(r.lag for r in rows),
-        total_pending=sum(r.pending for r in rows),
-        pending_capped=any(r.pending_capped for r in rows),
+        total_lag=total,
+        total_pending=total,
+        pending_capped=any(r.pending_capped for r in ran),
         open_transactions=len({(r.topic, r.partition) for r in rows if r.open_transaction}),
+        idle_groups=sorted({r.group for r in rows if r.idle}),
     )
 
 
 def lag_json(rows: list[LagRow], *, indent: int | None = 2) -> str:
-    """``arena lag --json``: the report as JSON."""
+    """The report as JSON (``arena lag --json`` prints the rows alone)."""
     return lag_report(rows).model_dump_json(indent=indent)
 
 
+LAG_CAPTION = (
+    "LAG = PENDING: data records still to read (transaction markers and aborted records not counted); "
+    "OFFSET LAG: end - committed, as kafka-consumer-groups shows it"
+)
+
+
+def _notes(r: LagRow) -> str:
+    notes: list[str] = []
+    if r.idle:
+        notes.append(f"idle: never ran (no commit, no live member); {r.lag} records wait for it")
+    elif r.committed is None:
+        notes.append("no commit: from earliest")
+    if r.open_transaction:
+        notes.append(f"open txn (+{r.log_end - r.end})")
+    if r.pending_capped:
+        notes.append(f"counted up to {r.lag}")
+    if r.waiting:
+        notes.append(f"[red]waiting on its LLM endpoint: {r.waiting}[/red]")
+    return ", ".join(notes)
+
+
 def render_lag_table(rows: list[LagRow], *, title: str | None = "Consumer lag") -> Table:
-    """A rich table with the columns of ``kafka-consumer-groups.sh --describe``, plus PENDING."""
-    table = Table(title=title)
+    """A rich table with the columns of ``kafka-consumer-groups.sh --describe``, plus PENDING and OFFSET LAG."""
+    table = Table(title=title, caption=LAG_CAPTION)
     table.add_column("GROUP", style="cyan", no_wrap=True)
     table.add_column("TOPIC", no_wrap=True)
     table.add_column("PARTITION", justify="right")
@@ -333,27 +387,24 @@ def render_lag_table(rows: list[LagRow], *, title: str | None = "Consumer lag") 
     table.add_column("END", justify="right")
     table.add_column("LAG", justify="right")
     table.add_column("PENDING", justify="right")
+    table.add_column("OFFSET LAG", justify="right")
     table.add_column("NOTE")
     for r in rows:
-        notes: list[str] = []
-        if r.committed is None:
-            notes.append("no commit: from earliest")
-        if r.open_transaction:
-            notes.append(f"open txn (+{r.log_end - r.end})")
-        if r.pending_capped:
-            notes.append(f"counted up to {r.pending}")
-        if r.waiting:
-            notes.append(f"[red]waiting on its LLM endpoint: {r.waiting}[/red]")
-        pending = f">={r.pending}" if r.pending_capped else str(r.pending)
+        count = f">={r.lag}" if r.pending_capped else str(r.lag)
+        if r.idle:
+            shown = "[dim]idle[/dim]"
+        else:
+            shown = f"[yellow]{count}[/yellow]" if r.lag else count
         table.add_row(
             r.group,
             r.topic,
             str(r.partition),
             "-" if r.committed is None else str(r.committed),
             str(r.end),
-            str(r.lag),
-            f"[yellow]{pending}[/yellow]" if r.pending else pending,
-            ", ".join(notes),
+            shown,
+            shown,
+            str(r.offset_lag),
+            _notes(r),
         )
     return table
 

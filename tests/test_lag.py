@@ -1,4 +1,9 @@
-"""Consumer lag on a real broker, with and without exactly-once producers."""
+"""Consumer lag on a real broker, with and without exactly-once producers.
+
+Lag counts data records: transaction markers and aborted records occupy offsets but are never
+delivered, so a drained partition reads 0 whatever lies behind its commit (``offset_lag`` keeps the
+raw distance). A group that never ran is idle, not lagging.
+"""
 
 from __future__ import annotations
 
@@ -65,6 +70,25 @@ def _txn(producer: KafkaProducer, topic: str, n: int, *, commit: bool = True) ->
         producer.abort_transaction()
 
 
+def _data_offsets(broker: str, topic: str) -> list[int]:
+    """Offsets of the data records of partition 0, as a read_committed consumer gets them."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker, isolation_level="read_committed", enable_auto_commit=False
+    )
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    end = consumer.end_offsets([tp])[tp]
+    offsets: list[int] = []
+    deadline = time.monotonic() + 10
+    try:
+        while consumer.position(tp) < end and time.monotonic() < deadline:
+            offsets += [r.offset for recs in consumer.poll(timeout_ms=100).values() for r in recs]
+    finally:
+        consumer.close(autocommit=False)
+    return offsets
+
+
 def _row(rows: list[LagRow], group: str, topic: str, partition: int = 0) -> LagRow:
     (row,) = [r for r in rows if (r.group, r.topic, r.partition) == (group, topic, partition)]
     return row
@@ -79,10 +103,11 @@ def test_plain_records(broker: str, new_topic: Callable[..., str], unique_name: 
     # The topic is found through the group's commits; a partition without a
     # commit counts from the earliest offset (auto_offset_reset=earliest).
     rows = compute_lag(broker, [group])
-    assert [(r.partition, r.committed, r.end, r.lag, r.pending) for r in rows] == [
-        (0, 6, 10, 4, 4),
-        (1, None, 4, 4, 4),
+    assert [(r.partition, r.committed, r.end, r.lag, r.pending, r.offset_lag) for r in rows] == [
+        (0, 6, 10, 4, 4, 4),
+        (1, None, 4, 4, 4, 4),
     ]
+    assert not any(r.idle for r in rows)  # it committed on partition 0: it ran
     assert rows == compute_lag(broker, [group], topics_by_group={group: [topic]})
     assert not drained(broker, {group: [topic]}, rows=rows)
 
@@ -99,7 +124,9 @@ def test_group_that_never_started(
     _produce(broker, topic, {0: 3})
     group = unique_name("not-yet")
     row = _row(compute_lag(broker, [], topics_by_group={group: [topic]}), group, topic)
-    assert (row.committed, row.end, row.lag, row.pending) == (None, 3, 3, 3)
+    assert (row.committed, row.end, row.lag, row.pending, row.idle) == (None, 3, 3, 3, True)
+    # idle, but its records wait for it: not drained
+    assert not drained(broker, {group: [topic]})
     # a topic that does not exist yet has nothing to drain
     assert compute_lag(broker, [], topics_by_group={group: [unique_name("missing")]}) == []
 
@@ -119,9 +146,10 @@ def test_live_member_subscription_is_discovered(
     finally:
         consumer.close(autocommit=False)
     assert {(r.partition, r.committed, r.pending) for r in rows} == {(0, None, 2), (1, None, 3)}
+    assert not any(r.idle for r in rows)  # a live member: running, not idle
 
 
-def test_transaction_markers_do_not_count_as_pending(
+def test_transaction_markers_do_not_count_as_lag(
     broker: str,
     new_topic: Callable[..., str],
     unique_name: Callable[[str], str],
@@ -129,17 +157,25 @@ def test_transaction_markers_do_not_count_as_pending(
 ) -> None:
     topic = new_topic(partitions=1)
     group = unique_name("eos")
-    _txn(txn_producer, topic, 5)  # data at offsets 0..4, then the commit marker
+    for n in (5, 2, 3):
+        _txn(txn_producer, topic, n)  # 10 data records, each transaction closed by a commit marker
 
-    # The consumer processed every data record: it commits last data offset + 1.
-    _commit(broker, group, {TopicPartition(topic, 0): 5})
+    # The consumer processed every data record: it commits last data offset + 1 (a stage's
+    # released prefix), so the last commit marker lies behind its commit.
+    last_data = _data_offsets(broker, topic)[-1]
+    _commit(broker, group, {TopicPartition(topic, 0): last_data + 1})
     row = _row(compute_lag(broker, [group]), group, topic)
-    assert row.committed == 5
-    # Real Kafka (and noida 0.2.3) give the marker an offset: end == 6, lag 1.
-    assert row.end - 5 in (0, 1)
-    assert row.lag == row.end - 5
-    assert row.pending == 0 and not row.open_transaction
+    assert row.committed == last_data + 1
+    # Real Kafka (and noida 0.2.3) give each marker an offset: end == 13 after 10 records.
+    assert row.end == 13 and row.offset_lag == 1
+    assert (row.lag, row.pending) == (0, 0) and not row.open_transaction and not row.idle
     assert drained(broker, {group: [topic]})
+
+    # Half-way: 5 data records are behind the commit (the middle transaction's marker is not one).
+    middle = _data_offsets(broker, topic)[4] + 1
+    _commit(broker, group, {TopicPartition(topic, 0): middle})
+    row = _row(compute_lag(broker, [group]), group, topic)
+    assert (row.lag, row.offset_lag) == (5, 13 - middle) and row.offset_lag > row.lag
 
 
 def test_aborted_records_and_several_groups(
@@ -170,10 +206,10 @@ def test_aborted_records_and_several_groups(
 
     rows = compute_lag(broker, [], topics_by_group={behind: [topic], middle: [topic]})
     b, m = _row(rows, behind, topic), _row(rows, middle, topic)
-    assert (b.committed, b.pending) == (None, 5)  # aborted records are not pending
-    assert b.lag == b.end >= 9
-    assert (m.committed, m.pending) == (offsets[2] + 1, 2)
-    assert m.lag == m.end - offsets[2] - 1
+    assert (b.committed, b.lag, b.pending) == (None, 5, 5)  # aborted records and markers are not lag
+    assert b.offset_lag == b.end >= 12 and b.idle
+    assert (m.committed, m.lag, m.pending) == (offsets[2] + 1, 2, 2)
+    assert m.offset_lag == m.end - offsets[2] - 1 and not m.idle
 
 
 def test_open_transaction_blocks_drained(
@@ -196,12 +232,12 @@ def test_open_transaction_blocks_drained(
     txn_producer.flush()
     row = _row(compute_lag(broker, [group]), group, topic)
     assert row.open_transaction and row.log_end > row.end
-    assert row.end == end and row.pending == 0  # nothing readable yet...
+    assert row.end == end and row.lag == 0  # nothing readable yet...
     assert not drained(broker, {group: [topic]})  # ...but something is on its way
 
     txn_producer.commit_transaction()
     row = _row(compute_lag(broker, [group]), group, topic)
-    assert not row.open_transaction and row.pending == 3
+    assert not row.open_transaction and row.lag == 3
     assert not drained(broker, {group: [topic]})
 
 
@@ -212,28 +248,35 @@ def test_pending_is_capped(
     group = unique_name("g")
     _produce(broker, topic, {0: 50})
     row = _row(compute_lag(broker, [], topics_by_group={group: [topic]}, pending_cap=10), group, topic)
-    assert (row.lag, row.pending, row.pending_capped) == (50, 10, True)
+    assert (row.lag, row.pending, row.pending_capped, row.offset_lag) == (10, 10, True, 50)
     assert not drained(broker, {group: [topic]}, rows=[row])
 
 
 def test_table_and_json(
     broker: str, new_topic: Callable[..., str], unique_name: Callable[[str], str]
 ) -> None:
-    topic = new_topic(partitions=1)
-    group = unique_name("g")
-    _produce(broker, topic, {0: 3})
-    rows = compute_lag(broker, [], topics_by_group={group: [topic]})
+    topic = new_topic(partitions=2)
+    group, never = unique_name("g"), unique_name("never")
+    _produce(broker, topic, {0: 3, 1: 2})
+    _commit(broker, group, {TopicPartition(topic, 0): 1})
+    rows = compute_lag(broker, [], topics_by_group={group: [topic], never: [topic]})
 
     out = io.StringIO()
     Console(file=out, width=250, color_system=None).print(render_lag_table(rows))
     text = out.getvalue()
-    for column in ("GROUP", "TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "PENDING"):
+    for column in ("GROUP", "TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "PENDING", "OFFSET LAG"):
         assert column in text
     assert group in text and "from earliest" in text
+    (idle_line,) = [line for line in text.splitlines() if never in line and " 0 │" in line]
+    assert "idle" in idle_line and "never ran" in idle_line and "3 records wait for it" in idle_line
 
     data = json.loads(lag_json(rows))
-    assert data["total_lag"] == 3 and data["total_pending"] == 3
-    assert data["rows"][0]["committed"] is None
+    # the group that ran: 2 behind on partition 0, 2 on partition 1; the idle one is not lagging
+    assert data["total_lag"] == 4 and data["total_pending"] == 4
+    assert data["idle_groups"] == [never]
+    first = _row(rows, group, topic)
+    (as_json,) = [r for r in data["rows"] if (r["group"], r["partition"]) == (group, 0)]
+    assert as_json == {**first.model_dump(), "lag": 2, "pending": 2, "offset_lag": 2, "idle": False}
     assert lag_report(rows).rows == rows
 
 

@@ -53,7 +53,7 @@ def lag_samples(samples: Samples, group: str) -> dict[tuple[str, str, str], floa
     out: dict[tuple[str, str, str], float] = {}
     for (name, labels), value in samples.items():
         by = dict(labels)
-        if by.get("group") == group:
+        if by.get("group") == group and "topic" in by:
             out[(name, by["topic"], by["partition"])] = value
     return out
 
@@ -62,8 +62,10 @@ def expected_from_rows(rows: list[dict[str, object]]) -> dict[tuple[str, str, st
     out: dict[tuple[str, str, str], float] = {}
     for r in rows:
         where = (str(r["topic"]), str(r["partition"]))
-        out[("arena_consumer_group_lag", *where)] = float(r["lag"])  # type: ignore[arg-type]
-        out[("arena_consumer_group_pending", *where)] = float(r["pending"])  # type: ignore[arg-type]
+        if not r["idle"]:  # an idle group has no lag series
+            out[("arena_consumer_group_lag", *where)] = float(r["lag"])  # type: ignore[arg-type]
+            out[("arena_consumer_group_pending", *where)] = float(r["pending"])  # type: ignore[arg-type]
+            out[("arena_consumer_group_offset_lag", *where)] = float(r["offset_lag"])  # type: ignore[arg-type]
         if r["committed"] is not None:
             out[("arena_consumer_group_committed_offset", *where)] = float(r["committed"])  # type: ignore[arg-type]
     return out
@@ -156,7 +158,7 @@ def test_lag_is_cached_between_scrapes_and_a_failing_broker_keeps_the_endpoint_u
 ) -> None:
     calls: list[float] = []
     fail = False
-    row = LagRow(group="g", topic="t", partition=0, committed=1, end=5, log_end=5, lag=4, pending=4)
+    row = LagRow(group="g", topic="t", partition=0, committed=1, end=5, log_end=5, lag=4, offset_lag=4)
 
     def source() -> list[LagRow]:
         calls.append(time.monotonic())
@@ -176,6 +178,31 @@ def test_lag_is_cached_between_scrapes_and_a_failing_broker_keeps_the_endpoint_u
     assert down[("arena_lag_up", ())] == 0.0 and down[("arena_lag_compute_errors_total", ())] == 1.0
     # the last figures stay until the broker answers again
     assert down[("arena_consumer_group_lag", (("group", "g"), ("partition", "0"), ("topic", "t")))] == 4
+
+
+def test_an_idle_group_is_idle_on_metrics_not_lagging(endpoint: Callable[[LagCollector], int]) -> None:
+    drained = LagRow(
+        group="stage", topic="t", partition=0, committed=13, end=14, log_end=14, lag=0, offset_lag=1
+    )
+    never = LagRow(
+        group="trainer",
+        topic="t",
+        partition=0,
+        committed=None,
+        end=14,
+        log_end=14,
+        lag=10,
+        offset_lag=14,
+        idle=True,
+    )
+    samples = scrape(endpoint(LagCollector(lambda: [drained, never], cache_s=0)))
+    where = (("partition", "0"), ("topic", "t"))
+    assert samples[("arena_consumer_group_lag", (("group", "stage"), *where))] == 0  # the marker is no record
+    assert samples[("arena_consumer_group_pending", (("group", "stage"), *where))] == 0
+    assert samples[("arena_consumer_group_offset_lag", (("group", "stage"), *where))] == 1
+    assert samples[("arena_consumer_group_idle", (("group", "stage"),))] == 0
+    assert samples[("arena_consumer_group_idle", (("group", "trainer"),))] == 1
+    assert lag_samples(samples, "trainer") == {}  # no lag series for a group that never ran
 
 
 # --- in-process metrics ---------------------------------------------------
@@ -422,6 +449,8 @@ LAG_METRICS = {
     "arena_topic_log_end_offset",
     "arena_consumer_group_lag",
     "arena_consumer_group_pending",
+    "arena_consumer_group_offset_lag",
+    "arena_consumer_group_idle",
     "arena_consumer_group_committed_offset",
     "arena_lag_up",
     "arena_lag_compute_seconds",

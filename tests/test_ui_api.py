@@ -6,6 +6,7 @@ tests/test_ui_browser.py.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import socket
@@ -21,7 +22,20 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from starlette.testclient import TestClient
 
-from app.ui import LOOPBACK_HOSTS, EdgeDef, UiError, create_app, graph_edges, node_depths, run_query, serve
+from app.ui import (
+    LOOPBACK_HOSTS,
+    TOKEN_HEADER,
+    EdgeDef,
+    LagSampler,
+    RateWindow,
+    UiError,
+    create_app,
+    graph_edges,
+    graph_view,
+    node_depths,
+    run_query,
+    serve,
+)
 from arena.config import ArenaSettings
 from arena.records.common import DeadLetter, DeadLetterKind
 from arena.records.sft import ServerRef, ToolChain
@@ -29,6 +43,7 @@ from arena.records.trainer import TrainerMetrics
 from lake.parquet import LakeRow, LakeWriter
 from lake.store import open_store
 from streams.admin import ensure_topics
+from tests.cli import arena_env, run_arena
 
 pytestmark = pytest.mark.integration
 
@@ -142,9 +157,10 @@ def cfg(broker: str, tmp_path: Path) -> ArenaSettings:
 
 @pytest.fixture
 def client(cfg: ArenaSettings, broker: str) -> Iterator[TestClient]:
+    """The API as the page calls it: with this start's write token on every request."""
     app = create_app(cfg, broker)
     app.state.dashboard.sampler.min_interval_s = 0.0  # every request samples anew
-    with TestClient(app) as test_client:
+    with TestClient(app, headers={TOKEN_HEADER: app.state.token}) as test_client:
         yield test_client
 
 
@@ -193,7 +209,7 @@ def test_group_lag_and_throughput(
 
     first = row()
     assert (first["committed"], first["end"], first["lag"], first["pending"]) == (2, 5, 3, 3)
-    assert first["worker"] is None
+    assert first["worker"] is None and first["idle"] is False
     produce(broker, topic, 4)
     commit(broker, group, {TopicPartition(topic, 0): 6})
     second = row()
@@ -205,6 +221,68 @@ def test_group_lag_and_throughput(
     edge = next(e for e in view["edges"] if e["id"] == "chains:tools.servers->chains")
     assert edge["group"] == "arena-chains" and "lag" in edge and "throughput" in edge
     assert {n["id"]: n["kind"] for n in view["nodes"]}["tool-index"] == "sink"
+
+
+def _transactions(broker: str, topic: str, sizes: list[int]) -> list[int]:
+    """One committed transaction per size on partition 0 (each closed by a marker); the data offsets."""
+    producer = KafkaProducer(bootstrap_servers=broker, transactional_id=f"ui-{uuid.uuid4().hex}")
+    producer.init_transactions()
+    offsets: list[int] = []
+    try:
+        for n in sizes:
+            producer.begin_transaction()
+            sent = [producer.send(topic, f"tx-{i}".encode(), partition=0) for i in range(n)]
+            producer.flush()
+            producer.commit_transaction()
+            offsets += [f.get(timeout=10).offset for f in sent]
+    finally:
+        producer.close(timeout=2)
+    return offsets
+
+
+def test_lag_and_records_count_data_records_and_a_group_that_never_ran_is_idle(
+    broker: str, new_topic: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    source, out, later = new_topic(partitions=1), unique_name("out"), unique_name("later")
+    offsets = _transactions(broker, source, [4, 3, 3])  # 10 data records, 3 commit markers
+    ran, never = unique_name("ran"), unique_name("never")
+    commit(broker, ran, {TopicPartition(source, 0): offsets[-1] + 1})  # handled every record
+    edges = [EdgeDef("stage", ran, source, out), EdgeDef("trainer", never, source, later)]
+    sampler = LagSampler(broker, {ran: [source], never: [source]}, {}, topics=[source])
+    try:
+        view = graph_view(edges, asyncio.run(sampler.sample()))
+    finally:
+        sampler.close()
+    edge = {e.worker: e for e in view.edges}
+    node = {n.id: n for n in view.nodes}
+    # drained: lag 0 although the last marker lies behind the commit (offset lag 1)
+    assert (edge["stage"].lag, edge["stage"].pending, edge["stage"].offset_lag) == (0, 0, 1)
+    assert edge["stage"].idle is False and node[out].idle is False
+    # the topic box: 10 data records, though its end offset counts the 3 markers too
+    assert (node[source].records, node[source].end, node[source].records_complete) == (10, 13, True)
+    # a group with no commit and no member is idle, and so is the box only it writes
+    assert edge["trainer"].idle is True and node[later].idle is True
+    assert edge["trainer"].lag == 10  # the records that wait for it
+    assert node[source].idle is False  # a source: nothing writes it
+
+
+def test_records_per_second_read_a_window_not_the_last_second() -> None:
+    window, at, rates = RateWindow(30.0), 0.0, []
+    for second in range(1, 121):  # 30 records land every 10 s: 3/s on average, 0 in 9 seconds of 10
+        at = float(second)
+        window.update(30 * (second // 10), at)
+        rates.append(window.rate)
+    steady = [r for r in rates[60:] if r is not None]
+    assert len(steady) == 60 and all(2.0 <= r <= 4.5 for r in steady), (min(steady), max(steady))
+    for second in range(121, 241):  # then nothing for two minutes
+        window.update(360, float(second))
+    assert window.rate is not None and window.rate < 0.1
+    fresh = RateWindow()
+    fresh.update(5, 0.0)
+    assert fresh.rate is None  # one sample is no rate
+    fresh.update(None, 1.0)
+    fresh.update(9, 2.0)  # an unknown count in between: the next known one spans the gap
+    assert fresh.rate == 2.0
 
 
 # --- lake ----------------------------------------------------------------------------------------
@@ -222,7 +300,23 @@ def test_lake_tables_and_query(client: TestClient, cfg: ArenaSettings) -> None:
     assert result["rows"] == [["chain-0", "travel"], ["chain-1", "travel"], ["chain-2", "travel"]]
     assert result["truncated"] is False
     cut = client.post("/api/lake/query", json={"sql": "select * from range(10)", "limit": 4}).json()
-    assert len(cut["rows"]) == 4 and cut["truncated"] is True
+    assert len(cut["rows"]) == 4 and cut["truncated"] is True and cut["cut_by"] == "rows"
+    assert "first 4 rows" in cut["note"]
+
+
+def test_query_results_are_capped_in_bytes(client: TestClient, cfg: ArenaSettings) -> None:
+    # one 50 MiB row: the answer says why it has no rows instead of carrying them
+    resp = client.post("/api/lake/query", json={"sql": "select repeat('x', 50 * 1024 * 1024) as big"})
+    assert resp.status_code == 200 and len(resp.content) < 10_000
+    body = resp.json()
+    assert (body["rows"], body["truncated"], body["cut_by"]) == ([], True, "bytes")
+    assert "first row alone is 50.0 MiB" in body["note"] and "left(col, 1000)" in body["note"]
+    # many wide rows: as many as fit under the cap, in order
+    result = run_query(cfg, "select i, repeat('y', 1000) as s from range(100) t(i)", max_bytes=10_000)
+    assert [row[0] for row in result.rows] == list(range(9)) and result.bytes <= 10_000
+    assert (result.truncated, result.cut_by) == (True, "bytes") and "cut after 9 rows" in (result.note or "")
+    whole = run_query(cfg, "select 1 as one")
+    assert (whole.truncated, whole.cut_by, whole.note) == (False, None, None)
 
 
 @pytest.mark.parametrize(
@@ -260,6 +354,44 @@ def test_writes_need_json(client: TestClient) -> None:
         "/api/lake/query", content=b'{"sql": "select 1"}', headers={"content-type": "text/plain"}
     )
     assert resp.status_code == 400 and "application/json" in resp.json()["error"]
+
+
+def test_writes_need_the_token_of_this_start(cfg: ArenaSettings, broker: str) -> None:
+    app = create_app(cfg, broker)
+    token = app.state.token
+    assert len(token) >= 16 and token != create_app(cfg, broker).state.token  # random per start
+    query = {"sql": "select 1 as one"}
+    replay = {"topic": f"{DLQ_SOURCE}.dlq", "reason": "no such reason"}
+    with TestClient(app) as anyone:
+        for path, body in (("/api/lake/query", query), ("/api/dlq/replay", replay)):
+            refused = anyone.post(path, json=body)
+            assert refused.status_code == 403 and TOKEN_HEADER in refused.json()["error"]
+            assert anyone.post(path, json=body, headers={TOKEN_HEADER: token[:-1] + "x"}).status_code == 403
+        assert anyone.post("/api/lake/query", json=query, headers={TOKEN_HEADER: token}).json()["rows"] == [
+            [1]
+        ]
+        assert anyone.get("/api/lake/tables").status_code == 200  # reading needs no token
+        # the loopback page carries the token, so its own buttons work
+        assert f'<meta name="arena-token" content="{token}">' in anyone.get("/").text
+
+
+def test_a_page_off_loopback_has_the_token_only_when_opened_with_it(cfg: ArenaSettings, broker: str) -> None:
+    token = uuid.uuid4().hex
+    app = create_app(cfg, broker, token=token, token_in_page=False)
+    with TestClient(app) as anyone:
+        assert token not in anyone.get("/").text
+        assert token not in anyone.get("/", params={"token": "guess"}).text
+        assert f'content="{token}"' in anyone.get("/", params={"token": token}).text
+
+
+def test_a_non_loopback_host_needs_a_token(cfg: ArenaSettings, broker: str, tmp_path: Path) -> None:
+    with pytest.raises(UiError, match=r"--host 0\.0\.0\.0 is not a loopback address.*fix: add --token"):
+        serve(cfg, broker, host="0.0.0.0", port=1, say=print)
+    with pytest.raises(UiError, match=r"--token has 5 characters; use at least 16"):
+        serve(cfg, broker, host="0.0.0.0", port=1, say=print, token="short")
+    proc = run_arena(["ui", "--host", "0.0.0.0"], arena_env(tmp_path / "cli-home"), check=None)
+    assert proc.returncode != 0 and "--token" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "cli-home" / "stack.json").exists()  # refused before starting anything
 
 
 def test_loopback_only_host_header(cfg: ArenaSettings, broker: str) -> None:

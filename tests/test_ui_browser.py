@@ -1,10 +1,13 @@
 """`arena ui` in a real headless Chromium (Playwright), against the session's real broker and a lake.
 
 `arena ui` runs as a subprocess (the CLI as a user starts it) on a free loopback port; the page is
-driven like a user would: the lag of a paused consumer group grows on screen as records arrive,
-a query typed in the query box returns rows, and training metrics become a curve; the dead letters
-ticked are replayed with one button, and a letter's own button replays it again (each lands on its
-source topic, and the result shows beside the button clicked).
+driven like a user would: the stage graph fits a 1400 px window (and a 1000 px one) with no two
+edge labels overlapping, a topic box counts data records (not transaction markers), the trainer's
+box says idle while no trainer ran, the lag of a paused consumer group grows on screen as records
+arrive, a query typed in the query box returns rows, a write without the start's token is refused, a nav
+link scrolls a section's title into view below the sticky header, and training metrics become a
+curve. The dead letters ticked are replayed with one button, and a letter's own button replays it
+again (each lands on its source topic, and the result shows beside the button clicked).
 
 Chromium is Debian's (`scripts/test.sh` installs it); Playwright's own browser download is not
 used. The test is skipped only when no Chromium or no Playwright is installed.
@@ -13,6 +16,7 @@ used. The test is skipped only when no Chromium or no Playwright is installed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +24,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,7 @@ from kafka import KafkaProducer, TopicPartition
 
 from arena.config import ArenaSettings
 from arena.records.trainer import TrainerMetrics
-from tests.cli import ARENA, arena_env
+from tests.cli import ARENA, arena_env, end_offsets, read_all
 from tests.test_ui_api import DLQ_SOURCE, commit, produce, produce_dead_letter, replayed_values, write_chains
 
 pytestmark = pytest.mark.integration
@@ -46,7 +51,7 @@ CHROMIUM_ARGS = [
 WAIT_MS = 20_000
 
 
-def _chromium() -> str:
+def chromium_path() -> str:
     path = os.environ.get("ARENA_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
     if not Path(path).is_file():
         pytest.skip(f"no Chromium at {path} (scripts/test.sh installs Debian's `chromium`)")
@@ -59,16 +64,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def ui(broker: str, tmp_path: Path) -> Iterator[tuple[str, ArenaSettings]]:
-    """`arena ui` on a free port for a fresh ARENA_HOME on the session broker; its URL and settings."""
-    home = tmp_path / "home"
-    cfg = ArenaSettings(home=home, broker=broker)
+@contextmanager
+def running_ui(env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """`arena ui` as a user starts it, on a free loopback port, for ``env``'s home; its URL."""
     port = _free_port()
-    log = (tmp_path / "ui.log").open("w")
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [ARENA, "ui", "--port", str(port)],
-        env=arena_env(home, ARENA_BROKER=broker),
+        env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -79,20 +82,16 @@ def ui(broker: str, tmp_path: Path) -> Iterator[tuple[str, ArenaSettings]]:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
-                raise AssertionError(
-                    f"arena ui exited {proc.returncode}:\n{(tmp_path / 'ui.log').read_text()}"
-                )
+                raise AssertionError(f"arena ui exited {proc.returncode}:\n{log_path.read_text()}")
             try:
                 if httpx.get(url, timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"arena ui did not answer in 120 s:\n{(tmp_path / 'ui.log').read_text()}"
-                )
+                raise AssertionError(f"arena ui did not answer in 120 s:\n{log_path.read_text()}")
             time.sleep(0.2)
-        yield url, cfg
+        yield url
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -103,17 +102,74 @@ def ui(broker: str, tmp_path: Path) -> Iterator[tuple[str, ArenaSettings]]:
         log.close()
 
 
+@pytest.fixture
+def ui(broker: str, tmp_path: Path) -> Iterator[tuple[str, ArenaSettings]]:
+    """`arena ui` on a free port for a fresh ARENA_HOME on the session broker; its URL and settings.
+
+    The trainer's group is one no other test commits under, so no trainer ever ran for this dashboard.
+    """
+    home = tmp_path / "home"
+    trainer_group = f"trainer-{uuid.uuid4().hex[:8]}"
+    cfg = ArenaSettings(home=home, broker=broker, train={"group_id": trainer_group})
+    env = arena_env(home, ARENA_BROKER=broker, ARENA_TRAIN__GROUP_ID=trainer_group)
+    with running_ui(env, tmp_path / "ui.log") as url:
+        yield url, cfg
+
+
+# Every pair of edge labels whose boxes intersect, and the graph's and the page's widths.
+GEOMETRY_JS = """() => {
+  const boxes = [...document.querySelectorAll('#graph-svg [data-testid="edge-label"]')].map((t) => {
+    const r = t.getBoundingClientRect();
+    return { id: t.dataset.edge, text: t.textContent, x: r.left, y: r.top, w: r.width, h: r.height };
+  });
+  const overlapping = [];
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const a = boxes[i], b = boxes[j];
+    if (a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h) overlapping.push([a, b]);
+  }
+  return {
+    labels: boxes.length, overlapping,
+    graph: document.getElementById("graph-svg").getBoundingClientRect().width,
+    page: document.documentElement.scrollWidth, window: window.innerWidth,
+  };
+}"""
+
+
+def check_graph_geometry(page: Any, width: int, shots: Path) -> None:
+    """At ``width`` px: the graph and the page fit the window, and no two edge labels overlap."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.wait_for_timeout(1500)  # a resize redraws at once; one more poll redraws with fresh data
+    page.screenshot(path=str(shots / f"graph-{width}.png"), full_page=True)
+    geometry = page.evaluate(GEOMETRY_JS)
+    assert geometry["labels"] >= 20, geometry  # every registry edge has its label
+    assert geometry["overlapping"] == [], geometry["overlapping"]
+    assert geometry["graph"] <= geometry["window"] and geometry["page"] <= geometry["window"], geometry
+
+
 def test_dashboard_in_a_real_browser(
     ui: tuple[str, ArenaSettings],
     broker: str,
     new_topic: Callable[..., str],
     unique_name: Callable[[str], str],
+    tmp_path: Path,
 ) -> None:
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]"
     )
-    chromium = _chromium()
+    chromium = chromium_path()
+    log, shots = tmp_path / "ui.log", tmp_path
     url, cfg = ui
+    counted = "eigen.pilot.metrics"  # a registry topic no worker of this test reads
+    txn = KafkaProducer(bootstrap_servers=broker, transactional_id=unique_name("ui-txn"))
+    txn.init_transactions()
+    for n in (3, 2):  # two transactions: two commit markers among the data records
+        txn.begin_transaction()
+        for i in range(n):
+            txn.send(counted, f"x-{i}".encode())
+        txn.commit_transaction()
+    txn.close()
+    records = len(read_all(broker, counted))
+    assert sum(end_offsets(broker, counted).values()) >= records + 2
     topic, group = new_topic(partitions=1), unique_name("paused")
     produce(broker, topic, 3)
     commit(broker, group, {TopicPartition(topic, 0): 3})  # caught up, then stopped consuming
@@ -145,13 +201,28 @@ def test_dashboard_in_a_real_browser(
                     else None
                 ),
             )
+            page.set_viewport_size({"width": 1400, "height": 900})
             page.goto(url)
             expect(page).to_have_title("Arena dashboard")
 
-            # The stage graph: registry edges drawn; the paused group's lag grows on screen.
+            # The stage graph: registry edges drawn, inside the window, labels apart; records are data
+            # records; the trainer's box and edges say idle.
             expect(page.locator('#graph-svg [data-edge="chains:tools.servers->chains"]').first).to_be_visible(
                 timeout=WAIT_MS
             )
+            sub = page.locator(f'#graph-svg [data-node="{counted}"] [data-testid="node-sub"]')
+            expect(sub).to_have_text(re.compile(rf"(^|· ){records} records"), timeout=WAIT_MS)
+            trainer = page.locator('#graph-svg [data-node="trainer.metrics"] [data-testid="node-sub"]')
+            expect(trainer).to_contain_text("idle", timeout=WAIT_MS)
+            expect(
+                page.locator('#graph-svg text[data-edge="trainer:samples.sft->trainer.metrics"]')
+            ).to_have_text("idle")
+            expect(
+                page.locator('tr[data-edge="trainer:samples.sft->trainer.metrics"] td[data-col="lag"]')
+            ).to_have_text("idle")
+            for width in (1400, 1000):
+                check_graph_geometry(page, width, shots)
+            page.set_viewport_size({"width": 1400, "height": 900})
             lag = page.locator(f'tr[data-group="{group}"][data-topic="{topic}"] td[data-col="lag"]')
             expect(lag).to_have_text("0", timeout=WAIT_MS)
             produce(broker, topic, 5)
@@ -172,6 +243,28 @@ def test_dashboard_in_a_real_browser(
             page.fill("#sql", "drop table chains")
             page.click("#run-query")
             expect(page.locator("#query-error")).to_contain_text("only read-only queries", timeout=WAIT_MS)
+
+            # The page's buttons send the token `arena ui` printed; a request without it is refused.
+            token = page.locator('meta[name="arena-token"]').get_attribute("content") or ""
+            assert len(token) >= 16 and f"write token of this start: {token}" in log.read_text()
+            status = page.evaluate(
+                """(sql) => fetch("/api/lake/query", {method: "POST", headers: {"Content-Type": "application/json"},
+                   body: JSON.stringify({sql})}).then((r) => r.status)""",
+                "select 1",
+            )
+            assert status == 403
+
+            # The sticky header leaves a section's title visible when its nav link scrolls to it.
+            for section in ("dlq", "lake", "training", "trace"):
+                page.click(f'header nav a[href="#{section}"]')
+                page.wait_for_timeout(300)
+                header = page.locator("header").bounding_box()
+                title = page.locator(f"#{section} h2").bounding_box()
+                assert header and title and title["y"] >= header["y"] + header["height"], (
+                    section,
+                    header,
+                    title,
+                )
 
             # Training curves: published steps become a line in the loss chart.
             producer = KafkaProducer(bootstrap_servers=broker)
@@ -198,7 +291,7 @@ def test_dead_letters_replay_in_a_real_browser(ui: tuple[str, ArenaSettings], br
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]"
     )
-    chromium = _chromium()
+    chromium = chromium_path()
     url, _ = ui
     reason = uuid.uuid4().hex
     raws = {name: produce_dead_letter(broker, f"{reason}-{name}") for name in "abc"}

@@ -4,9 +4,14 @@
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
 
+// The write token of this `arena ui` start (app/ui.py puts it in the page); every POST sends it.
+const TOKEN = (document.querySelector('meta[name="arena-token"]') || {}).content || "";
+
 async function api(path, body) {
   const init = body === undefined ? {} : {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    method: "POST",
+    headers: { "Content-Type": "application/json", "X-Arena-Token": TOKEN },
+    body: JSON.stringify(body),
   };
   const resp = await fetch(path, init);
   let data = null;
@@ -52,88 +57,180 @@ function every(periodMs, fn) {
 
 // --- stage graph -----------------------------------------------------------------------------
 
-function drawGraph(view) {
-  const root = $("graph-svg");
-  const colW = 240, rowH = 50, boxW = 150, boxH = 30, pad = 10;
-  const columns = new Map();
+// Top to bottom, one row per depth: the graph is at most four topics wide, so it fits the panel's
+// width; it scrolls inside the panel only when the panel is narrower than its narrowest layout.
+const G = { boxW: 168, boxH: 34, rowH: 92, pad: 12, gap: 28 };
+let lastView = null;
+
+// Node centres: rows by depth; in each row, nodes near the mean centre of what feeds them, kept apart.
+function layout(view, width) {
+  const rows = new Map();
   for (const n of view.nodes) {
-    if (!columns.has(n.depth)) columns.set(n.depth, []);
-    columns.get(n.depth).push(n);
+    if (!rows.has(n.depth)) rows.set(n.depth, []);
+    rows.get(n.depth).push(n);
   }
-  // Column by column, order nodes by the mean row of what feeds them (fewer crossings).
   const feeds = new Map();
   for (const e of view.edges) {
     if (!feeds.has(e.target)) feeds.set(e.target, []);
     feeds.get(e.target).push(e.source);
   }
+  const widest = Math.max(...[...rows.values()].map((r) => r.length), 1);
+  const W = Math.max(width, G.pad * 2 + widest * (G.boxW + G.gap) - G.gap);
+  const step = G.boxW + G.gap, lo = G.pad + G.boxW / 2, hi = W - G.pad - G.boxW / 2;
   const pos = new Map();
-  const rowOf = new Map();
-  let rows = 0;
-  const order = (n) => {
-    const ups = (feeds.get(n.id) || []).filter((s) => rowOf.has(s)).map((s) => rowOf.get(s));
-    return ups.length ? ups.reduce((a, b) => a + b, 0) / ups.length : -1;
-  };
-  for (const depth of [...columns.keys()].sort((a, b) => a - b)) {
-    const nodes = columns.get(depth);
-    nodes.sort((a, b) => order(a) - order(b) || a.id.localeCompare(b.id));
-    nodes.forEach((n, i) => {
-      rowOf.set(n.id, i);
-      pos.set(n.id, { x: pad + depth * colW, y: pad + i * rowH });
-    });
-    rows = Math.max(rows, nodes.length);
+  const depths = [...rows.keys()].sort((a, b) => a - b);
+  for (const depth of depths) {
+    const nodes = rows.get(depth);
+    const want = new Map(nodes.map((n, i) => {
+      const ups = (feeds.get(n.id) || []).filter((s) => pos.has(s)).map((s) => pos.get(s).cx);
+      const spread = lo + ((hi - lo) * (i + 0.5)) / nodes.length;
+      return [n.id, ups.length ? ups.reduce((a, b) => a + b, 0) / ups.length : spread];
+    }));
+    nodes.sort((a, b) => want.get(a.id) - want.get(b.id) || a.id.localeCompare(b.id));
+    const xs = nodes.map((n) => want.get(n.id));
+    for (let i = 0; i < xs.length; i++) xs[i] = Math.max(xs[i], i ? xs[i - 1] + step : lo);
+    for (let i = xs.length - 1; i >= 0; i--) xs[i] = Math.min(xs[i], i < xs.length - 1 ? xs[i + 1] - step : hi);
+    nodes.forEach((n, i) => pos.set(n.id, { cx: xs[i], y: G.pad + depth * G.rowH }));
   }
-  const width = pad * 2 + (Math.max(...columns.keys(), 0) + 1) * colW;
-  const height = pad * 2 + rows * rowH;
+  const height = G.pad * 2 + (Math.max(...depths, 0) + 1) * G.rowH - (G.rowH - G.boxH);
+  return { pos, width: W, height };
+}
+
+const overlaps = (a, b) => a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+
+function bezier(p, t) {
+  const u = 1 - t;
+  return {
+    x: u * u * u * p[0].x + 3 * u * u * t * p[1].x + 3 * u * t * t * p[2].x + t * t * t * p[3].x,
+    y: u * u * u * p[0].y + 3 * u * u * t * p[1].y + 3 * u * t * t * p[2].y + t * t * t * p[3].y,
+  };
+}
+
+// A spot for a label of size w x h near its edge that overlaps no box and no label placed before.
+function placeLabel(curve, w, h, taken, width) {
+  const spots = [];
+  for (const t of [0.5, 0.4, 0.6, 0.3, 0.7, 0.22, 0.78]) spots.push({ t, dx: 0, dy: 0 });
+  for (let k = 1; k <= 40; k++) {
+    for (const dx of [k * 12, -k * 12]) spots.push({ t: 0.5, dx, dy: 0 });
+    for (const dy of [k * 7, -k * 7]) spots.push({ t: 0.5, dx: 0, dy });
+  }
+  for (const s of spots) {
+    const c = bezier(curve, s.t);
+    const box = { x: c.x + s.dx - w / 2, y: c.y + s.dy - h / 2, w, h };
+    if (box.x >= 0 && box.x + w <= width && !taken.some((o) => overlaps(box, o))) return box;
+  }
+  const c = bezier(curve, 0.5);
+  return { x: c.x - w / 2, y: c.y - h / 2, w, h }; // nowhere free: the edge's middle
+}
+
+function labelText(e) {
+  if (e.idle) return "idle";
+  const lag = e.pending_capped ? `≥${e.lag}` : fmtNum(e.lag);
+  return `lag ${lag} · ${fmtRate(e.throughput)}/s`;
+}
+
+function nodeText(n) {
+  if (n.kind === "sink") return n.idle ? "sink · idle" : "sink";
+  const records = n.records === null ? "–" : `${n.records_complete ? "" : "≥"}${n.records}`;
+  return n.idle ? `idle · ${records} records` : `${records} records · ${fmtRate(n.rate)}/s`;
+}
+
+function drawGraph(view) {
+  lastView = view;
+  const root = $("graph-svg");
+  const { pos, width, height } = layout(view, root.parentElement.clientWidth);
   root.replaceChildren();
   root.setAttribute("width", width);
   root.setAttribute("height", height);
   root.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  // Edges leave a box's bottom and enter the next box's top spread out, in the order of their far end.
+  const outs = new Map(), ins = new Map();
+  for (const e of view.edges) {
+    if (!pos.has(e.source) || !pos.has(e.target)) continue;
+    if (!outs.has(e.source)) outs.set(e.source, []);
+    if (!ins.has(e.target)) ins.set(e.target, []);
+    outs.get(e.source).push(e);
+    ins.get(e.target).push(e);
+  }
+  const port = (list, e, far) => {
+    const sorted = [...list].sort((a, b) => pos.get(far(a)).cx - pos.get(far(b)).cx);
+    return (sorted.indexOf(e) + 1) / (sorted.length + 1);
+  };
+  const taken = view.nodes.filter((n) => pos.has(n.id)).map((n) => {
+    const p = pos.get(n.id);
+    return { x: p.cx - G.boxW / 2, y: p.y, w: G.boxW, h: G.boxH };
+  });
+  const labels = [];
   for (const e of view.edges) {
     const a = pos.get(e.source), b = pos.get(e.target);
     if (!a || !b) continue;
-    const x1 = a.x + boxW, y1 = a.y + boxH / 2, x2 = b.x, y2 = b.y + boxH / 2;
-    const mx = (x1 + x2) / 2;
-    const lagging = (e.lag || 0) > 0 ? " lagging" : "";
+    const x1 = a.cx - G.boxW / 2 + G.boxW * port(outs.get(e.source), e, (x) => x.target);
+    const x2 = b.cx - G.boxW / 2 + G.boxW * port(ins.get(e.target), e, (x) => x.source);
+    const y1 = a.y + G.boxH, y2 = b.y, my = (y1 + y2) / 2;
+    const curve = [{ x: x1, y: y1 }, { x: x1, y: my }, { x: x2, y: my }, { x: x2, y: y2 }];
+    const state = e.idle ? " idle" : ((e.lag || 0) > 0 ? " lagging" : "");
     root.append(svg("path", {
-      d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}`, class: `edge${lagging}`, "data-edge": e.id,
+      d: `M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`, class: `edge${state}`, "data-edge": e.id,
     }));
-    root.append(svg("text", {
-      x: mx, y: (y1 + y2) / 2 - 3, "text-anchor": "middle", class: `edge-label${lagging}`,
+    const text = svg("text", {
+      "text-anchor": "middle", "dominant-baseline": "central", class: `edge-label${state}`,
       "data-testid": "edge-label", "data-edge": e.id,
-    }, `lag ${fmtNum(e.lag)} · ${fmtRate(e.throughput)}/s`));
+    }, labelText(e));
+    root.append(text);
+    labels.push({ text, curve });
+  }
+  const backs = [];
+  for (const { text, curve } of labels) {
+    const size = text.getBBox();
+    const box = placeLabel(curve, size.width + 6, size.height + 2, taken, width);
+    taken.push(box);
+    text.setAttribute("x", box.x + box.w / 2);
+    text.setAttribute("y", box.y + box.h / 2);
+    // a backing so the edge it sits on does not run through the text
+    backs.push(svg("rect", { x: box.x, y: box.y, width: box.w, height: box.h, rx: 3, class: "edge-label-bg" }));
   }
   for (const n of view.nodes) {
     const p = pos.get(n.id);
-    const g = svg("g", { class: `node ${n.kind}`, "data-node": n.id, transform: `translate(${p.x},${p.y})` });
-    g.append(svg("rect", { width: boxW, height: boxH, rx: 4 }));
-    g.append(svg("text", { x: 6, y: 13 }, n.id));
-    const sub = n.kind === "sink" ? "sink" : `${fmtNum(n.end)} records · ${fmtRate(n.rate)}/s`;
-    g.append(svg("text", { x: 6, y: 25, class: "edge-label" }, sub));
+    const g = svg("g", {
+      class: `node ${n.kind}${n.idle ? " idle" : ""}`, "data-node": n.id,
+      transform: `translate(${p.cx - G.boxW / 2},${p.y})`,
+    });
+    g.append(svg("rect", { width: G.boxW, height: G.boxH, rx: 4 }));
+    g.append(svg("text", { x: 6, y: 14 }, n.id));
+    g.append(svg("text", { x: 6, y: 28, class: "node-sub", "data-testid": "node-sub" }, nodeText(n)));
     root.append(g);
   }
+  // Labels drawn last stay readable where an edge runs under them.
+  root.append(...backs);
+  for (const { text } of labels) root.append(text);
 }
 
+// Lag and pending are one count (data records still to read); an idle group (never ran) says so instead.
 function lagCells(row) {
-  const pending = row.pending === null || row.pending === undefined ? "–"
-    : (row.pending_capped ? `≥${row.pending}` : String(row.pending));
+  const count = row.lag === null || row.lag === undefined ? "–"
+    : (row.pending_capped ? `≥${row.lag}` : String(row.lag));
+  const shown = row.idle ? "idle" : count;
   return [
-    el("td", { className: "num lag", "data-col": "lag" }, fmtNum(row.lag)),
-    el("td", { className: "num", "data-col": "pending" }, pending),
+    el("td", { className: "num lag", "data-col": "lag" }, shown),
+    el("td", { className: "num", "data-col": "pending" }, shown),
+    el("td", { className: "num", "data-col": "offset-lag" }, fmtNum(row.offset_lag)),
     el("td", { className: "num", "data-col": "throughput" }, fmtRate(row.throughput)),
   ];
 }
 
+const rowState = (row) => (row.idle ? "idle" : ((row.lag || 0) > 0 ? "lagging" : ""));
+
 function drawEdges(view) {
   const body = $("edges").tBodies[0];
   body.replaceChildren(...view.edges.map((e) => el("tr", {
-    "data-edge": e.id, "data-testid": "edge-row", className: (e.lag || 0) > 0 ? "lagging" : "",
+    "data-edge": e.id, "data-testid": "edge-row", className: rowState(e),
   }, el("td", {}, e.worker), el("td", {}, e.group), el("td", {}, e.source), el("td", {}, e.target), ...lagCells(e))));
 }
 
 function drawGroups(view) {
   const body = $("groups").tBodies[0];
   body.replaceChildren(...view.groups.map((g) => el("tr", {
-    "data-group": g.group, "data-topic": g.topic, "data-testid": "group-row", className: g.lag > 0 ? "lagging" : "",
+    "data-group": g.group, "data-topic": g.topic, "data-testid": "group-row", className: rowState(g),
   }, el("td", {}, g.group), el("td", {}, g.topic), el("td", {}, g.worker || ""),
   el("td", { className: "num", "data-col": "committed" }, fmtNum(g.committed)),
   el("td", { className: "num", "data-col": "end" }, fmtNum(g.end)), ...lagCells(g))));
@@ -300,7 +397,8 @@ async function runQuery(ev) {
     table.tHead.replaceChildren(el("tr", {}, ...r.columns.map((c) => el("th", {}, c))));
     table.tBodies[0].replaceChildren(...r.rows.map((row) => el("tr", { "data-testid": "result-row" },
       ...row.map((v) => el("td", {}, showCell(v))))));
-    $("query-meta").textContent = `${r.rows.length}${r.truncated ? "+" : ""} rows in ${r.elapsed_ms} ms`;
+    $("query-meta").textContent = `${r.rows.length}${r.truncated ? "+" : ""} rows in ${r.elapsed_ms} ms`
+      + (r.note ? ` — ${r.note}` : "");
   } catch (e) {
     table.tHead.replaceChildren();
     table.tBodies[0].replaceChildren();
@@ -399,7 +497,17 @@ async function runTrace(ev) {
   }
 }
 
+// The sticky header must not cover a section's title when a link scrolls to it.
+function fitHeader() {
+  document.documentElement.style.scrollPaddingTop = `${$("top").offsetHeight + 8}px`;
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  fitHeader();
+  window.addEventListener("resize", () => {
+    fitHeader();
+    if (lastView) drawGraph(lastView);
+  });
   $("query-form").addEventListener("submit", runQuery);
   $("trace-form").addEventListener("submit", runTrace);
   $("dlq-filter").addEventListener("submit", (ev) => { ev.preventDefault(); refreshDlq(); });
