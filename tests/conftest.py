@@ -53,7 +53,11 @@ def xdist_group(item: pytest.Item) -> str:
     return item.path.name
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: xdist's worker hook (registered after this conftest, so called before it) reads the
+    # xdist_group marks to suffix node ids; marks added after it are ignored and every worker
+    # builds its own demo home.
     for item in items:
         if "demo_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT_S))
