@@ -169,6 +169,21 @@ def _offsets(
 # -- pending probe ---------------------------------------------------------
 
 
+def counting_consumer(bootstrap: str, client_id: str) -> KafkaConsumer:
+    """A read_committed consumer with no group and no commits, for counting data records."""
+    read_committed.install()
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=50,  # a done partition must not stall the others
+        max_poll_records=2_000,
+    )
+
+
 def _count_pending(
     bootstrap: str,
     probes: list[tuple[TopicPartition, int, int]],
@@ -195,17 +210,7 @@ def _count_pending(
             rounds.append({tp: (start, end)})
 
     results: dict[tuple[TopicPartition, int], tuple[int, bool]] = {}
-    read_committed.install()
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        client_id="arena-lag",
-        group_id=None,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=50,  # a done partition must not stall the others
-        max_poll_records=2_000,
-    )
+    consumer = counting_consumer(bootstrap, "arena-lag")
     deadline = time.monotonic() + timeout_s
     try:
         for rnd in rounds:

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 from pydantic import BaseModel, Field
 
-from streams import read_committed
+from consumers.lag import counting_consumer
 
 BUDGET_S = 1.5
 
@@ -56,17 +56,7 @@ class RecordCounter:
 
     def _client(self) -> Any:
         if self._consumer is None:
-            read_committed.install()
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                client_id="arena-record-count",
-                group_id=None,
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=50,  # a finished partition must not stall the others
-                max_poll_records=2_000,
-            )
+            self._consumer = counting_consumer(self.bootstrap, "arena-record-count")
         return self._consumer
 
     def count(
