@@ -263,7 +263,9 @@ def _label(node: Any) -> str:
         return f"[magenta]training step {node.step}[/magenta] of run {escape(node.run or '?')} ({node.phase})"
     colour = {"source": "green", "sample": "cyan", "dead_letter": "red"}.get(node.kind, "white")
     topic = escape(node.topic or "source (topic not in the lake)")
-    return f"[{colour}]{topic}[/{colour}] {escape(node.id)}"
+    origin = [f"{name} {value}" for name, value in (("server", node.server), ("file", node.file)) if value]
+    where = f" [bold]{escape(', '.join(origin))}[/bold]" if origin else ""
+    return f"[{colour}]{topic}[/{colour}] {escape(node.id)}{where}"
 
 
 def _how(edge: Any, up: bool) -> str:

@@ -46,7 +46,16 @@ from pydantic import BaseModel, Field, ValidationError
 
 from arena.llm.backends.openai import ATTEMPT_HEADER, ROLE_HEADER
 from arena.llm.budget import prompt_tokens
-from arena.llm.core import Backend, Completion, CompletionRequest, Role, Sampling, ToolCall, Undecidable
+from arena.llm.core import (
+    Backend,
+    Completion,
+    CompletionRequest,
+    Role,
+    Sampling,
+    ToolCall,
+    Undecidable,
+    Usage,
+)
 from arena.llm.gateway import FEEDBACK_PREFIX
 from arena.llm.replies import as_text
 from arena.llm.roles.agent import AGENT_POLICY
@@ -296,7 +305,9 @@ def chat_completion(
     """The OpenAI ``chat.completion`` object for ``completion`` (cut at ``max_tokens`` like a server)."""
     content, calls = _reply_parts(request, completion.text)
     message = _styled(style, request, content, calls)
-    answer = completion.usage.completion_tokens or approx_tokens(
+    # A backend's estimate counted its own text, not this styled reply: count what is sent.
+    counted = completion.usage if not completion.usage.estimated else Usage()
+    answer = counted.completion_tokens or approx_tokens(
         str(message.get("content") or "") + json.dumps(message.get("tool_calls") or [])
     )
     finish = "tool_calls" if message.get("tool_calls") else "stop"
@@ -305,7 +316,7 @@ def chat_completion(
     if len(text) > limit:
         message = {"role": "assistant", "content": text[:limit]}
         finish, answer = "length", request.sampling.max_tokens
-    prompt = completion.usage.prompt_tokens or prompt_tokens(request.messages, request.tools)
+    prompt = counted.prompt_tokens or prompt_tokens(request.messages, request.tools)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",

@@ -499,6 +499,29 @@ def read_topic(store: ObjectStore, topic: str) -> pa.Table:
     return read_topic_files(store, topic, _topic_files(store, topic))
 
 
+def read_rows(
+    store: ObjectStore, topic: str, keys: Iterable[str], columns: list[str]
+) -> dict[str, dict[str, Any]]:
+    """``columns`` of the rows of ``topic`` whose key is one of ``keys``, by key.
+
+    Local lakes read only those columns and rows (the key filter is pushed into the scan); a
+    column an older file lacks reads as None.
+    """
+    wanted = sorted(set(keys))
+    paths = _topic_files(store, topic)
+    if not wanted or not paths:
+        return {}
+    schema = arrow_schema(topic)
+    names = ["_key", *columns]
+    match = ds.field("_key").isin(wanted)
+    if isinstance(store, LocalStore):
+        local = [str(store.local_path(p)) for p in paths]
+        table = ds.dataset(local, schema=schema, format="parquet").to_table(columns=names, filter=match)
+    else:
+        table = ds.dataset(read_topic_files(store, topic, paths)).to_table(columns=names, filter=match)
+    return {row["_key"]: row for row in table.to_pylist()}
+
+
 def lake_listing(store: ObjectStore) -> list[TopicListing]:
     """Files, rows and bytes per topic present in the lake (rows from Parquet footers)."""
     per_topic: dict[str, list[str]] = defaultdict(list)

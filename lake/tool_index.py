@@ -18,6 +18,7 @@ from lancedb.embeddings import EmbeddingFunctionConfig, TextEmbeddingFunction, g
 
 from arena.embed import DIM, embed_texts
 from arena.records.tools import ToolServer
+from arena.retry import RetryPolicy, call_with_retry
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 EMBEDDING_NAME = "arena-minilm"
 TABLE = "tools"
+LANCE_WRITES = RetryPolicy(attempts=6, base_s=0.2, max_s=5.0)
+"""Tries of a LanceDB write that lost a commit race to another writer (each retry re-reads the table)."""
 
 
 @register(EMBEDDING_NAME)
@@ -91,9 +94,15 @@ class ToolIndex:
     """The ``tools`` table of a LanceDB database (a folder or ``s3://bucket/prefix``)."""
 
     def __init__(
-        self, uri: str, storage_options: dict[str, str] | None = None, *, read_consistency_s: float = 0.0
+        self,
+        uri: str,
+        storage_options: dict[str, str] | None = None,
+        *,
+        read_consistency_s: float = 0.0,
+        retry: RetryPolicy = LANCE_WRITES,
     ) -> None:
         self.uri = uri
+        self.retry = retry
         # LanceDB otherwise never re-reads a table it has opened: a long-lived searcher would
         # miss what the indexer worker adds. 0 = check for a newer version on every read.
         self._db = lancedb.connect(
@@ -134,7 +143,22 @@ class ToolIndex:
         return self._open(create=True)
 
     def upsert(self, server: ToolServer) -> int:
-        """Index every tool of ``server``; returns rows inserted or changed (0 when up to date)."""
+        """Index every tool of ``server``; returns rows inserted or changed (0 when up to date).
+
+        A write that lost a commit race (another worker wrote the table first) is tried again on
+        the table's latest version (``self.retry``); any other error is raised at once.
+        """
+        return call_with_retry(
+            lambda: self._upsert(server),
+            self.retry,
+            what=f"tool index upsert of {server.server_id}",
+            on_retry=self._reopen,
+        )
+
+    def _reopen(self, exc: BaseException) -> None:
+        self._table = None  # the next try opens the table at its latest version
+
+    def _upsert(self, server: ToolServer) -> int:
         rows = [
             {
                 "id": f"{server.server_id}/{tool.function.name}",

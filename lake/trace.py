@@ -8,13 +8,15 @@ down to every descendant, the samples (``samples.*``) among them, and from the s
 training steps that used them (``trainer_step_samples``, written with each step record).
 
 A dead letter's edge leads to the key of the record that failed, so its trace goes on from there.
+Source documents and tool servers carry where they came from, read from their lake rows: the file
+(or URI) they were published from and the tool server they belong to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -25,6 +27,15 @@ MIN_PREFIX = 8
 """Shortest key prefix accepted (like git's abbreviated hashes)."""
 SOURCE_TOPICS = ("tools.raw", "qa.seeds", "eigen.seeds")
 """Topics records are published to: where every lineage chain starts."""
+ORIGIN_FIELDS: dict[str, dict[str, str]] = {
+    "tools.raw": {"file": "source", "server": "server"},
+    "tools.servers": {"file": "source", "server": "name"},
+    "qa.seeds": {"file": "source"},
+    "eigen.seeds": {},
+}
+"""Topics read from the lake for a trace: ``TraceNode`` field -> the value field that holds it."""
+KEY_QUERY = "select _key from samples_sft limit 5"
+"""A lake query that lists record keys (any topic's view has the ``_key`` column)."""
 
 NodeKind = Literal["source", "record", "sample", "dead_letter", "training_step"]
 
@@ -55,6 +66,13 @@ class TraceNode(BaseModel):
     run: Annotated[str | None, Field(description="Training steps: the run name.")] = None
     step: Annotated[int | None, Field(description="Training steps: the optimizer step.")] = None
     phase: Annotated[str | None, Field(description="Training steps: sft or grpo.")] = None
+    file: Annotated[
+        str | None,
+        Field(description="File or URI the record was published from (tools.raw, tools.servers, qa.seeds)."),
+    ] = None
+    server: Annotated[
+        str | None, Field(description="Tool server the record belongs to (tools.raw, tools.servers).")
+    ] = None
 
 
 class TraceEdge(BaseModel):
@@ -114,7 +132,7 @@ def _prompt_ids(edges: Iterable[LineageEdge]) -> list[str]:
 def resolve_id(catalog: Catalog, record_id: str) -> str:
     """The full key ``record_id`` names: itself when the catalog knows it, else its unique prefix."""
     rid = record_id.strip()
-    hint = 'find keys with `arena lake query "select key from samples_sft limit 5"` (any topic\'s view)'
+    hint = f'find keys with `arena lake query "{KEY_QUERY}"` (any topic\'s view)'
     if not rid:
         raise TraceError(f"give a record id; {hint}")
     matches = catalog.keys_with_prefix(rid)
@@ -191,20 +209,24 @@ class _Walk:
         return found
 
 
-def _source_topics(settings: ArenaSettings, keys: list[str]) -> dict[str, str]:
-    """Topic of each source key, looked up in the lake's source topics (keys not found are left out)."""
-    if not keys:
-        return {}
-    from lake.parquet import LakeWriter
+def _origins(
+    settings: ArenaSettings, roots: set[str], topics: dict[str, str]
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Topic and origin (``ORIGIN_FIELDS``) of the keys found in the lake's origin topics.
+
+    Roots are looked for in every source topic (no lineage edge names their topic); other keys in
+    the topic their edges name.
+    """
+    from lake.parquet import read_rows
     from lake.store import open_store
 
-    writer = LakeWriter(open_store(settings))
-    out: dict[str, str] = {}
-    wanted = set(keys)
-    for name in SOURCE_TOPICS:
-        for key in wanted & writer.known_keys(name):
-            out[key] = name
-    return out
+    store = open_store(settings)
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name, fields in ORIGIN_FIELDS.items():
+        keys = {k for k, t in topics.items() if t == name} | (roots if name in SOURCE_TOPICS else set())
+        for key, row in read_rows(store, name, keys - found.keys(), sorted(set(fields.values()))).items():
+            found[key] = (name, {field: row[column] for field, column in fields.items()})
+    return found
 
 
 def _edge(e: LineageEdge, prompts: dict[str, tuple[str, int]]) -> TraceEdge:
@@ -258,13 +280,16 @@ def _trace(catalog: Catalog, settings: ArenaSettings, key: str, depth: int) -> T
     topics = catalog.topics_of(all_keys)
     with_parents = {e.child_key for e in up} | {e.child_key for e in down} | ({key} if up else set())
     roots = {k for k in walk.up_levels if k not in with_parents and k not in topics}
-    topics.update(_source_topics(settings, sorted(roots)))
+    origins = _origins(settings, roots, topics)
+    topics.update({k: name for k, (name, _) in origins.items()})
+    where = {k: fields for k, (_, fields) in origins.items()}
     nodes = {
         k: TraceNode(
             id=k,
             kind=_kind(topics.get(k), k not in roots),
             topic=topics.get(k),
             depth=levels[k],
+            **where.get(k, {}),
         )
         for k in all_keys
     }

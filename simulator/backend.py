@@ -2,7 +2,9 @@
 
 A rule gets the role's typed input and a ``random.Random`` seeded from (backend seed, role,
 input, attempt), so the same call always gives the same output and a retry after an invalid or
-undecidable output gets a fresh draw.
+undecidable output gets a fresh draw. Its usage is estimated from the rendered messages and the
+answer text (``arena.llm.budget.estimated_usage``), so token metrics and ``llm.usage`` count it as
+they count a real model's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from arena.hashing import content_hash
+from arena.llm.budget import estimated_usage
 from arena.llm.core import Completion, CompletionRequest
 
 if TYPE_CHECKING:
@@ -69,7 +72,8 @@ class RulesBackend:
             )
         # Rules are plain CPU code; keep them off the event loop. ``Undecidable`` propagates.
         output = await asyncio.to_thread(rule, request.inputs, self.rng_for(request))
-        return Completion(text=output.model_dump_json())
+        text = output.model_dump_json()
+        return Completion(text=text, usage=estimated_usage(request.messages, request.tools, text))
 
     async def aclose(self) -> None:
         return None

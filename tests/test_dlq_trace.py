@@ -19,11 +19,14 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from rich.console import Console
 from sqlmodel import Session
 
+from app.cli_ops import render_trace
 from app.demo import sample_tools_dir
 from arena.config import ArenaSettings
 from arena.records.common import DeadLetter, DeadLetterKind
+from arena.records.tools import RawToolServer, ToolDocFormat
 from arena.topics import topic
 from consumers.dlq import (
     DlqError,
@@ -374,6 +377,9 @@ def _lineage(settings: ArenaSettings) -> dict[str, str]:
         )
     assert checkpoints.truncate_after(1) == 1  # a resumed run forgets step 2 in the catalog too
     checkpoints.dispose()
+    raw = RawToolServer(
+        server="pinger", source="docs/ping.json", format=ToolDocFormat.mcp, entries=SERVER["tools"]
+    )
     LakeWriter(open_store(settings)).write(
         "tools.raw",
         [
@@ -383,7 +389,7 @@ def _lineage(settings: ArenaSettings) -> dict[str, str]:
                 partition=0,
                 offset=0,
                 timestamp_ms=0,
-                value=json.dumps(SERVER).encode(),
+                value=raw.model_dump_json().encode(),
             )
         ],
     )
@@ -395,7 +401,16 @@ def test_trace_reaches_source_prompts_samples_and_training_steps(settings: Arena
     report = trace_record(settings, keys["sample"][:14])  # a prefix, like git
     assert report.record.id == keys["sample"] and report.record.kind == "sample"
     assert report.sources == [keys["raw"]]
-    assert report.nodes[keys["raw"]].topic == "tools.raw" and report.nodes[keys["raw"]].depth == -4
+    source = report.nodes[keys["raw"]]
+    assert (source.topic, source.depth, source.file, source.server) == (
+        "tools.raw",
+        -4,
+        "docs/ping.json",
+        "pinger",
+    )
+    console = Console(width=400, record=True)
+    console.print(render_trace(report))
+    assert f"tools.raw {keys['raw']} server pinger, file docs/ping.json" in console.export_text()
     prompts = {(p.role, p.version) for e in report.ancestors for p in e.prompts}
     assert prompts == {("task_generation", 1), ("agent_policy", 1), ("judge_query_understanding", 1)}
     assert {e.stage for e in report.ancestors} == {

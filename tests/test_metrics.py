@@ -15,22 +15,25 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.metrics_http import LagCollector, MetricsPortError, serve
 from arena import metrics
 from arena.config import SandboxSettings
+from arena.llm.budget import estimated_usage
 from arena.llm.core import Completion, CompletionRequest, TransientError, Usage
-from arena.llm.gateway import Gateway
+from arena.llm.gateway import Gateway, GatewayUsage
 from arena.records.common import DeadLetter, DeadLetterKind, Rejection
 from consumers.lag import LagRow, compute_lag
 from sandbox.pool import SandboxPool
 from simulator.backend import RulesBackend
+from streams.usage import usage_records
 from tests.cli import ARENA, arena_env, broker_of, run_arena
 from tests.test_gateway import ECHO, TEST_RULES, CountingBackend, EchoIn
 
@@ -272,6 +275,41 @@ def test_llm_requests_tokens_and_errors_per_role() -> None:
     assert value("arena_llm_tokens_total", **labels, kind="prompt") == before["prompt"] + 11
     assert value("arena_llm_tokens_total", **labels, kind="completion") == before["completion"] + 5
     assert value("arena_llm_requests_in_flight", **labels) == 0
+
+
+def test_rules_backend_reports_estimated_tokens_to_metrics_and_llm_usage() -> None:
+    """The offline backend has no tokenizer: its usage is the budget's estimate, flagged as such, and
+    it reaches the token counters and the ``llm.usage`` records like a real server's."""
+    labels = {"role": ECHO.name, "backend": "rules"}
+    before = {kind: value("arena_llm_tokens_total", **labels, kind=kind) for kind in ("prompt", "completion")}
+    backend = CountingBackend(RulesBackend(seed=0, rules=TEST_RULES))
+
+    async def run() -> GatewayUsage:
+        gateway = Gateway(backend)
+        try:
+            answer = await gateway.call(ECHO, EchoIn(text="count my tokens"))
+            assert answer.usage.prompt_tokens > 0 and answer.usage.completion_tokens > 0
+            return gateway.usage
+        finally:
+            await gateway.aclose()
+
+    usage = asyncio.run(run())
+    (request,) = backend.requests
+    completion = asyncio.run(RulesBackend(seed=0, rules=TEST_RULES).complete(request))
+    assert completion.usage == estimated_usage(request.messages, request.tools, completion.text)
+    assert completion.usage.estimated and completion.usage.completion_tokens == -(-len(completion.text) // 3)
+    tokens = (completion.usage.prompt_tokens, completion.usage.completion_tokens)
+    after = tuple(value("arena_llm_tokens_total", **labels, kind=kind) - before[kind] for kind in before)
+    assert after == tokens
+    exposition = generate_latest(REGISTRY).decode()
+    (family,) = [f for f in text_string_to_metric_families(exposition) if f.name == "arena_llm_tokens"]
+    assert {s.labels["kind"] for s in family.samples if s.labels.get("role") == ECHO.name} >= {
+        "prompt",
+        "completion",
+    }
+    now = datetime.now(UTC)
+    (record,) = usage_records("-", usage, {}, now, now, pid=1)
+    assert (record.prompt_tokens, record.completion_tokens) == tokens
 
 
 def test_sandbox_sessions_gauge_and_verdicts() -> None:

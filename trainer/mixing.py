@@ -42,6 +42,7 @@ from pydantic import BaseModel, Field
 
 from arena.records.envs import EnvPackage
 from arena.records.tools import tool_name
+from arena.retry import call_with_retry
 
 if TYPE_CHECKING:
     from lake.env_packages import EnvPackageStore, Split
@@ -175,7 +176,12 @@ class ToolMixer:
         self.seed = seed
         self._by_name = {tool.name: tool for tool in self.pool}
         self._vectors: dict[str, np.ndarray] = {}  # doc text -> unit vector (pool and seen instance tools)
-        self._table = self._sync(storage_options)
+        from lake.tool_index import LANCE_WRITES  # imports lancedb (slow): only when a mixer is built
+
+        # Each try connects anew, so a sync that lost a commit race re-reads the latest version.
+        self._table = call_with_retry(
+            lambda: self._sync(storage_options), LANCE_WRITES, what="mix_tools sync"
+        )
 
     def __repr__(self) -> str:  # storage options may carry credentials: never show them
         return f"ToolMixer({len(self.pool)} tools, {self.db_uri!r}, k_per_band={self.k_per_band})"

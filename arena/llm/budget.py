@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from arena.llm.core import Usage
+
 CHARS_PER_TOKEN = 3
 """Characters per token of the estimate (pessimistic for English and JSON)."""
 MESSAGE_OVERHEAD_TOKENS = 8
@@ -48,6 +50,15 @@ def prompt_tokens(
     if tools:
         total += approx_tokens(json.dumps(list(tools), ensure_ascii=False))
     return total
+
+
+def estimated_usage(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, reply: str
+) -> Usage:
+    """Estimated usage of one request and its ``reply`` text, for a backend without a tokenizer."""
+    return Usage(
+        prompt_tokens=prompt_tokens(messages, tools), completion_tokens=approx_tokens(reply), estimated=True
+    )
 
 
 @dataclass(frozen=True)

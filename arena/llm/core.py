@@ -164,6 +164,9 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    estimated: bool = False
+    """The counts are ``arena.llm.budget``'s tokenizer-free estimate (the ``rules`` backend, which
+    has no tokenizer), not what a server's tokenizer counted."""
 
 
 @dataclass(frozen=True)

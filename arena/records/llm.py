@@ -14,7 +14,8 @@ class LlmUsage(Record):
     """One stage's LLM use for one role over one window of one worker process; value of ``llm.usage``.
 
     Counters are deltas for the window (sum them over windows and processes). Tokens are what
-    the endpoint reported; cache hits spend none.
+    the endpoint reported (the ``rules`` backend, which has no tokenizer, reports the estimate of
+    ``arena.llm.budget``, about 3 characters a token); cache hits spend none.
     """
 
     stage: Annotated[str, Field(description="Stage whose records the calls were made for.")]

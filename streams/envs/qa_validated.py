@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from arena.hashing import content_hash
 from arena.llm.core import InvalidOutput
 from arena.records.envs import QaTrace
 from streams.resources import gateway_for
@@ -17,6 +18,12 @@ from streams.runtime import Context, Emit, StageDef, llm_lineage
 from synthesis.envs.quality import validate
 
 STAGE_VERSION = "1"
+
+
+def validated_key(qa_id: str) -> str:
+    """Key of a validated trace: a key of its own, so lineage keeps the trace and its validated
+    copy as two nodes (under the trace's key the edge pointed at itself)."""
+    return content_hash({"validated": qa_id}, prefix="qav-", length=24)
 
 
 async def handle(record: QaTrace, ctx: Context) -> Sequence[Emit]:
@@ -36,7 +43,8 @@ async def handle(record: QaTrace, ctx: Context) -> Sequence[Emit]:
                 record=scored.model_dump(mode="json"),
             )
         ]
-    return [Emit("qa.validated", scored.qa_id, scored, (ctx.source_key,), **llm_lineage(verdict.answers))]
+    key = validated_key(scored.qa_id)
+    return [Emit("qa.validated", key, scored, (ctx.source_key,), **llm_lineage(verdict.answers))]
 
 
 STAGE = StageDef(

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from arena.hashing import content_hash
 from arena.records.sft import ScoredTrajectory, Trajectory
 from streams.resources import gateway_for
 from streams.runtime import Context, Emit, StageDef, llm_lineage
 from synthesis.sft.reward import score_trajectory
 
 STAGE_VERSION = "1"
+
+
+def scored_key(trajectory_id: str) -> str:
+    """Key of a trajectory's scored record: a key of its own, so lineage keeps the trajectory and
+    its scored record as two nodes (under the trajectory's key the edge pointed at itself)."""
+    return content_hash({"scored": trajectory_id}, prefix="scored-", length=24)
 
 
 async def handle(record: Trajectory, ctx: Context) -> Sequence[Emit]:
@@ -30,7 +37,7 @@ async def handle(record: Trajectory, ctx: Context) -> Sequence[Emit]:
     return [
         Emit(
             "trajectories.scored",
-            record.trajectory_id,
+            scored_key(record.trajectory_id),
             scored,
             (ctx.source_key,),
             **llm_lineage(score.answers),

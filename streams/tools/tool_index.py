@@ -2,7 +2,9 @@
 
 Upserts are keyed by ``server_id/tool`` so a replay changes nothing. The stage is exactly-once
 like the others: LanceDB is outside the transaction (a record handled again upserts the same rows),
-its Kafka outputs (dead letters, its ``stages.ledger`` entries) commit with its offsets.
+its Kafka outputs (dead letters, its ``stages.ledger`` entries) commit with its offsets. A write
+that lost a LanceDB commit race to another writer is tried again inside the upsert
+(``lake.tool_index.LANCE_WRITES``); only an error LanceDB does not call retryable is dead-lettered.
 """
 
 from __future__ import annotations
