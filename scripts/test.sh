@@ -31,4 +31,5 @@ export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/mypy
 .venv/bin/python tests/import_rules.py
 # Two workers: much of a test is waiting on its servers; tests/conftest.py groups what must share one.
-exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"
+# --durations: the slowest items close the log, where CI shows it.
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"

@@ -247,7 +247,10 @@ def test_unrepairable_task_is_rejected_in_the_stream_after_three_rounds(demo_run
     )
     asyncio.run(publish(demo_run.bootstrap, [Emit("eigen.intents", item.item_id, item)]))
     run_arena(
-        ["worker", "--stage", "eigen-tasks", "--until-drained", "--timeout", "240"], demo_run.env, timeout=300
+        # with the lake sink: the shared demo home stays drained (tests/test_lag_drained.py checks it)
+        ["worker", "--stage", "eigen-tasks", "--stage", "lake-sink", "--until-drained", "--timeout", "240"],
+        demo_run.env,
+        timeout=300,
     )
     rejected = [json.loads(r.value) for r in read_all(demo_run.bootstrap, "eigen.intents.rejected")]
     mine = [r for r in rejected if r["subject"] == item.item_id]

@@ -128,8 +128,9 @@ def test_samples_reach_threshold_with_lineage_to_the_tool_doc(demo: Demo) -> Non
 def test_republishing_creates_no_duplicates_and_export_loads(demo: Demo, tmp_path: Path) -> None:
     before = {name: len(read_all(demo.bootstrap, name)) for name in SFT_TOPICS}
     run_arena(["publish", "tools", str(sample_tools_dir())], demo.env, check=1)
-    # The stages between tools.raw and samples.sft, and the lake sink (not the index or the env track).
-    stages = ["tools-servers", *SFT_STAGES, "lake-sink"]
+    # Every reader of what the republish reaches (tools.servers feeds the index too) and the lake
+    # sink: the shared demo home stays drained for the tests that check it is (test_lag_drained).
+    stages = ["tools-servers", "tool-index", *SFT_STAGES, "lake-sink"]
     argv = [arg for name in stages for arg in ("--stage", name)]
     run_arena(["worker", *argv, "--until-drained", "--timeout", "600"], demo.env, timeout=900)
     after = {name: len(read_all(demo.bootstrap, name)) for name in SFT_TOPICS}
