@@ -11,6 +11,9 @@ CDN) polls the API about once a second:
   exponentially weighted over ``RATE_WINDOW_S``. A topic node has its data records
   (``consumers.record_count``) and their rate the same way. ``groups`` lists every consumer group
   the cluster knows, registered or not.
+- ``GET /api/stages``: every stage's ledger, as `arena stages --json` prints it
+  (``consumers.ledger.stage_ledgers``): input records by outcome, outputs, rejections by gate, dead
+  letters by kind, and ``balanced``; read again at most every ``STAGES_CACHE_S``.
 - ``GET /api/dlq`` (``?topic=``, ``?reason=``) and ``POST /api/dlq/replay`` ``{keys, force}`` (or
   ``{topic, reason, force}``): dead letters with their history, and the replay of exactly the
   letters selected (``consumers.dlq``).
@@ -58,6 +61,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.ledger_metrics import LedgerCollector
+from app.registry import STAGES
 from arena.config import ArenaSettings
 from streams import read_committed
 
@@ -74,6 +79,8 @@ MAX_RESULT_BYTES = 2 * 1024 * 1024
 """JSON bytes of result rows at most: one wide row (a whole trajectory) must not make a 50 MB answer."""
 RATE_WINDOW_S = 30.0
 """Time constant of the records/s averages: bursty stages read steadily instead of mostly 0.0."""
+STAGES_CACHE_S = 5.0
+"""The stage ledgers read every input topic and stages.ledger: at most once per this many seconds."""
 TOKEN_HEADER = "X-Arena-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MIN_TOKEN_CHARS = 16
@@ -851,9 +858,16 @@ class Dashboard:
             topics.update(dict.fromkeys([edge.source] if edge.sink else [edge.source, edge.target]))
         self.sampler = LagSampler(bootstrap, dict(topics_by_group), workers, topics=list(topics))
         self.training = TrainingFeed(bootstrap)
+        self.ledgers = LedgerCollector.for_stages(
+            bootstrap, {stage.name: stage.input for stage in STAGES}, cache_s=STAGES_CACHE_S
+        )
 
     async def graph(self, _: Request) -> Response:
         return _model(graph_view(self.edges, await self.sampler.sample()))
+
+    async def stages(self, _: Request) -> Response:
+        ledgers = await asyncio.to_thread(self.ledgers.ledgers)
+        return JSONResponse([ledger.as_json() for ledger in ledgers])
 
     async def dead_letters(self, request: Request) -> Response:
         from consumers.dlq import DlqError, list_dead_letters
@@ -938,6 +952,7 @@ def create_app(
     routes = [
         Route("/", dash.index, methods=["GET"]),
         Route("/api/graph", _api(dash.graph), methods=["GET"]),
+        Route("/api/stages", _api(dash.stages), methods=["GET"]),
         Route("/api/dlq", _api(dash.dead_letters), methods=["GET"]),
         Route("/api/dlq/replay", _api(dash.replay), methods=["POST"]),
         Route("/api/lake/tables", _api(dash.tables), methods=["GET"]),

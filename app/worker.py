@@ -40,6 +40,9 @@ from consumers.lag import LagRow, compute_lag, drained
 
 STOP_GRACE_S = 15.0
 MAX_RESTARTS = 5
+SINK_SETTLE_S = 60.0
+"""After a drain, how long the sinks (the lake sink) may take to read what the stages wrote as they
+stopped (their last LLM-usage reports) before they are stopped too."""
 
 
 @dataclass
@@ -136,9 +139,14 @@ class Supervisor:
                 child.next_start = 0.0
                 self._spawn(child)
 
-    def stop(self) -> None:
-        """SIGTERM every worker's process group, then SIGKILL what is left."""
-        live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+    def stop(self, names: set[str] | None = None) -> None:
+        """SIGTERM the process group of every worker (of ``names`` only, when given), then SIGKILL
+        what is left."""
+        live = [
+            c.proc
+            for c in self.children
+            if c.proc is not None and c.proc.poll() is None and (names is None or c.name in names)
+        ]
         for proc in live:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
@@ -229,6 +237,36 @@ def accounted_for(bootstrap: str, stages: dict[str, str], console: Console) -> b
     return False
 
 
+def stop_stages_then_sinks(
+    supervisor: Supervisor,
+    bootstrap: str,
+    groups: dict[str, list[str]],
+    *,
+    settle: bool,
+    console: Console,
+) -> None:
+    """Stop the stage workers, then the others (the lake sink), so that a drained run ends drained.
+
+    A stage sends its last LLM-usage report as it stops (``streams.usage``); with ``settle`` the
+    sinks read what the stages wrote until their groups have nothing pending (at most
+    ``SINK_SETTLE_S``) before they stop.
+    """
+    stage_names = set(stage_inputs([c.name for c in supervisor.children]))
+    supervisor.stop(stage_names)
+    sinks = {c.name for c in supervisor.children if c.name not in stage_names}
+    sink_groups = {worker(n).group: groups[worker(n).group] for n in sinks if worker(n).group in groups}
+    deadline = time.monotonic() + SINK_SETTLE_S
+    while settle and sink_groups and not drained(bootstrap, sink_groups):
+        if time.monotonic() > deadline:
+            console.print(
+                f"[yellow]{', '.join(sorted(sinks))} still had records to read after {SINK_SETTLE_S:.0f}s; "
+                "they wait in their topics for the next run[/yellow]"
+            )
+            break
+        time.sleep(0.5)
+    supervisor.stop()
+
+
 def run_workers(
     settings: ArenaSettings,
     bootstrap: str,
@@ -254,6 +292,7 @@ def run_workers(
     supervisor.start()
     started = time.monotonic()
     clean_checks = 0
+    drained_ok = False
     endpoints = EndpointWatch(settings.home, console)
     try:
         with console.status("starting workers...") as status:
@@ -284,6 +323,7 @@ def run_workers(
                     if not accounted_for(bootstrap, stage_inputs(names), console):
                         return 1
                     console.print(f"[green]drained[/green] in {time.monotonic() - started:.1f}s")
+                    drained_ok = True
                     return 0
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     console.print(f"[red]not drained after {timeout_s:.0f}s[/red]: {pending}")
@@ -295,7 +335,7 @@ def run_workers(
         return 1
     finally:
         with console.status("stopping workers..."):
-            supervisor.stop()
+            stop_stages_then_sinks(supervisor, bootstrap, groups, settle=drained_ok, console=console)
         if supervisor.metrics is not None:
             supervisor.metrics.stop()
         admission.stop()

@@ -30,7 +30,6 @@ Rules:
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import re
@@ -38,6 +37,8 @@ import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from arena import pyast
 
 REL_TOLERANCE = 0.005
 """Largest relative difference at which two numbers match (0.5 %: rounding of a reported figure)."""
@@ -202,7 +203,7 @@ def _as_object(text: str) -> object:
     except ValueError:
         pass
     try:
-        return ast.literal_eval(text)
+        return pyast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
 

@@ -19,7 +19,7 @@ clean run's.
 
     python bench/chaos.py [--runs 3] [--kills 12] [--scale K] [--quick]
 
-``--quick`` (CI): 40 tool docs through the SFT track, one chaos run with 3 kills 2-4 s apart.
+``--quick`` (CI): 12 tool docs through the SFT track, one chaos run with 2 kills 2-4 s apart.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ LEDGER = "stages.ledger"
 CATALOG_NOT_COMPARED = {"artifacts"}
 """One row per Parquet file the lake sink wrote: how records fall into files follows its batching."""
 RUN_TIMEOUT_S = 1500
-QUICK_DOCS = 40
+QUICK_DOCS = 12
 
 console = Console(stderr=True)
 
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the run homes (printed)")
     parser.add_argument(
-        "--quick", action="store_true", help=f"CI smoke run: {QUICK_DOCS} tool docs, 1 chaos run, 3 kills"
+        "--quick", action="store_true", help=f"CI smoke run: {QUICK_DOCS} tool docs, 1 chaos run, 2 kills"
     )
     args = parser.parse_args(argv)
     try:
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     if args.quick:
-        plan = Plan(runs=1, kills=3, per_stage=2, interval_s=(2.0, 4.0), scale=args.scale or QUICK_DOCS)
+        plan = Plan(runs=1, kills=2, per_stage=2, interval_s=(2.0, 4.0), scale=args.scale or QUICK_DOCS)
     if plan.scale:
         plan = replace(plan, tracks="sft")
     root = Path(tempfile.mkdtemp(prefix="arena-chaos-"))

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
 from app.metrics_http import LagCollector, serve
+from app.registry import STAGES
 from app.ui import create_app
 from arena.config import ArenaSettings
 from tests.cli import arena_env, lake_json, run_arena
@@ -91,5 +92,15 @@ def test_the_dashboard_reads_zero_and_the_trainer_idle_on_a_drained_run(
             assert all(texts[e] == "idle" for e in TRAINER_EDGES)
             others = {e: t for e, t in texts.items() if e not in TRAINER_EDGES}
             assert [t for t in others.values() if not re.match(r"(lag 0 · |idle$)", t)] == [], others
+            # The stage ledger: a row per stage, every one balanced, nothing in flight, none flagged.
+            rows = page.locator('[data-testid="stage-row"]')
+            sync_api.expect(rows).to_have_count(len(STAGES), timeout=30_000)
+            cells = rows.evaluate_all(
+                "rs => rs.map((r) => [r.dataset.stage, r.className,"
+                " r.querySelector('[data-col=\"balanced\"]').textContent,"
+                " r.querySelector('[data-col=\"in-flight\"]').textContent])"
+            )
+            assert [c for c in cells if c[1:] != ["", "yes", "0"]] == [], cells
+            assert page.locator('[data-testid="stages-note"]').text_content() == ""
         finally:
             browser.close()

@@ -15,8 +15,10 @@ from typing import Any, cast
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from starlette.testclient import TestClient
 
 from app.registry import STAGES
+from app.ui import create_app
 from arena.config import ArenaSettings
 from arena.records.common import DeadLetter, DeadLetterKind, Outcome, Rejection
 from arena.topics import topic
@@ -91,6 +93,17 @@ def test_until_drained_names_records_a_stage_committed_past(tmp_path: Path) -> N
         assert (ledger["in"], ledger["produced"], ledger["in_flight"]) == (4, 2, 0)
         assert ledger["balanced"] is False
         assert "do not balance: tools-servers" in run_arena(["stages", "--track", "tools"], env).stdout
+        # The dashboard's stage ledger says the same and flags the stage.
+        cfg = ArenaSettings(home=Path(env["ARENA_HOME"]), broker=bootstrap)
+        with TestClient(create_app(cfg, bootstrap)) as client:
+            shown = {row["stage"]: row for row in client.get("/api/stages").json()}
+        assert set(shown) == {stage.name for stage in STAGES}
+        assert {k: shown["tools-servers"][k] for k in ("in", "produced", "in_flight", "balanced")} == {
+            "in": 4,
+            "produced": 2,
+            "in_flight": 0,
+            "balanced": False,
+        }
 
 
 @pytest.mark.integration

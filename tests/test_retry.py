@@ -127,7 +127,15 @@ def _lance_stage(write: Callable[[], None]) -> StageDef[ToolServer]:
         await asyncio.to_thread(call_with_retry, write, FAST, what=f"write for {ctx.source_key}")
         return []
 
-    return StageDef("lance-write", "tools.servers", ToolServer, "1", handle, description="a LanceDB write")
+    return StageDef(
+        "lance-write",
+        "tools.servers",
+        ToolServer,
+        "1",
+        handle,
+        description="a LanceDB write",
+        effect="a LanceDB table",  # its output is the write: no emit is no loss
+    )
 
 
 def _letters(emits: list[Emit]) -> list[DeadLetter]:

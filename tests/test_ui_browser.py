@@ -32,8 +32,10 @@ import httpx
 import pytest
 from kafka import KafkaProducer, TopicPartition
 
+from app.registry import STAGES
 from arena.config import ArenaSettings
 from arena.records.trainer import TrainerMetrics
+from consumers.ledger import stage_ledgers
 from tests.cli import ARENA, arena_env, end_offsets, read_all
 from tests.test_ui_api import DLQ_SOURCE, commit, produce, produce_dead_letter, replayed_values, write_chains
 
@@ -230,6 +232,23 @@ def test_dashboard_in_a_real_browser(
             produce(broker, topic, 7)
             expect(lag).to_have_text("12", timeout=WAIT_MS)
 
+            # The stage ledger: one row per stage; a row is flagged exactly when its stage does not
+            # balance (the session broker carries other tests' records, so both may show up).
+            stage_rows = page.locator('[data-testid="stage-row"]')
+            expect(stage_rows).to_have_count(len(STAGES), timeout=WAIT_MS)
+            shown = dict(
+                stage_rows.evaluate_all(
+                    "rs => rs.map((r) => [r.dataset.stage,"
+                    " [r.className, r.querySelector('[data-col=\"balanced\"]').textContent]])"
+                )
+            )
+            for ledger in stage_ledgers(broker, {stage.name: stage.input for stage in STAGES}):
+                flag, verdict = shown[ledger.stage]
+                if ledger.balanced:
+                    assert flag != "unbalanced" and not verdict.startswith("NO"), (ledger, flag, verdict)
+                else:
+                    assert flag == "unbalanced" and verdict.startswith("NO: "), (ledger, flag, verdict)
+
             # The lake browser: the table's row count, then a query typed in the box returns rows.
             expect(page.locator('tr[data-view="chains"] td[data-col="rows"]')).to_have_text(
                 "3", timeout=WAIT_MS
@@ -255,7 +274,7 @@ def test_dashboard_in_a_real_browser(
             assert status == 403
 
             # The sticky header leaves a section's title visible when its nav link scrolls to it.
-            for section in ("dlq", "lake", "training", "trace"):
+            for section in ("stages", "dlq", "lake", "training", "trace"):
                 page.click(f'header nav a[href="#{section}"]')
                 page.wait_for_timeout(300)
                 header = page.locator("header").bounding_box()

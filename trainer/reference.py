@@ -11,6 +11,7 @@ import ast
 import json
 from typing import Any
 
+from arena import pyast
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
 from environments.environment import QaEnvironment
@@ -22,7 +23,7 @@ class ReferenceCallFailed(Exception):
 
 def invocation_call(invocation: str, spec: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """``get_x(id='a')`` -> ("get_x", {"id": "a"}); positional args map to ``spec``'s parameters in order."""
-    node = ast.parse(invocation.strip(), mode="eval").body
+    node = pyast.parse(invocation.strip(), mode="eval").body
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise ValueError(f"not a plain call: {invocation!r}")
     names = list(((spec or {}).get("function", spec or {}).get("parameters") or {}).get("properties") or {})

@@ -249,6 +249,40 @@ async function refreshGraph() {
   }
 }
 
+// --- stage ledger ----------------------------------------------------------------------------
+
+// "gate 3, other 1" from {gate: 3, other: 1}, largest first.
+function breakdown(counts, prefix) {
+  return Object.entries(counts || {}).sort((a, b) => b[1] - a[1]).map(([k, n]) => `${prefix}${k} ${n}`);
+}
+
+function stageRow(s) {
+  const accounted = s.produced + s.rejected + s.dead_lettered + s.in_flight;
+  const why = [...breakdown(s.rejected_by_gate, ""), ...breakdown(s.dead_lettered_by_kind, "dlq:")].join(", ");
+  const verdict = s.balanced ? (s.ran || !s.in ? "yes" : "idle: never ran")
+    : `NO: ${accounted} of ${s.in} accounted for`;
+  const num = (col, n) => el("td", { className: "num", "data-col": col }, fmtNum(n));
+  return el("tr", {
+    "data-stage": s.stage, "data-testid": "stage-row", className: s.balanced ? (s.in_flight ? "lagging" : "") : "unbalanced",
+  }, el("td", {}, s.stage), el("td", {}, s.topic), num("in", s.in), num("produced", s.produced),
+  num("outputs", s.outputs), num("rejected", s.rejected), num("dead-lettered", s.dead_lettered),
+  num("in-flight", s.in_flight), el("td", { "data-col": "why" }, why),
+  el("td", { "data-col": "balanced" }, verdict));
+}
+
+async function refreshStages() {
+  try {
+    const rows = await api("/api/stages");
+    $("stages-table").tBodies[0].replaceChildren(...rows.map(stageRow));
+    const off = rows.filter((s) => !s.balanced).map((s) => s.stage);
+    $("stages-note").textContent = off.length ? `not balanced: ${off.join(", ")}` : "";
+    $("stages-note").classList.toggle("error", off.length > 0);
+  } catch (e) {
+    $("stages-note").textContent = `stage ledger: ${e.message}`;
+    $("stages-note").classList.add("error");
+  }
+}
+
 // --- dead letters ----------------------------------------------------------------------------
 
 function dlqFilter() {
@@ -517,6 +551,7 @@ document.addEventListener("DOMContentLoaded", () => {
     drawDlq();
   });
   every(1000, refreshGraph);
+  every(5000, refreshStages);
   every(3000, refreshDlq);
   every(10000, refreshTables);
   every(3000, refreshTraining);

@@ -22,7 +22,6 @@ the sandbox as one program; ``run_cases`` runs the same code in this process for
 
 from __future__ import annotations
 
-import ast
 import copy
 import inspect
 import json
@@ -32,6 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from arena import pyast
 from synthesis.eigen.packs import DomainPack
 from synthesis.eigen.verification import (
     _replay_states,
@@ -109,7 +109,7 @@ def reference_of(source: str) -> dict[str, Any]:
     match = _REFERENCE_RE.search(source)
     if match is None:
         raise ValueError("not a generated verifier: no 'REFERENCE = json.loads(...)' line")
-    data: dict[str, Any] = json.loads(ast.literal_eval(match.group(1)))
+    data: dict[str, Any] = json.loads(pyast.literal_eval(match.group(1)))
     return data
 
 

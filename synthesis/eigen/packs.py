@@ -65,6 +65,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import samples
+from arena import pyast
 from synthesis.eigen.spec import SynthesisSpec, instantiate
 
 PACK_FILES = ("domain.yaml", "tools.py", "policy.py", "generator.py")
@@ -326,7 +327,7 @@ def schema_of(function: Callable[..., Any]) -> dict[str, Any]:
 def _check_source(source: str, file: str) -> ast.Module:
     """Parse ``source``; only standard-library imports and no ``from __future__``."""
     try:
-        tree = ast.parse(source, filename=file)
+        tree = pyast.parse(source, filename=file)
     except SyntaxError as exc:
         raise DomainPackError(
             file, f"syntax error at line {exc.lineno}: {exc.msg}", fix="correct the Python"

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from arena import pyast
 from arena.config import ArenaSettings, EnvSettings
 from arena.hashing import content_hash
 from arena.llm.core import Answer, InvalidOutput
@@ -212,10 +213,12 @@ def keep_contract(base: ToolSpec, scaled: ToolSpec) -> ToolSpec:
 
 def static_problem(spec: ToolSpec, code: str, invocation: str) -> str | None:
     """What is wrong before running anything: the function missing, or a call of another tool."""
-    defined = {n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    defined = {
+        n.name for n in pyast.parse(code).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
     if spec.name not in defined:
         return f"the code defines no top-level function {spec.name!r} (defines: {sorted(defined)})"
-    call = ast.parse(invocation, mode="eval").body
+    call = pyast.parse(invocation, mode="eval").body
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == spec.name):
         return f"the invocation must call {spec.name}(...), got {invocation!r}"
     return None

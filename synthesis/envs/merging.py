@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from arena import pyast
 from arena.hashing import content_hash
 from arena.llm.budget import ContextBudget
 from arena.llm.core import Answer, InvalidOutput
@@ -64,7 +65,7 @@ def drop_function(code: str, name: str) -> str:
     lines = code.splitlines(keepends=True)
     spans = [
         (min([n.lineno, *(d.lineno for d in n.decorator_list)]), n.end_lineno or n.lineno)
-        for n in ast.parse(code).body
+        for n in pyast.parse(code).body
         if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name
     ]
     for start, end in sorted(spans, reverse=True):

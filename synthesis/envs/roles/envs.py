@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from arena import pyast
 from arena.llm.core import Role
 from arena.records.envs import Cell, Grounding
 
@@ -108,7 +109,7 @@ def _single_call(text: str) -> str:
     """``text`` stripped, if it is exactly one call of a named function; else ValueError."""
     text = text.strip()
     try:
-        node = ast.parse(text, mode="eval").body
+        node = pyast.parse(text, mode="eval").body
     except SyntaxError as exc:
         raise ValueError(f"not a Python expression: {exc.msg}") from exc
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
@@ -215,7 +216,7 @@ class ToolImplementation(BaseModel):
     @classmethod
     def _parses(cls, value: str) -> str:
         try:
-            ast.parse(value)
+            pyast.parse(value)
         except SyntaxError as exc:
             raise ValueError(f"code does not parse: {exc.msg} (line {exc.lineno})") from exc
         return value
