@@ -19,7 +19,7 @@ clean run's.
 
     python bench/chaos.py [--runs 3] [--kills 12] [--scale K] [--quick]
 
-``--quick`` (CI): 12 tool docs through the SFT track, one chaos run with 2 kills 2-4 s apart.
+``--quick`` (CI): 20 tool docs through the SFT track, one chaos run with 2 kills 2-4 s apart.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ LEDGER = "stages.ledger"
 CATALOG_NOT_COMPARED = {"artifacts"}
 """One row per Parquet file the lake sink wrote: how records fall into files follows its batching."""
 RUN_TIMEOUT_S = 1500
-QUICK_DOCS = 12
+QUICK_DOCS = 20
 
 console = Console(stderr=True)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from arena.hashing import content_hash
 from arena.records.common import Record
@@ -40,6 +40,20 @@ class ServerRef(BaseModel):
 
     def tool(self, name: str) -> NormalizedTool | None:
         return next((t for t in self.tools if t.function.name == name), None)
+
+    def without_endpoint(self) -> ServerRef:
+        """The server as a prompt shows it: where it is deployed is no part of what it does."""
+        return self if self.endpoint is None else self.model_copy(update={"endpoint": None})
+
+
+PromptServer = Annotated[
+    ServerRef,
+    AfterValidator(ServerRef.without_endpoint),
+    Field(description="The server: name, domain and its normalised tools (never its endpoint)."),
+]
+"""A server in an LLM role's input. The endpoint (a random port, a module path) would change the
+prompt, the response cache key and the rules backend's seed from run to run without changing what
+the server does, so the same tools would give different chains and tasks."""
 
 
 class Slot(BaseModel):

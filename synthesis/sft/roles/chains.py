@@ -16,14 +16,14 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from arena.llm.core import Role
-from arena.records.sft import ServerRef, Slot
+from arena.records.sft import PromptServer, Slot
 from arena.records.tools import NormalizedTool
 
 
 class ChainSynthesisInput(BaseModel):
     """A server to synthesise one (task, chain) pair for."""
 
-    server: Annotated[ServerRef, Field(description="The server: name, domain and its normalised tools.")]
+    server: PromptServer
     max_length: Annotated[int, Field(ge=1, le=16, description="Most tools the chain may have.")]
     variant: Annotated[
         int,
@@ -48,7 +48,7 @@ class SynthesizedChain(BaseModel):
 class ChainTaskInput(BaseModel):
     """A server and a chain of its tools to write a task for."""
 
-    server: Annotated[ServerRef, Field(description="The server the chain runs on.")]
+    server: PromptServer
     chain: Annotated[
         list[str],
         Field(min_length=1, description="Tool names in call order; the task's solution follows it."),

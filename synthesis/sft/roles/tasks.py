@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 from arena.llm.core import Role
-from arena.records.sft import AugmentAxis, ServerRef
+from arena.records.sft import AugmentAxis, PromptServer
 from arena.records.tools import NormalizedTool
 from synthesis.sft.roles.chains import TaskDraft
 
@@ -36,7 +36,7 @@ __all__ = [
 class ServerTaskInput(BaseModel):
     """A server to write one task for."""
 
-    server: Annotated[ServerRef, Field(description="The server: name, domain and its normalised tools.")]
+    server: PromptServer
     variant: Annotated[
         int,
         Field(ge=0, description="Index of this task for the server; cover different tools and needs by it."),
