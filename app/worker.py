@@ -252,19 +252,21 @@ def stop_stages_then_sinks(
     ``SINK_SETTLE_S``) before they stop.
     """
     stage_names = set(stage_inputs([c.name for c in supervisor.children]))
-    supervisor.stop(stage_names)
-    sinks = {c.name for c in supervisor.children if c.name not in stage_names}
-    sink_groups = {worker(n).group: groups[worker(n).group] for n in sinks if worker(n).group in groups}
-    deadline = time.monotonic() + SINK_SETTLE_S
-    while settle and sink_groups and not drained(bootstrap, sink_groups):
-        if time.monotonic() > deadline:
-            console.print(
-                f"[yellow]{', '.join(sorted(sinks))} still had records to read after {SINK_SETTLE_S:.0f}s; "
-                "they wait in their topics for the next run[/yellow]"
-            )
-            break
-        time.sleep(0.5)
-    supervisor.stop()
+    try:
+        supervisor.stop(stage_names)
+        sinks = {c.name for c in supervisor.children if c.name not in stage_names}
+        sink_groups = {worker(n).group: groups[worker(n).group] for n in sinks if worker(n).group in groups}
+        deadline = time.monotonic() + SINK_SETTLE_S
+        while settle and sink_groups and not drained(bootstrap, sink_groups):
+            if time.monotonic() > deadline:
+                console.print(
+                    f"[yellow]{', '.join(sorted(sinks))} still had records to read after "
+                    f"{SINK_SETTLE_S:.0f}s; they wait in their topics for the next run[/yellow]"
+                )
+                break
+            time.sleep(0.5)
+    finally:
+        supervisor.stop()  # whatever the broker answered: no worker outlives the run
 
 
 def run_workers(
