@@ -24,7 +24,7 @@ from arena.config import ArenaSettings
 from tests.cli import arena_env, lake_json, run_arena
 from tests.fixtures.demo import Demo
 from tests.test_metrics import scrape
-from tests.test_ui_browser import CHROMIUM_ARGS, check_graph_geometry, chromium_path, running_ui
+from tests.test_ui_browser import browser_page, check_graph_geometry, chromium_path, running_ui
 
 pytestmark = pytest.mark.integration
 
@@ -78,29 +78,27 @@ def test_the_dashboard_reads_zero_and_the_trainer_idle_on_a_drained_run(
 
     # The page on the same home: every label of an edge that ran says lag 0, the graph fits.
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is a dev extra")
-    chromium = chromium_path()
-    with running_ui(arena_env(demo_run.home), tmp_path / "ui.log") as url, sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url)
-            labels = page.locator('#graph-svg [data-testid="edge-label"]')
-            sync_api.expect(labels).to_have_count(len(edges), timeout=30_000)
-            for width in (1400, 1000):
-                check_graph_geometry(page, width, tmp_path)
-            texts = dict(labels.evaluate_all("ls => ls.map((l) => [l.dataset.edge, l.textContent])"))
-            assert all(texts[e] == "idle" for e in TRAINER_EDGES)
-            others = {e: t for e, t in texts.items() if e not in TRAINER_EDGES}
-            assert [t for t in others.values() if not re.match(r"(lag 0 · |idle$)", t)] == [], others
-            # The stage ledger: a row per stage, every one balanced, nothing in flight, none flagged.
-            rows = page.locator('[data-testid="stage-row"]')
-            sync_api.expect(rows).to_have_count(len(STAGES), timeout=30_000)
-            cells = rows.evaluate_all(
-                "rs => rs.map((r) => [r.dataset.stage, r.className,"
-                " r.querySelector('[data-col=\"balanced\"]').textContent,"
-                " r.querySelector('[data-col=\"in-flight\"]').textContent])"
-            )
-            assert [c for c in cells if c[1:] != ["", "yes", "0"]] == [], cells
-            assert page.locator('[data-testid="stages-note"]').text_content() == ""
-        finally:
-            browser.close()
+    chromium_path()  # skips before the dashboard starts when there is no Chromium
+    with (
+        running_ui(arena_env(demo_run.home), tmp_path / "ui.log") as url,
+        browser_page(sync_api, viewport={"width": 1400, "height": 900}) as (page, _errors),
+    ):
+        page.goto(url)
+        labels = page.locator('#graph-svg [data-testid="edge-label"]')
+        sync_api.expect(labels).to_have_count(len(edges), timeout=30_000)
+        for width in (1400, 1000):
+            check_graph_geometry(page, width, tmp_path)
+        texts = dict(labels.evaluate_all("ls => ls.map((l) => [l.dataset.edge, l.textContent])"))
+        assert all(texts[e] == "idle" for e in TRAINER_EDGES)
+        others = {e: t for e, t in texts.items() if e not in TRAINER_EDGES}
+        assert [t for t in others.values() if not re.match(r"(lag 0 · |idle$)", t)] == [], others
+        # The stage ledger: a row per stage, every one balanced, nothing in flight, none flagged.
+        rows = page.locator('[data-testid="stage-row"]')
+        sync_api.expect(rows).to_have_count(len(STAGES), timeout=30_000)
+        cells = rows.evaluate_all(
+            "rs => rs.map((r) => [r.dataset.stage, r.className,"
+            " r.querySelector('[data-col=\"balanced\"]').textContent,"
+            " r.querySelector('[data-col=\"in-flight\"]').textContent])"
+        )
+        assert [c for c in cells if c[1:] != ["", "yes", "0"]] == [], cells
+        assert page.locator('[data-testid="stages-note"]').text_content() == ""

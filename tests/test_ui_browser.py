@@ -60,6 +60,20 @@ def chromium_path() -> str:
     return path
 
 
+@contextmanager
+def browser_page(sync_api: Any, **page_args: Any) -> Iterator[tuple[Any, list[str]]]:
+    """A page of headless Chromium (``chromium_path``) and the uncaught page errors it collects."""
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(**page_args)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            yield page, errors
+        finally:
+            browser.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -158,7 +172,7 @@ def test_dashboard_in_a_real_browser(
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]"
     )
-    chromium = chromium_path()
+    chromium_path()  # skips before any set-up when there is no Chromium
     log, shots = tmp_path / "ui.log", tmp_path
     url, cfg = ui
     counted = "eigen.pilot.metrics"  # a registry topic no worker of this test reads
@@ -180,128 +194,119 @@ def test_dashboard_in_a_real_browser(
     run = f"ui-{reason[:8]}"
 
     expect = sync_api.expect
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+    with browser_page(sync_api) as (page, errors):
+        page.on(
+            "console",
+            lambda msg: (
+                errors.append(msg.text)
+                if msg.type == "error" and not msg.text.startswith("Failed to load resource")
+                else None
+            ),
+        )
+        # Every request succeeds but the refused query below (answered 400 on purpose).
+        page.on(
+            "response",
+            lambda resp: (
+                errors.append(f"{resp.status} {resp.url}")
+                if resp.status >= 400 and not resp.url.endswith("/api/lake/query")
+                else None
+            ),
+        )
+        page.set_viewport_size({"width": 1400, "height": 900})
+        page.goto(url)
+        expect(page).to_have_title("Arena dashboard")
+
+        # The stage graph: registry edges drawn, inside the window, labels apart; records are data
+        # records; the trainer's box and edges say idle.
+        expect(page.locator('#graph-svg [data-edge="chains:tools.servers->chains"]').first).to_be_visible(
+            timeout=WAIT_MS
+        )
+        sub = page.locator(f'#graph-svg [data-node="{counted}"] [data-testid="node-sub"]')
+        expect(sub).to_have_text(re.compile(rf"(^|· ){records} records"), timeout=WAIT_MS)
+        trainer = page.locator('#graph-svg [data-node="trainer.metrics"] [data-testid="node-sub"]')
+        expect(trainer).to_contain_text("idle", timeout=WAIT_MS)
+        expect(
+            page.locator('#graph-svg text[data-edge="trainer:samples.sft->trainer.metrics"]')
+        ).to_have_text("idle")
+        expect(
+            page.locator('tr[data-edge="trainer:samples.sft->trainer.metrics"] td[data-col="lag"]')
+        ).to_have_text("idle")
+        for width in (1400, 1000):
+            check_graph_geometry(page, width, shots)
+        page.set_viewport_size({"width": 1400, "height": 900})
+        lag = page.locator(f'tr[data-group="{group}"][data-topic="{topic}"] td[data-col="lag"]')
+        expect(lag).to_have_text("0", timeout=WAIT_MS)
+        produce(broker, topic, 5)
+        expect(lag).to_have_text("5", timeout=WAIT_MS)
+        produce(broker, topic, 7)
+        expect(lag).to_have_text("12", timeout=WAIT_MS)
+
+        # The stage ledger: one row per stage; a row is flagged exactly when its stage does not
+        # balance (the session broker carries other tests' records, so both may show up).
+        stage_rows = page.locator('[data-testid="stage-row"]')
+        expect(stage_rows).to_have_count(len(STAGES), timeout=WAIT_MS)
+        shown = dict(
+            stage_rows.evaluate_all(
+                "rs => rs.map((r) => [r.dataset.stage,"
+                " [r.className, r.querySelector('[data-col=\"balanced\"]').textContent]])"
+            )
+        )
+        for ledger in stage_ledgers(broker, {stage.name: stage.input for stage in STAGES}):
+            flag, verdict = shown[ledger.stage]
+            if ledger.balanced:
+                assert flag != "unbalanced" and not verdict.startswith("NO"), (ledger, flag, verdict)
+            else:
+                assert flag == "unbalanced" and verdict.startswith("NO: "), (ledger, flag, verdict)
+
+        # The lake browser: the table's row count, then a query typed in the box returns rows.
+        expect(page.locator('tr[data-view="chains"] td[data-col="rows"]')).to_have_text("3", timeout=WAIT_MS)
+        page.fill("#sql", "select chain_id, origin from chains order by chain_id")
+        page.click("#run-query")
+        rows = page.locator('#query-result tr[data-testid="result-row"]')
+        expect(rows).to_have_count(3, timeout=WAIT_MS)
+        expect(rows.first.locator("td").first).to_have_text("chain-0")
+        expect(page.locator("#query-result thead th")).to_have_text(["chain_id", "origin"])
+        page.fill("#sql", "drop table chains")
+        page.click("#run-query")
+        expect(page.locator("#query-error")).to_contain_text("only read-only queries", timeout=WAIT_MS)
+
+        # The page's buttons send the token `arena ui` printed; a request without it is refused.
+        token = page.locator('meta[name="arena-token"]').get_attribute("content") or ""
+        assert len(token) >= 16 and f"write token of this start: {token}" in log.read_text()
+        status = page.evaluate(
+            """(sql) => fetch("/api/lake/query", {method: "POST", headers: {"Content-Type": "application/json"},
+               body: JSON.stringify({sql})}).then((r) => r.status)""",
+            "select 1",
+        )
+        assert status == 403
+
+        # The sticky header leaves a section's title visible when its nav link scrolls to it.
+        for section in ("stages", "dlq", "lake", "training", "trace"):
+            page.click(f'header nav a[href="#{section}"]')
+            page.wait_for_timeout(300)
+            header = page.locator("header").bounding_box()
+            title = page.locator(f"#{section} h2").bounding_box()
+            assert header and title and title["y"] >= header["y"] + header["height"], (
+                section,
+                header,
+                title,
+            )
+
+        # Training curves: published steps become a line in the loss chart.
+        producer = KafkaProducer(bootstrap_servers=broker)
         try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on(
-                "console",
-                lambda msg: (
-                    errors.append(msg.text)
-                    if msg.type == "error" and not msg.text.startswith("Failed to load resource")
-                    else None
-                ),
-            )
-            # Every request succeeds but the refused query below (answered 400 on purpose).
-            page.on(
-                "response",
-                lambda resp: (
-                    errors.append(f"{resp.status} {resp.url}")
-                    if resp.status >= 400 and not resp.url.endswith("/api/lake/query")
-                    else None
-                ),
-            )
-            page.set_viewport_size({"width": 1400, "height": 900})
-            page.goto(url)
-            expect(page).to_have_title("Arena dashboard")
-
-            # The stage graph: registry edges drawn, inside the window, labels apart; records are data
-            # records; the trainer's box and edges say idle.
-            expect(page.locator('#graph-svg [data-edge="chains:tools.servers->chains"]').first).to_be_visible(
-                timeout=WAIT_MS
-            )
-            sub = page.locator(f'#graph-svg [data-node="{counted}"] [data-testid="node-sub"]')
-            expect(sub).to_have_text(re.compile(rf"(^|· ){records} records"), timeout=WAIT_MS)
-            trainer = page.locator('#graph-svg [data-node="trainer.metrics"] [data-testid="node-sub"]')
-            expect(trainer).to_contain_text("idle", timeout=WAIT_MS)
-            expect(
-                page.locator('#graph-svg text[data-edge="trainer:samples.sft->trainer.metrics"]')
-            ).to_have_text("idle")
-            expect(
-                page.locator('tr[data-edge="trainer:samples.sft->trainer.metrics"] td[data-col="lag"]')
-            ).to_have_text("idle")
-            for width in (1400, 1000):
-                check_graph_geometry(page, width, shots)
-            page.set_viewport_size({"width": 1400, "height": 900})
-            lag = page.locator(f'tr[data-group="{group}"][data-topic="{topic}"] td[data-col="lag"]')
-            expect(lag).to_have_text("0", timeout=WAIT_MS)
-            produce(broker, topic, 5)
-            expect(lag).to_have_text("5", timeout=WAIT_MS)
-            produce(broker, topic, 7)
-            expect(lag).to_have_text("12", timeout=WAIT_MS)
-
-            # The stage ledger: one row per stage; a row is flagged exactly when its stage does not
-            # balance (the session broker carries other tests' records, so both may show up).
-            stage_rows = page.locator('[data-testid="stage-row"]')
-            expect(stage_rows).to_have_count(len(STAGES), timeout=WAIT_MS)
-            shown = dict(
-                stage_rows.evaluate_all(
-                    "rs => rs.map((r) => [r.dataset.stage,"
-                    " [r.className, r.querySelector('[data-col=\"balanced\"]').textContent]])"
+            for step in range(1, 6):
+                value = TrainerMetrics(
+                    run_id=run, step=step, metrics={"loss": 2.0 / step, "reward_mean": 0.1 * step}
                 )
-            )
-            for ledger in stage_ledgers(broker, {stage.name: stage.input for stage in STAGES}):
-                flag, verdict = shown[ledger.stage]
-                if ledger.balanced:
-                    assert flag != "unbalanced" and not verdict.startswith("NO"), (ledger, flag, verdict)
-                else:
-                    assert flag == "unbalanced" and verdict.startswith("NO: "), (ledger, flag, verdict)
-
-            # The lake browser: the table's row count, then a query typed in the box returns rows.
-            expect(page.locator('tr[data-view="chains"] td[data-col="rows"]')).to_have_text(
-                "3", timeout=WAIT_MS
-            )
-            page.fill("#sql", "select chain_id, origin from chains order by chain_id")
-            page.click("#run-query")
-            rows = page.locator('#query-result tr[data-testid="result-row"]')
-            expect(rows).to_have_count(3, timeout=WAIT_MS)
-            expect(rows.first.locator("td").first).to_have_text("chain-0")
-            expect(page.locator("#query-result thead th")).to_have_text(["chain_id", "origin"])
-            page.fill("#sql", "drop table chains")
-            page.click("#run-query")
-            expect(page.locator("#query-error")).to_contain_text("only read-only queries", timeout=WAIT_MS)
-
-            # The page's buttons send the token `arena ui` printed; a request without it is refused.
-            token = page.locator('meta[name="arena-token"]').get_attribute("content") or ""
-            assert len(token) >= 16 and f"write token of this start: {token}" in log.read_text()
-            status = page.evaluate(
-                """(sql) => fetch("/api/lake/query", {method: "POST", headers: {"Content-Type": "application/json"},
-                   body: JSON.stringify({sql})}).then((r) => r.status)""",
-                "select 1",
-            )
-            assert status == 403
-
-            # The sticky header leaves a section's title visible when its nav link scrolls to it.
-            for section in ("stages", "dlq", "lake", "training", "trace"):
-                page.click(f'header nav a[href="#{section}"]')
-                page.wait_for_timeout(300)
-                header = page.locator("header").bounding_box()
-                title = page.locator(f"#{section} h2").bounding_box()
-                assert header and title and title["y"] >= header["y"] + header["height"], (
-                    section,
-                    header,
-                    title,
-                )
-
-            # Training curves: published steps become a line in the loss chart.
-            producer = KafkaProducer(bootstrap_servers=broker)
-            try:
-                for step in range(1, 6):
-                    value = TrainerMetrics(
-                        run_id=run, step=step, metrics={"loss": 2.0 / step, "reward_mean": 0.1 * step}
-                    )
-                    producer.send("trainer.metrics", value.model_dump_json().encode())
-                producer.flush()
-            finally:
-                producer.close()
-            line = page.locator(f'[data-metric="loss"] polyline[data-run="{run}"]')
-            expect(line).to_have_count(1, timeout=WAIT_MS)
-            assert len((line.get_attribute("points") or "").split()) == 5
-            assert errors == []
+                producer.send("trainer.metrics", value.model_dump_json().encode())
+            producer.flush()
         finally:
-            browser.close()
+            producer.close()
+        line = page.locator(f'[data-metric="loss"] polyline[data-run="{run}"]')
+        expect(line).to_have_count(1, timeout=WAIT_MS)
+        assert len((line.get_attribute("points") or "").split()) == 5
+        assert errors == []
 
 
 def test_dead_letters_replay_in_a_real_browser(ui: tuple[str, ArenaSettings], broker: str) -> None:
@@ -310,7 +315,7 @@ def test_dead_letters_replay_in_a_real_browser(ui: tuple[str, ArenaSettings], br
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]"
     )
-    chromium = chromium_path()
+    chromium_path()  # skips before any set-up when there is no Chromium
     url, _ = ui
     reason = uuid.uuid4().hex
     raws = {name: produce_dead_letter(broker, f"{reason}-{name}") for name in "abc"}
@@ -318,47 +323,38 @@ def test_dead_letters_replay_in_a_real_browser(ui: tuple[str, ArenaSettings], br
     failures = {r["reason"][-1]: r["failure_id"] for r in httpx.get(f"{url}api/dlq", params=query).json()}
 
     expect = sync_api.expect
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on(
-                "response",
-                lambda resp: errors.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None,
-            )
-            page.goto(url)
-            page.fill("#dlq-topic", query["topic"])
-            page.fill("#dlq-reason", reason)
-            page.click("#dlq-filter button[type=submit]")
-            expect(page.locator('tr[data-testid="dlq-row"]')).to_have_count(3, timeout=WAIT_MS)
+    with browser_page(sync_api) as (page, errors):
+        page.on(
+            "response",
+            lambda resp: errors.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None,
+        )
+        page.goto(url)
+        page.fill("#dlq-topic", query["topic"])
+        page.fill("#dlq-reason", reason)
+        page.click("#dlq-filter button[type=submit]")
+        expect(page.locator('tr[data-testid="dlq-row"]')).to_have_count(3, timeout=WAIT_MS)
 
-            def row(name: str) -> Any:
-                return page.locator('tr[data-testid="dlq-row"]', has_text=f"{reason}-{name}")
+        def row(name: str) -> Any:
+            return page.locator('tr[data-testid="dlq-row"]', has_text=f"{reason}-{name}")
 
-            row("a").locator('input[data-testid="select"]').check()
-            row("c").locator('input[data-testid="select"]').check()
-            expect(page.locator("#dlq-replay-selected")).to_have_text("Replay selected (2)")
-            page.click("#dlq-replay-selected")
-            expect(page.locator("#dlq-result")).to_contain_text("2 selected: replayed 2", timeout=WAIT_MS)
-            for name, replayed in (("a", "yes"), ("b", "no"), ("c", "yes")):
-                expect(row(name)).to_have_attribute("data-replayed", replayed, timeout=WAIT_MS)
-            assert {n: replayed_values(broker, f) for n, f in failures.items()} == {
-                "a": [raws["a"]],
-                "b": [],
-                "c": [raws["c"]],
-            }
+        row("a").locator('input[data-testid="select"]').check()
+        row("c").locator('input[data-testid="select"]').check()
+        expect(page.locator("#dlq-replay-selected")).to_have_text("Replay selected (2)")
+        page.click("#dlq-replay-selected")
+        expect(page.locator("#dlq-result")).to_contain_text("2 selected: replayed 2", timeout=WAIT_MS)
+        for name, replayed in (("a", "yes"), ("b", "no"), ("c", "yes")):
+            expect(row(name)).to_have_attribute("data-replayed", replayed, timeout=WAIT_MS)
+        assert {n: replayed_values(broker, f) for n, f in failures.items()} == {
+            "a": [raws["a"]],
+            "b": [],
+            "c": [raws["c"]],
+        }
 
-            again = row("a").locator('button[data-testid="replay"]')
-            expect(again).to_have_text("replay again")
-            again.click()
-            expect(row("a").locator('[data-testid="replay-note"]')).to_have_text(
-                "replayed 1", timeout=WAIT_MS
-            )
-            assert replayed_values(broker, failures["a"]) == [raws["a"], raws["a"]]
-            assert replayed_values(broker, failures["b"]) == []
-            expect(row("a").locator('td[data-col="history"]')).to_contain_text("replay #2 (forced)")
-            assert errors == []
-        finally:
-            browser.close()
+        again = row("a").locator('button[data-testid="replay"]')
+        expect(again).to_have_text("replay again")
+        again.click()
+        expect(row("a").locator('[data-testid="replay-note"]')).to_have_text("replayed 1", timeout=WAIT_MS)
+        assert replayed_values(broker, failures["a"]) == [raws["a"], raws["a"]]
+        assert replayed_values(broker, failures["b"]) == []
+        expect(row("a").locator('td[data-col="history"]')).to_contain_text("replay #2 (forced)")
+        assert errors == []
