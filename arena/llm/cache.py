@@ -64,11 +64,29 @@ class ResponseCache:
                 self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
             )
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._set_wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
             self._conn = conn
         return self._conn
+
+    def _set_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch a fresh file to WAL (persistent, so later openers find it set).
+
+        The switch needs an exclusive lock and SQLite answers "database is locked" at
+        once, without its busy handler, while another process holds the file; so retry.
+        """
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _get(self, key: str) -> CachedResponse | None:
         with self._lock:
