@@ -53,13 +53,13 @@ def dlq_default(
 @dlq_app.command("list")
 def dlq_list(topic: TopicOption = None, reason: ReasonOption = None, as_json: ListJsonOption = False) -> None:
     """Dead letters grouped by topic and reason, with counts, then each letter's replay history."""
-    from consumers.dlq import DlqError, list_dead_letters
+    from consumers.dlq import DlqError, DlqReadStalled, list_dead_letters
 
     cfg = settings()
     address = broker(cfg)
     try:
         rows = asyncio.run(list_dead_letters(address, topic=topic, reason=reason, settings=cfg))
-    except DlqError as exc:
+    except (DlqError, DlqReadStalled) as exc:
         raise UserError(str(exc)) from None
     if as_json:
         print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
@@ -133,13 +133,13 @@ def dlq_replay(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Re-publish each matching failure's record for the stage that failed on it, once (fix the cause first)."""
-    from consumers.dlq import DlqError, replay_dead_letters
+    from consumers.dlq import DlqError, DlqReadStalled, replay_dead_letters
 
     cfg = settings()
     address = broker(cfg)
     try:
         report = asyncio.run(replay_dead_letters(cfg, address, topic, reason=reason, keys=keys, force=force))
-    except DlqError as exc:
+    except (DlqError, DlqReadStalled) as exc:
         raise UserError(str(exc)) from None
     if as_json:
         print(report.model_dump_json(indent=2))

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import faust
+from typing import TYPE_CHECKING, Any
 
 from arena.config import ArenaSettings
 from arena.topics import TOPICS, topic
-from streams.app import attach_stage
 from streams.runtime import LEDGER_TOPIC, Guarantee, StageDef
 from streams.tracks import Track, depths, tracks
-from streams.usage import TOPIC as USAGE_TOPIC
+
+if TYPE_CHECKING:  # Faust and the stage runtime are a worker process's cost, not a CLI command's
+    import faust
+
+USAGE_TOPIC = topic("llm.usage").name
+"""Every stage worker reports its LLM usage here (``streams.usage``)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class WorkerDef:
 
 def _stage_worker(stage: StageDef[Any]) -> WorkerDef:
     def attach(app: faust.App, settings: ArenaSettings) -> None:
+        from streams.app import attach_stage
+
         attach_stage(app, stage, settings, priority=stage_priorities()[stage.name])
 
     return WorkerDef(stage.name, (stage.input,), stage.guarantee, attach, stage.description)

@@ -812,6 +812,8 @@ def _api(handler: Handler) -> Handler:
     """Answers a handler's failures as JSON errors (no traceback reaches the page)."""
     from kafka.errors import KafkaError
 
+    from consumers.dlq import DlqReadStalled
+
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
@@ -819,6 +821,8 @@ def _api(handler: Handler) -> Handler:
             return _error(str(exc), 400)
         except KafkaError as exc:
             return _error(f"Kafka: {exc} (fix: check that the broker is up: `arena status`)", 503)
+        except DlqReadStalled as exc:
+            return _error(str(exc), 503)
         except Exception as exc:
             log.exception("%s %s failed", request.method, request.url.path)
             return _error(f"{type(exc).__name__}: {exc}", 500)

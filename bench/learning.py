@@ -300,12 +300,12 @@ def copies(records: list[Any], n: int, seed: int, tag: str) -> list[Any]:
     return out
 
 
-def topic_values(bootstrap: str, name: str, idle_s: float = 3.0) -> list[dict[str, Any]]:
+def topic_values(bootstrap: str, name: str, stall_s: float = 60.0) -> list[dict[str, Any]]:
     """Every committed value of a topic, decoded (read_committed, from the beginning).
 
     Reads up to each partition's read_committed end as of the call (every transaction committed
-    before it lies below), so it stops there instead of waiting ``idle_s`` for the topic to go
-    quiet; ``idle_s`` without a record still ends the read.
+    before it lies below), so it stops there instead of waiting for the topic to go quiet; a read
+    whose positions stop moving for ``stall_s`` fails rather than return part of the topic.
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -322,13 +322,19 @@ def topic_values(bootstrap: str, name: str, idle_s: float = 3.0) -> list[dict[st
         consumer.assign(tps)
         ends = consumer.end_offsets(tps)
         values: list[dict[str, Any]] = []
-        left = {tp for tp in tps if ends[tp] > consumer.position(tp)}
-        last = time.monotonic()
-        while left and time.monotonic() - last < idle_s:
+        positions = {tp: consumer.position(tp) for tp in tps}
+        left = {tp for tp in tps if ends[tp] > positions[tp]}
+        moved_at = time.monotonic()
+        while left:
             for batch in consumer.poll(timeout_ms=200).values():
                 values += [json.loads(r.value) for r in batch]
-                last = time.monotonic()
-            left = {tp for tp in left if consumer.position(tp) < ends[tp]}
+            for tp in list(left):
+                if (at := consumer.position(tp)) != positions[tp]:  # records and markers move it
+                    positions[tp], moved_at = at, time.monotonic()
+                if at >= ends[tp]:
+                    left.discard(tp)
+            if left and time.monotonic() - moved_at > stall_s:
+                raise RuntimeError(f"reading {name}: {sorted(map(str, left))} stopped short of {ends}")
         return values
     finally:
         consumer.close()

@@ -67,14 +67,18 @@ REPLAY_STAGE = "dlq-replay"
 REPLAY_VERSION = "2"
 CLAIM_LEASE_S = 300.0
 """A claim older than this whose row is not ``replayed`` belongs to an invocation that died."""
-READ_IDLE_S = 5.0
-"""Stop reading a partition that yields nothing for this long before its end offset."""
+READ_STALL_S = 60.0
+"""A read of the .dlq topics whose positions do not move for this long is given up (an error)."""
 MIN_KEY_PREFIX = 8
 """A letter may be named by the first this many characters of its key, or more."""
 
 
 class DlqError(ValueError):
     """A mistake in what was asked (an unknown topic or key); the message says how to fix it."""
+
+
+class DlqReadStalled(RuntimeError):
+    """The broker stopped delivering a .dlq topic before its end offset: no answer beats a partial one."""
 
 
 class ReplayEvent(BaseModel):
@@ -230,7 +234,11 @@ def dlq_topics(topic: str | None = None) -> list[TopicSpec]:
 
 
 async def _read_topics(bootstrap: str, specs: Sequence[TopicSpec]) -> list[ConsumerRecord[bytes, bytes]]:
-    """Every committed record of ``specs`` from the beginning to the end offsets at call time."""
+    """Every committed record of ``specs`` from the beginning to the end offsets at call time.
+
+    Reads until every partition's position reaches its end; a read that stops advancing for
+    ``READ_STALL_S`` raises ``DlqReadStalled`` rather than answering with part of the letters.
+    """
     read_committed.install()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -246,24 +254,26 @@ async def _read_topics(bootstrap: str, specs: Sequence[TopicSpec]) -> list[Consu
         ends = await consumer.end_offsets(parts)
         await consumer.seek_to_beginning(*parts)
         out: list[ConsumerRecord[bytes, bytes]] = []
-        pending = {tp for tp in parts if ends[tp] > 0}
-        for tp in list(pending):
-            if await consumer.position(tp) >= ends[tp]:
-                pending.discard(tp)
-        idle_since = asyncio.get_running_loop().time()
+        positions = {tp: await consumer.position(tp) for tp in parts if ends[tp] > 0}
+        pending = {tp for tp, at in positions.items() if at < ends[tp]}
+        clock = asyncio.get_running_loop().time
+        moved_at = clock()
         while pending:
             batch = await consumer.getmany(*pending, timeout_ms=500, max_records=1000)
-            now = asyncio.get_running_loop().time()
-            if any(batch.values()):
-                idle_since = now
             for tp, records in batch.items():
                 out.extend(r for r in records if r.offset < ends[tp])
             for tp in list(pending):
-                if await consumer.position(tp) >= ends[tp]:
+                at = await consumer.position(tp)
+                if at != positions[tp]:  # records, markers and aborted batches all move it
+                    positions[tp], moved_at = at, clock()
+                if at >= ends[tp]:
                     pending.discard(tp)
-            if pending and now - idle_since > READ_IDLE_S:
-                log.warning("dlq: gave up reading %s before its end offset", sorted(map(str, pending)))
-                break
+            if pending and clock() - moved_at > READ_STALL_S:
+                raise DlqReadStalled(
+                    f"reading {', '.join(sorted(map(str, pending)))} made no progress for {READ_STALL_S:.0f}s "
+                    f"before the end offset; nothing is listed rather than part of the letters "
+                    f"(is the broker at {bootstrap} overloaded? run the command again)"
+                )
         return out
     finally:
         await consumer.stop()
@@ -467,13 +477,18 @@ async def _already_in_source(bootstrap: str, entry: DlqReplay) -> tuple[int, int
             if start is None:
                 continue
             consumer.seek(tp, start.offset)
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=1000)
-                if not batch.get(tp):
-                    break
-                for record in batch[tp]:
+            clock = asyncio.get_running_loop().time
+            position, moved_at = start.offset, clock()
+            while position < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=500, max_records=1000)
+                for record in batch.get(tp, ()):
                     if (REPLAY_HEADER, wanted) in list(record.headers or ()):
                         return record.partition, record.offset
+                if (at := await consumer.position(tp)) != position:
+                    position, moved_at = at, clock()
+                elif clock() - moved_at > READ_STALL_S:
+                    # Not knowing is not "absent": a guess here could publish the record twice.
+                    raise DlqReadStalled(f"reading {tp} for replay {entry.replay_id} made no progress")
         return None
     finally:
         await consumer.stop()

@@ -95,12 +95,13 @@ def end_offsets(bootstrap: str, topic: str) -> dict[tuple[str, int], int]:
     return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
 
-def read_all(bootstrap: str, topic: str, *, idle_s: float = 2.0) -> list[Any]:
+def read_all(bootstrap: str, topic: str, *, stall_s: float = 60.0) -> list[Any]:
     """Every committed record of a topic (read_committed), from the beginning.
 
     Reads up to each partition's read_committed end as of the call (the last stable offset: every
     transaction committed before the call lies below it), so it returns as soon as it got there
-    instead of waiting for the topic to go quiet; ``idle_s`` without a record still ends the read.
+    instead of waiting for the topic to go quiet. A read whose positions stop moving for
+    ``stall_s`` fails: part of a topic would make a count assertion fail for the wrong reason.
     """
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -114,13 +115,19 @@ def read_all(bootstrap: str, topic: str, *, idle_s: float = 2.0) -> list[Any]:
         consumer.assign(tps)
         ends = consumer.end_offsets(tps)
         records: list[Any] = []
-        left = {tp for tp in tps if ends[tp] > consumer.position(tp)}
-        last = time.monotonic()
-        while left and time.monotonic() - last < idle_s:
+        positions = {tp: consumer.position(tp) for tp in tps}
+        left = {tp for tp in tps if ends[tp] > positions[tp]}
+        moved_at = time.monotonic()
+        while left:
             for batch in consumer.poll(timeout_ms=200).values():
                 records += batch
-                last = time.monotonic()
-            left = {tp for tp in left if consumer.position(tp) < ends[tp]}
+            for tp in list(left):
+                if (at := consumer.position(tp)) != positions[tp]:  # records and markers move it
+                    positions[tp], moved_at = at, time.monotonic()
+                if at >= ends[tp]:
+                    left.discard(tp)
+            if left and time.monotonic() - moved_at > stall_s:
+                raise AssertionError(f"reading {topic}: {sorted(map(str, left))} stopped short of {ends}")
         return records
     finally:
         consumer.close()

@@ -20,16 +20,18 @@ import json
 import logging
 import time
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
-from mcp import Client, StdioServerParameters
-from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallToolResult, TextContent
 from pydantic import ValidationError
 
 from arena.records.tools import McpEndpoint
 from synthesis.tools.normalize import sanitize_tool_name
 from synthesis.tools.tool_results import ErrorKind, ToolResult, schema_errors
+
+if TYPE_CHECKING:  # the SDK takes ~1 s to import: only a process that opens a session pays for it
+    from mcp import Client, StdioServerParameters
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import CallToolResult
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ class McpUnreachable(Exception):
 
 
 def _target(endpoint: McpEndpoint) -> StdioServerParameters | str:
+    from mcp import StdioServerParameters
+
     if endpoint.transport == "stdio":
         command = endpoint.command or []
         return StdioServerParameters(command=command[0], args=list(command[1:]))
@@ -113,6 +117,8 @@ class McpToolSession:
 
     async def _own(self, ready: asyncio.Future[None]) -> None:
         """Hold the SDK client open (entered and left in this one task) until closing."""
+        from mcp import Client
+
         try:
             async with Client(_target(self.endpoint), read_timeout_seconds=self.timeout_s) as client:
                 entries = await _list_tools(client)
@@ -173,6 +179,8 @@ class McpToolSession:
         return result.model_copy(update={"latency_ms": (time.perf_counter() - start) * 1000})
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        from mcp.shared.exceptions import MCPError
+
         if self._closed:
             return _failure("unreachable", f"Error: the MCP session for {name!r} is closed.", "none")
         client = self._client
@@ -229,6 +237,8 @@ class McpToolSession:
         return None
 
     def _protocol_error(self, name: str, exc: MCPError) -> ToolResult:
+        from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
+
         if exc.code == REQUEST_TIMEOUT:
             return _failure("timeout", f"Error: tool {name!r} timed out after {self.timeout_s:g}s.", "mcp")
         if exc.code == CONNECTION_CLOSED:
@@ -243,6 +253,8 @@ def _failure(kind: ErrorKind, text: str, source: Literal["mcp", "none"]) -> Tool
 
 
 def _text_of(result: CallToolResult) -> str:
+    from mcp.types import TextContent
+
     parts = [block.text for block in result.content if isinstance(block, TextContent)]
     if parts:
         return "\n".join(parts)
