@@ -27,6 +27,7 @@ from app.cli_llm import llm_app
 from app.cli_ops import dlq_app, stages, trace
 from app.cli_publish import publish_app
 from app.cli_reward import reward_app
+from app.exit import freeze_heap_at_exit
 from arena.config import ArenaSettings
 from sandbox.cli import app as sandbox_app
 
@@ -545,6 +546,7 @@ def main() -> None:
     from arena.llm.core import InvalidOutput
     from streams.admin import TopicAdminError
 
+    freeze_heap_at_exit()
     try:
         app()
     except (UserError, StackError, TopicAdminError) as exc:

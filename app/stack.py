@@ -235,9 +235,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def children_of(pid: int) -> dict[int, str]:
-    """Direct child processes of ``pid`` and their command lines (from /proc)."""
-    found: dict[int, str] = {}
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process: pid -> (parent pid, command line), from /proc."""
+    found: dict[int, tuple[int, str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -246,9 +246,24 @@ def children_of(pid: int) -> dict[int, str]:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            found[int(entry.name)] = cmd
+        found[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
+    return found
+
+
+def descendants_of(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (children, their children, ...) and its command line.
+
+    The stage processes of `arena worker` are its fork server's children (``app.forkserver``).
+    """
+    table = _processes()
+    found: dict[int, str] = {}
+    parents = {pid}
+    while parents:
+        below = {
+            child: cmd for child, (parent, cmd) in table.items() if parent in parents and child not in found
+        }
+        found.update(below)
+        parents = set(below)
     return found
 
 

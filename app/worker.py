@@ -1,7 +1,9 @@
 """`arena worker`: a supervisor of Faust worker processes, one or more per stage.
 
 Each stage runs as ``python -m app.run NAME`` in its own process group
-(its own consumer group), logging to ``$ARENA_HOME/logs/worker-NAME.log``.
+(its own consumer group), logging to ``$ARENA_HOME/logs/worker-NAME.log``. The processes are
+forked from a fork server that imported the stage code once (``app.forkserver``; setting
+``worker_fork`` false, or a server that fails, execs each one instead).
 ``--replicas N`` runs N processes of each stage in the same consumer group: they share the
 stage's partitions (``worker-NAME-rK.log`` for replica K > 0); a second ``arena worker`` with
 another ``ARENA_WORKER_SLOT`` adds processes on another machine the same way. A
@@ -30,6 +32,7 @@ from rich.console import Console
 
 from app.admission_host import start_admission_host
 from app.endpoint_watch import EndpointWatch
+from app.forkserver import ForkedProcess, ForkServer, ForkServerError
 from app.ledger_metrics import LedgerCollector
 from app.metrics_http import LagCollector, WorkerMetrics
 from app.registry import stage_inputs, topics_by_group, worker
@@ -50,7 +53,7 @@ class Child:
     name: str
     log_path: Path
     replica: int = 0
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | ForkedProcess | None = None
     restarts: int = 0
     next_start: float = 0.0
 
@@ -77,6 +80,9 @@ class Supervisor:
         ]
         self.metrics: WorkerMetrics | None = None
         """Set before ``start`` when /metrics is served: the workers then record into its folder."""
+        self._forks: ForkServer | None = None
+        """Started with the first process (its environment then includes the metrics folder)."""
+        self._fork = settings.worker_fork
 
     def snapshot(self) -> list[tuple[str, bool, int]]:
         """(stage, running, restarts) per worker process, for /metrics."""
@@ -101,6 +107,15 @@ class Supervisor:
         env["ARENA_WORKER_INSTANCE"] = (
             f"{socket.gethostname()}-{env.get('ARENA_WORKER_SLOT', '0')}-{child.name}{replica}"
         )
+        if self._fork:
+            try:
+                child.proc = self._fork_server(env).spawn(child.name, child.log_path, env)
+                return
+            except ForkServerError as exc:
+                self.console.print(
+                    f"[yellow]{exc}; each worker starts as `python -m app.run` instead[/yellow]"
+                )
+                self._fork = False
         with open(child.log_path, "ab") as log:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", "app.run", child.name],
@@ -110,6 +125,11 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+
+    def _fork_server(self, env: dict[str, str]) -> ForkServer:
+        if self._forks is None or not self._forks.alive():
+            self._forks = ForkServer({k: v for k, v in env.items() if k != "ARENA_WORKER_INSTANCE"})
+        return self._forks
 
     def start(self) -> None:
         for child in self.children:
@@ -141,7 +161,7 @@ class Supervisor:
 
     def stop(self, names: set[str] | None = None) -> None:
         """SIGTERM the process group of every worker (of ``names`` only, when given), then SIGKILL
-        what is left."""
+        what is left; stopping them all ends the fork server too."""
         live = [
             c.proc
             for c in self.children
@@ -156,13 +176,16 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+        if names is None and self._forks is not None:
+            self._forks.close()
+            self._forks = None
 
 
 class WorkerFailed(RuntimeError):
     """A worker kept crashing."""
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+def _signal_group(proc: subprocess.Popen[bytes] | ForkedProcess, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:

@@ -49,7 +49,7 @@ from rich.table import Table
 
 from app.demo import free_port, track_workers
 from app.registry import WORKERS
-from app.stack import children_of
+from app.stack import descendants_of
 from arena.topics import TOPICS
 from consumers.lag import compute_lag
 from consumers.ledger import read_to_end
@@ -167,9 +167,9 @@ def command(plan: Plan) -> list[str]:
 
 
 def worker_processes(parent: int) -> dict[int, str]:
-    """Worker processes (``python -m app.run NAME``) among ``parent``'s children: pid -> worker name."""
+    """Worker processes (``python -m app.run NAME``) below ``parent`` (its fork server's children): pid -> worker name."""
     found: dict[int, str] = {}
-    for pid, cmd in children_of(parent).items():
+    for pid, cmd in descendants_of(parent).items():
         argv = cmd.split()
         if "app.run" in argv[:-1]:
             found[pid] = argv[argv.index("app.run") + 1]

@@ -18,7 +18,7 @@ from kafka.admin import KafkaAdminClient
 
 from app.cli import app as cli_app
 from app.registry import TRACKS, WORKERS
-from app.stack import children_of
+from app.stack import descendants_of
 from synthesis.eigen.packs import builtin_pack_path
 from tests.cli import ARENA, arena_env, broker_of, read_all, run_arena, stack_stopped_after
 from tests.test_compose import COMPOSE_ARENA_COMMANDS
@@ -129,7 +129,7 @@ def _running(argv: tuple[str, ...], proc: subprocess.Popen[str], home: Path) -> 
     groups = [WORKERS[n].group for n in names]
     # Running = its worker processes exist and their groups are stable (static members of an
     # earlier run keep a group stable, so both are needed).
-    workers = [c for c in children_of(proc.pid).values() if "app.run" in c]
+    workers = [c for c in descendants_of(proc.pid).values() if "app.run" in c]
     return len(workers) >= len(names) and stable_groups(broker_of(home), groups)
 
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from app.demo import sample_tools_dir
-from app.stack import children_of
+from app.stack import descendants_of
 from arena.config import ArenaSettings
 from arena.llm.outage import read_states
 from producers.publish_tools import raw_key
@@ -126,7 +126,7 @@ def test_model_server_down_mid_run_and_a_worker_killed_lose_and_dead_letter_noth
                     lag = run_arena(["lag", "--group", "arena-chains"], env).stdout
                     assert "waiting on its LLM endpoint" in lag, lag
                     # And a worker dies while records are in flight: the supervisor restarts it.
-                    for pid, cmd in children_of(sup.pid).items():
+                    for pid, cmd in descendants_of(sup.pid).items():
                         if "app.run chains" in cmd:
                             os.kill(pid, signal.SIGKILL)
                             killed = True

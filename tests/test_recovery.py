@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from app.stack import children_of
+from app.stack import descendants_of
 from tests.cli import (
     ARENA,
     arena_env,
@@ -104,7 +104,7 @@ def test_kill9_workers_mid_stream_loses_and_duplicates_nothing(tmp_path: Path) -
 
             wait_for(lambda: progress() >= 10, 180, "the stage to commit some records")
             done_at_kill = progress()
-            victims = {pid: cmd for pid, cmd in children_of(sup.pid).items() if "app.run" in cmd}
+            victims = {pid: cmd for pid, cmd in descendants_of(sup.pid).items() if "app.run" in cmd}
             assert len(victims) == 2, victims
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
@@ -136,12 +136,9 @@ def _shared(logs: list[Path]) -> bool:
     return all(shares) and sum(len(s) for s in shares) == len(set().union(*shares))
 
 
-def _instance(pid: int) -> str:
-    """The static group-member id the supervisor gave a worker process."""
-    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        if item.startswith(b"ARENA_WORKER_INSTANCE="):
-            return item.split(b"=", 1)[1].decode()
-    return ""
+def _log_of(pid: int) -> Path:
+    """The log file a worker process writes (its stdout): one per stage replica."""
+    return Path(os.readlink(f"/proc/{pid}/fd/1"))
 
 
 def test_replicas_share_partitions_and_survive_kill9(tmp_path: Path) -> None:
@@ -164,12 +161,12 @@ def test_replicas_share_partitions_and_survive_kill9(tmp_path: Path) -> None:
             assert _shared(logs), [_last_assignment(log) for log in logs]
             done_at_kill = progress()
             replicas = {
-                _instance(pid): pid
-                for pid, cmd in children_of(sup.pid).items()
+                _log_of(pid): pid
+                for pid, cmd in descendants_of(sup.pid).items()
                 if "app.run tools-servers" in cmd
             }
             assert len(replicas) == 2, replicas
-            victim = next(pid for instance, pid in replicas.items() if instance.endswith("-r1"))
+            victim = replicas[logs[1].resolve()]
             os.kill(victim, signal.SIGKILL)
             assert done_at_kill < n, "the stage finished before the kill; raise n"
             _, err = sup.communicate(timeout=300)

@@ -1,0 +1,284 @@
+"""Stage processes forked from one process that imported the stage code once (a fork server).
+
+A stage process spends 2-5 CPU-seconds importing Faust, the gateway, the catalog and every stage
+module before it reads a record; `arena worker` starts one per stage and replica, and again after
+each crash. So the supervisor starts ``python -m app.forkserver`` once: it imports what
+``app.run`` needs while it is still single-threaded and holds no socket, then forks one stage
+process per request. Each child starts its own session (the supervisor signals its process
+group as before), writes to its own log, takes the environment the supervisor gave it, names
+itself ``python -m app.run NAME`` (what ``ps``, the chaos bench and the tests look for) and runs
+``app.run.main``.
+
+Protocol, one JSON object per line: the supervisor writes ``SpawnRequest``s to the server's
+stdin; the server answers each with ``{"id", "pid"}`` (or ``{"id", "error"}``) and reports every
+child that ends as ``{"exited": pid, "code": code}`` (negative: killed by that signal, as
+``subprocess`` says it). When its stdin closes (the supervisor ended, even by SIGKILL) the
+server exits, and its children stop themselves (``app.run.exit_with_parent``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import queue
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+import setproctitle
+from pydantic import BaseModel, Field
+
+READY_TIMEOUT_S = 120.0
+"""How long the first request may wait for the server's imports (a loaded 2-core machine)."""
+
+
+class SpawnRequest(BaseModel):
+    """One stage process to start."""
+
+    id: int = Field(description="Echoed in the answer.")
+    name: str = Field(description="The worker to run (``app.registry`` name).")
+    log: str = Field(description="File the process appends its stdout and stderr to.")
+    env: dict[str, str] = Field(description="The process's whole environment.")
+
+
+class ForkServerError(RuntimeError):
+    """The fork server did not start a process (the supervisor then execs one instead)."""
+
+
+# -- the server process -------------------------------------------------------------------
+
+
+def _preload() -> None:
+    """Import what a stage process imports before its first record."""
+    import app.run  # noqa: F401  (the registry: every stage module, Faust, the gateway)
+    import streams.app  # noqa: F401
+    import synthesis.tools.mcp_client  # noqa: F401
+
+    try:  # the MCP SDK: the stages that call tools open sessions with it
+        import mcp  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _child(request: SpawnRequest) -> int:
+    """In the forked child: become the stage process and run it; returns its exit code."""
+    os.setsid()
+    log = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    from app.run import main, process_title
+
+    sys.argv = ["app.run", request.name]
+    # Before the environment changes: the title may reuse the memory of the original environment.
+    setproctitle.setproctitle(process_title(request.name))
+    os.environ.clear()
+    os.environ.update(request.env)
+
+    try:
+        main([request.name])
+    except SystemExit as exc:
+        return _exit_code(exc)
+    return 0
+
+
+def _fork(request: SpawnRequest, server_fds: list[int]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        for fd in server_fds:  # the answer pipe and the selector: the server's, not the stage's
+            os.close(fd)
+        code = _child(request)
+        atexit._run_exitfuncs()  # what a normal interpreter exit runs; os._exit below skips it
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _answer(out: IO[bytes], message: dict[str, Any]) -> None:
+    out.write(json.dumps(message).encode() + b"\n")
+    out.flush()
+
+
+def _reap(out: IO[bytes]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _answer(out, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve() -> None:
+    """The server's loop: fork on each request, report each child that ends, stop at EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # the preload's stray prints must not corrupt the answers
+    _preload()
+    gc.freeze()  # the imported heap: no child's collections walk it, and its pages stay shared
+    _answer(out, {"ready": os.getpid()})
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ)
+    pending = b""
+    while True:
+        if selector.select(timeout=0.2):
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return  # the supervisor is gone
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                request = SpawnRequest.model_validate_json(line)
+                try:
+                    pid = _fork(request, [out.fileno(), selector.fileno()])
+                    _answer(out, {"id": request.id, "pid": pid})
+                except OSError as exc:
+                    _answer(out, {"id": request.id, "error": str(exc)})
+        _reap(out)
+
+
+# -- the supervisor's side ----------------------------------------------------------------
+
+
+class ForkedProcess:
+    """A stage process the fork server started: the part of ``subprocess.Popen`` the supervisor uses."""
+
+    def __init__(self, pid: int, server: ForkServer) -> None:
+        self.pid = pid
+        self._server = server
+
+    @property
+    def returncode(self) -> int | None:
+        return self._server.exit_code(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.returncode) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"app.run (pid {self.pid})", timeout or 0.0)
+            time.sleep(0.05)
+        return code
+
+
+class ForkServer:
+    """Starts ``python -m app.forkserver`` with ``env`` and asks it for stage processes."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "app.forkserver"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,  # the supervisor's stderr: an import error there is worth seeing
+        )
+        self._codes: dict[int, int] = {}
+        self._answers: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, name="forkserver-answers", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            message = json.loads(line)
+            if "ready" in message:
+                self._ready.set()
+            elif "exited" in message:
+                with self._lock:
+                    self._codes[int(message["exited"])] = int(message["code"])
+            else:
+                self._answers.put(message)
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def spawn(self, name: str, log_path: Path, env: dict[str, str]) -> ForkedProcess:
+        """A new stage process ``name``; ``ForkServerError`` when the server cannot start one."""
+        if not self.alive() or self._proc.stdin is None:
+            raise ForkServerError("the fork server is not running")
+        if not self._ready.wait(READY_TIMEOUT_S):
+            raise ForkServerError(f"the fork server did not finish its imports in {READY_TIMEOUT_S:.0f}s")
+        self._next_id += 1
+        request = SpawnRequest(id=self._next_id, name=name, log=str(log_path), env=env)
+        try:
+            self._proc.stdin.write(request.model_dump_json().encode() + b"\n")
+            self._proc.stdin.flush()
+            answer = self._answers.get(timeout=30.0)
+        except (OSError, queue.Empty) as exc:
+            raise ForkServerError(f"the fork server did not answer: {exc!r}") from None
+        if "pid" not in answer or answer.get("id") != request.id:
+            raise ForkServerError(f"the fork server answered {answer}")
+        return ForkedProcess(int(answer["pid"]), self)
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of a process it started, None while it runs.
+
+        Once the server is gone its children are no longer reported (they stop themselves when it
+        ends): one that is gone then counts as failed.
+        """
+        with self._lock:
+            if pid in self._codes:
+                return self._codes[pid]
+        if self.alive():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return 1
+        except PermissionError:
+            pass
+        return None
+
+    def close(self) -> None:
+        """End the server (after its children: the caller stops them first)."""
+        if self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+if __name__ == "__main__":
+    serve()
