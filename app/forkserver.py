@@ -77,9 +77,11 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _child(request: SpawnRequest) -> int:
+def _child(request: SpawnRequest, started: int) -> int:
     """In the forked child: become the stage process and run it; returns its exit code."""
     os.setsid()
+    os.write(started, b".")  # from now on the supervisor can signal the process group
+    os.close(started)
     log = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -107,14 +109,19 @@ def _child(request: SpawnRequest) -> int:
 def _fork(request: SpawnRequest, server_fds: list[int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
+    started, child_started = os.pipe()
     pid = os.fork()
     if pid:
+        os.close(child_started)
+        os.read(started, 1)  # answered once the child has its own session (or has died)
+        os.close(started)
         return pid
     code = 1
     try:
+        os.close(started)
         for fd in server_fds:  # the answer pipe and the selector: the server's, not the stage's
             os.close(fd)
-        code = _child(request)
+        code = _child(request, child_started)
         atexit._run_exitfuncs()  # what a normal interpreter exit runs; os._exit below skips it
     except BaseException:
         traceback.print_exc()
