@@ -267,9 +267,77 @@ def test_server_rejecting_response_format_gets_unguided_requests(
     with caplog.at_level(logging.WARNING):
         asyncio.run(run())
     stats = server.stats()
-    assert stats.statuses == [400, 200, 200]
-    assert ["response_format" in b for b in stats.bodies] == [True, False, False]
-    assert "sending it unguided" in caplog.text
+    # json_schema refused, then json_object refused, then none: served, and kept for the role
+    assert stats.statuses == [400, 400, 200, 200]
+    assert [(b.get("response_format") or {}).get("type") for b in stats.bodies] == [
+        "json_schema",
+        "json_object",
+        None,
+        None,
+    ]
+    assert "sending no response_format (unguided) from now on" in caplog.text
+
+
+def test_a_500_naming_the_response_format_is_a_shape_not_an_outage(
+    server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llama.cpp's server answers a json_schema response_format with HTTP 500 (its request model takes
+    'text' or 'json_object'): the role switches to json_object with the schema, once, and nothing
+    waits for the endpoint."""
+    server.configure(ServerScript(response_format_types=["text", "json_object"], reject_status=500))
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        answers = [await gateway.call(ASK, Question(text=f"q{i}")) for i in range(3)]
+        assert all(a.output.answer == "ok" for a in answers)
+        assert gateway.health.state.state == "up"
+        usage = gateway.usage.roles[ASK.name]
+        assert (usage.transient_errors, usage.endpoint_waits, usage.failures) == (0, 0, 0)
+        await gateway.aclose()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run())
+    stats = server.stats()
+    assert stats.statuses == [500, 200, 200, 200]
+    formats = [b["response_format"] for b in stats.bodies]
+    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object", "json_object"]
+    assert formats[1]["schema"] == ASK.output_schema()  # the schema still constrains decoding
+    assert caplog.text.count("refused response_format json_schema") == 1
+    assert "HTTP 500" in caplog.text and "'text' or 'json_object'" in caplog.text
+
+
+def test_a_bare_500_is_retried_in_the_same_shape(server: OpenAIServer) -> None:
+    """A 500 that names nothing of the request is a transient failure: the same request again."""
+    server.configure(ServerScript(failures=[FailSpec(status=500)], response_format_types=["json_schema"]))
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        await gateway.call(ASK, Question(text="ok?"))
+        assert gateway.usage.roles[ASK.name].transient_errors == 1
+        await gateway.aclose()
+
+    asyncio.run(run())
+    stats = server.stats()
+    assert stats.statuses == [500, 200]
+    assert [b["response_format"]["type"] for b in stats.bodies] == ["json_schema", "json_schema"]
+
+
+def test_once_served_a_shape_is_not_dropped_for_a_later_refusal(server: OpenAIServer) -> None:
+    """After the server took a role's json_schema, a 400 naming it later is that request's failure."""
+    server.configure(ServerScript())
+
+    async def run() -> None:
+        gateway = _gateway(server, max_attempts=1)
+        await gateway.call(ASK, Question(text="first"))
+        await server.aconfigure(ServerScript(reject_response_format=True))
+        with pytest.raises(BackendError, match="HTTP 400"):
+            await gateway.call(ASK, Question(text="second"))
+        await gateway.aclose()
+
+    asyncio.run(run())
+    stats = server.stats()
+    assert stats.statuses == [400]
+    assert stats.bodies[0]["response_format"]["type"] == "json_schema"
 
 
 def test_connection_refused_waits_for_the_endpoint() -> None:

@@ -8,12 +8,18 @@ timeouts, a garbled 200 body) raise ``TransientError``; the gateway backs off an
 HTTP 401/403/404 raise ``EndpointRejected`` (the endpoint refuses everything: credentials, URL,
 model name; the gateway waits for it instead of failing records); other 4xx raise ``BackendError``.
 
-Servers without structured output: some OpenAI-compatible servers answer 400 to
-``response_format``. Then the same request is sent once more without it; if that succeeds, the
-role is marked unguided for the rest of the process (logged once) and later requests for it go
-without ``response_format``. Every role's prompt states its JSON contract in words and the
-gateway validates every answer, so unguided output still ends valid or as ``InvalidOutput``.
-Servers that silently ignore ``response_format`` (``transformers serve`` 5.x) need nothing.
+Request shapes a server does not take: servers differ in how they take a JSON schema and tools,
+and say so with whatever status they like (vLLM 400, llama.cpp's server 500 to a ``json_schema``
+``response_format``). Until a role's requests have been served once, a failed request that carries
+an optional part, and is refused with a 400 or a text naming that part, is sent again in the
+next shape (``RESPONSE_FORMATS``: OpenAI's ``json_schema``, then llama.cpp's ``json_object`` with
+the schema, then none; native ``tools``, then the tools in the prompt the Hermes way). The first
+shape that is served is kept for the role for the rest of the process (logged once, with the
+server's reason). A refusal is therefore one or two extra requests per role, never an outage; a
+bare 5xx stays a transient failure (the gateway retries it, then waits for the endpoint). Every role's
+prompt states its JSON contract in words and the gateway validates every answer, so unguided
+output still ends valid or as ``InvalidOutput``. Servers that silently ignore
+``response_format`` (``transformers serve`` 5.x) need nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +51,13 @@ REJECTING_STATUS = {
     404: "fix: check the URL path (usually /v1) and ?model= in ARENA_LLM",
 }
 """Statuses that refuse every request whatever its content: the endpoint's fault, never the record's."""
+NOT_A_SHAPE_STATUS = frozenset({*REJECTING_STATUS, 408, 425, 429})
+"""Failures that say nothing about the request's shape: a simpler shape is not tried for them."""
+RESPONSE_FORMATS = ("json_schema", "json_object", "none")
+"""How a role's JSON schema is sent, in the order tried: ``json_schema`` (OpenAI, vLLM, SGLang),
+``json_object`` with a ``schema`` (llama.cpp's server constrains decoding to it), none."""
+SHAPE_WORDS = ("response_format", "json_schema", "json_object", "schema", "tool")
+"""Words by which a refusal names the part of the request it did not take."""
 
 
 def _retry_after_s(response: httpx.Response, limit_s: float) -> float | None:
@@ -171,23 +184,41 @@ class OpenAIBackend:
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
         )
-        self._unguided: set[str] = set()
-        """Roles whose ``response_format`` this server rejected (sent without it from then on)."""
+        self._format: dict[str, int] = {}
+        """Per role, the index in ``RESPONSE_FORMATS`` of the shape its schema is sent in (default 0)."""
         self._no_native_tools: set[str] = set()
         """Agent roles whose native ``tools`` this server rejected (tools go in the prompt from then on)."""
+        self._served: set[str] = set()
+        """Roles whose requests, in their current shape, this server has answered: a failure of
+        theirs is then not the shape's fault."""
 
     def __repr__(self) -> str:  # no API key here, ever
         return f"OpenAIBackend({redact_url(self.base_url)!r}, model={self.model!r}, concurrency={self.concurrency})"
 
-    def body(self, request: CompletionRequest, guided: bool = True) -> dict[str, Any]:
+    def response_format(self, role: str) -> str:
+        """How ``role``'s schema is sent to this server now (one of ``RESPONSE_FORMATS``)."""
+        return RESPONSE_FORMATS[self._format.get(role, 0)]
+
+    def body(
+        self,
+        request: CompletionRequest,
+        *,
+        response_format: str | None = None,
+        native_tools: bool | None = None,
+    ) -> dict[str, Any]:
         """The JSON body of ``POST /chat/completions`` for ``request``.
 
         An agent role offers its tools natively (``tools``, ``tool_choice=auto``; no
         ``response_format``, which would forbid tool calls), or, on a server that refused native
-        tools, describes them in the system prompt the Hermes way (``hermes_messages``).
+        tools, describes them in the system prompt the Hermes way (``hermes_messages``). Other roles
+        send their schema as ``response_format`` says (default: the role's current shape).
         """
         sampling = request.sampling
-        native = request.tools is not None and request.role.name not in self._no_native_tools
+        role = request.role.name
+        if native_tools is None:
+            native_tools = role not in self._no_native_tools
+        native = request.tools is not None and native_tools
+        kind = response_format or self.response_format(role)
         messages = request.messages
         if request.tools is not None and not native:
             messages = hermes_messages(request.messages, request.tools)
@@ -205,58 +236,79 @@ class OpenAIBackend:
         if native:
             body["tools"] = request.tools
             body["tool_choice"] = "auto"
-        elif guided and request.tools is None:
+        elif kind == "json_schema" and request.tools is None:
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": request.role.name, "schema": request.json_schema, "strict": True},
+                "json_schema": {"name": role, "schema": request.json_schema, "strict": True},
             }
+        elif kind == "json_object" and request.tools is None:
+            body["response_format"] = {"type": "json_object", "schema": request.json_schema}
         return body
 
     async def complete(self, request: CompletionRequest) -> Completion:
-        guided = request.role.name not in self._unguided
-        native = request.tools is not None and request.role.name not in self._no_native_tools
+        role = request.role.name
         async with self.admission.slot(self.admission_key):
-            response = await self._post(self.body(request, guided), request)
-            if response.status_code == 400 and native:
-                response = await self._without_native_tools(request, response)
-            elif response.status_code == 400 and guided and request.tools is None:
-                response = await self._without_response_format(request, response)
+            response = await self._post(self.body(request), request)
+            if not response.is_success and self._may_be_shape(request, response):
+                response = await self._simpler_shapes(request, response)
+            elif response.is_success:
+                self._served.add(role)
         return self._completion(response)
 
-    async def _without_native_tools(
-        self, request: CompletionRequest, rejected: httpx.Response
-    ) -> httpx.Response:
-        """Retry a 400 to ``tools`` once with the tools in the prompt (a server without a tool parser)."""
-        self._no_native_tools.add(request.role.name)
-        retry = await self._post(self.body(request), request)
-        if not retry.is_success:
-            self._no_native_tools.discard(request.role.name)
-            return rejected
-        log.warning(
-            "LLM server %s rejected native tools for role %s (%s); tools go in the prompt (Hermes "
-            "<tool_call> format) from now on",
-            redact_url(self.base_url),
-            request.role.name,
-            _error_text(rejected),
-        )
-        return retry
+    def _may_be_shape(self, request: CompletionRequest, response: httpx.Response) -> bool:
+        """Whether a failed request was refused for its shape and a simpler shape is left to try.
 
-    async def _without_response_format(
-        self, request: CompletionRequest, rejected: httpx.Response
-    ) -> httpx.Response:
-        """Retry a 400 once without ``response_format``; keep the first error if that fails too."""
-        retry = await self._post(self.body(request, guided=False), request)
-        if retry.status_code == 400:
-            return rejected
-        if retry.is_success:
-            self._unguided.add(request.role.name)
+        A refusal is taken for the shape's when it is a 400 or its text names an optional part
+        (``SHAPE_WORDS``), and only until the role has been served: after that, the server took
+        the shape, and a failure is a failure.
+        """
+        role = request.role.name
+        if response.status_code in NOT_A_SHAPE_STATUS or role in self._served:
+            return False
+        reason = _error_text(response).lower()
+        if response.status_code != 400 and not any(word in reason for word in SHAPE_WORDS):
+            return False
+        if request.tools is not None:
+            return role not in self._no_native_tools
+        return self._format.get(role, 0) + 1 < len(RESPONSE_FORMATS)
+
+    async def _simpler_shapes(self, request: CompletionRequest, rejected: httpx.Response) -> httpx.Response:
+        """Send ``request`` in each simpler shape until one is served, and keep that shape for the
+        role (logged once, with the server's reason); the first refusal if none is served."""
+        role = request.role.name
+        reason = f"HTTP {rejected.status_code}: {_error_text(rejected)}"
+        if request.tools is not None:
+            retry = await self._post(self.body(request, native_tools=False), request)
+            if not retry.is_success:
+                return rejected
+            self._no_native_tools.add(role)
+            self._served.add(role)
             log.warning(
-                "LLM server %s rejected response_format for role %s (%s); sending it unguided from now on",
+                "LLM server %s refused native tools for role %s (%s); tools go in the prompt (Hermes "
+                "<tool_call> format) from now on",
                 redact_url(self.base_url),
-                request.role.name,
-                _error_text(rejected),
+                role,
+                reason,
             )
-        return retry
+            return retry
+        refused = self._format.get(role, 0)
+        for level in range(refused + 1, len(RESPONSE_FORMATS)):
+            shape = RESPONSE_FORMATS[level]
+            retry = await self._post(self.body(request, response_format=shape), request)
+            if not retry.is_success:
+                continue
+            self._format[role] = level
+            self._served.add(role)
+            log.warning(
+                "LLM server %s refused response_format %s for role %s (%s); sending %s from now on",
+                redact_url(self.base_url),
+                RESPONSE_FORMATS[refused],
+                role,
+                reason,
+                "no response_format (unguided)" if shape == "none" else f"response_format {shape}",
+            )
+            return retry
+        return rejected
 
     async def _post(self, body: dict[str, Any], request: CompletionRequest) -> httpx.Response:
         """One HTTP request under the per-request timeout; transport failures become transient.
