@@ -89,6 +89,16 @@ def stage_inputs(names: list[str]) -> dict[str, str]:
     return {name: inputs[name] for name in names if name in inputs}
 
 
+def stage_outputs(names: list[str]) -> list[str]:
+    """Every topic the stages among ``names`` may write: their outputs, side topics, the ledger and
+    the LLM-usage topic."""
+    wanted = set(names)
+    found = {
+        t for stage in STAGES if stage.name in wanted for t in (*stage.may_emit, LEDGER_TOPIC, USAGE_TOPIC)
+    }
+    return sorted(found)
+
+
 def topics_by_group(names: list[str]) -> dict[str, list[str]]:
     """Input topics per consumer group, for lag and drain checks."""
     return {worker(n).group: list(worker(n).inputs) for n in names}

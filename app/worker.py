@@ -35,14 +35,18 @@ from app.endpoint_watch import EndpointWatch
 from app.forkserver import ForkedProcess, ForkServer, ForkServerError
 from app.ledger_metrics import LedgerCollector
 from app.metrics_http import LagCollector, WorkerMetrics
-from app.registry import stage_inputs, topics_by_group, worker
+from app.registry import stage_inputs, stage_outputs, topics_by_group, worker
 from app.stack import pid_alive
 from arena.config import ArenaSettings
 from consumers import ledger
-from consumers.lag import LagRow, compute_lag, drained
+from consumers.lag import LagRow, compute_lag, drained, unsettled
+from streams.runtime import LEDGER_TOPIC
 
 STOP_GRACE_S = 15.0
 MAX_RESTARTS = 5
+LEDGER_SETTLE_S = 15.0
+"""How long a drain check that found records without a ledger entry waits for the ledger's open
+transactions to become visible before it looks again."""
 SINK_SETTLE_S = 60.0
 """After a drain, how long the sinks (the lake sink) may take to read what the stages wrote as they
 stopped (their last LLM-usage reports) before they are stopped too."""
@@ -241,6 +245,11 @@ def accounted_for(bootstrap: str, stages: dict[str, str], console: Console) -> b
     if not stages:
         return True
     found = ledger.check(bootstrap, stages)
+    if found.missing:  # a ledger entry committed with its record may not be visible yet: look again
+        deadline = time.monotonic() + LEDGER_SETTLE_S
+        while unsettled(bootstrap, [LEDGER_TOPIC]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        found = ledger.check(bootstrap, stages)
     if found.unchecked:
         console.print(
             f"[yellow]not checked (no ledger entries; they ran before the ledger existed): "
@@ -271,20 +280,24 @@ def stop_stages_then_sinks(
     """Stop the stage workers, then the others (the lake sink), so that a drained run ends drained.
 
     A stage sends its last LLM-usage report as it stops (``streams.usage``); with ``settle`` the
-    sinks read what the stages wrote until their groups have nothing pending (at most
-    ``SINK_SETTLE_S``) before they stop.
+    stages' output topics are waited for until every transaction on them is visible to readers,
+    and the sinks read what the stages wrote until their groups have nothing pending (at most
+    ``SINK_SETTLE_S`` in all) before they stop.
     """
     stage_names = set(stage_inputs([c.name for c in supervisor.children]))
     try:
         supervisor.stop(stage_names)
+        outputs = stage_outputs(sorted(stage_names))
         sinks = {c.name for c in supervisor.children if c.name not in stage_names}
         sink_groups = {worker(n).group: groups[worker(n).group] for n in sinks if worker(n).group in groups}
         deadline = time.monotonic() + SINK_SETTLE_S
-        while settle and sink_groups and not drained(bootstrap, sink_groups):
+        while settle and (
+            unsettled(bootstrap, outputs) or (sink_groups and not drained(bootstrap, sink_groups))
+        ):
             if time.monotonic() > deadline:
                 console.print(
-                    f"[yellow]{', '.join(sorted(sinks))} still had records to read after "
-                    f"{SINK_SETTLE_S:.0f}s; they wait in their topics for the next run[/yellow]"
+                    f"[yellow]the stages' outputs or {', '.join(sorted(sinks)) or 'the sinks'} had not "
+                    f"settled after {SINK_SETTLE_S:.0f}s; what is left waits in its topics[/yellow]"
                 )
                 break
             time.sleep(0.5)
@@ -305,6 +318,7 @@ def run_workers(
     """Run the workers (``replicas`` processes per stage); returns the process exit code."""
     supervisor = Supervisor(settings, bootstrap, names, console, replicas)
     groups = topics_by_group(names)
+    outputs = stage_outputs(names)
     supervisor.metrics = start_metrics(settings, bootstrap, groups, supervisor, console)
     interrupted = False
 
@@ -342,7 +356,9 @@ def run_workers(
                     + f" pending ({time.monotonic() - started:.0f}s)"
                     + (f"; {len(waiting)} worker(s) waiting for the LLM endpoint" if waiting else "")
                 )
-                clean_checks = clean_checks + 1 if drained(bootstrap, groups, rows=rows) else 0
+                # Drained: nothing left to read, and every output the stages committed is visible.
+                clean = drained(bootstrap, groups, rows=rows) and not unsettled(bootstrap, outputs)
+                clean_checks = clean_checks + 1 if clean else 0
                 if clean_checks >= 2:
                     status.update("drained; checking that every consumed record has an outcome")
                     if not accounted_for(bootstrap, stage_inputs(names), console):

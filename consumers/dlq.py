@@ -41,6 +41,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.records.common import DeadLetter, Lineage
 from arena.topics import TOPICS, TopicSpec
+from consumers.lag import unsettled
 from lake.catalog import Catalog, DlqReplay
 from lake.store import ClaimCheck, ClaimError, open_claim_async
 from streams import read_committed
@@ -67,6 +69,8 @@ REPLAY_STAGE = "dlq-replay"
 REPLAY_VERSION = "2"
 CLAIM_LEASE_S = 300.0
 """A claim older than this whose row is not ``replayed`` belongs to an invocation that died."""
+READ_SETTLE_S = 10.0
+"""How long a listing waits for open transactions on the .dlq topics to end before it reads."""
 READ_STALL_S = 60.0
 """A read of the .dlq topics whose positions do not move for this long is given up (an error)."""
 MIN_KEY_PREFIX = 8
@@ -306,9 +310,19 @@ class _Found:
     letter: DeadLetter
 
 
+def _settle(bootstrap: str, topics: list[str]) -> None:
+    """Wait (at most ``READ_SETTLE_S``) until no transaction on ``topics`` is open or unseen, so that
+    letters a run committed just before are listed; one that stays open is left for the next look."""
+    deadline = time.monotonic() + READ_SETTLE_S
+    while unsettled(bootstrap, topics) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 async def _find(bootstrap: str, topic: str | None, claims: ClaimCheck) -> list[_Found]:
     """Every readable letter of ``topic``'s .dlq (of all .dlq topics when None), oldest first per topic."""
-    records = await _read_topics(bootstrap, dlq_topics(topic))
+    specs = dlq_topics(topic)
+    await asyncio.to_thread(_settle, bootstrap, [s.name for s in specs])
+    records = await _read_topics(bootstrap, specs)
     found: list[_Found] = []
     for record in records:
         letter = await _letter(record, claims)

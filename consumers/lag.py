@@ -317,6 +317,18 @@ def compute_lag(
     return rows
 
 
+def unsettled(bootstrap: str, topics: Iterable[str]) -> list[TopicPartition]:
+    """Partitions of ``topics`` whose read_committed end is short of their end: a transaction there
+    is open, or committed and not yet visible to readers (the embedded broker can show a
+    transaction's offset commit before the records it wrote, seconds apart under load)."""
+    with admin_client(bootstrap) as admin:
+        counts = partition_counts(admin, set(topics))
+        tps = [TopicPartition(t, p) for t in sorted(counts) for p in range(counts[t])]
+        stable = _offsets(admin, tps, OffsetSpec.LATEST, IsolationLevel.READ_COMMITTED)
+        high = _offsets(admin, tps, OffsetSpec.LATEST, IsolationLevel.READ_UNCOMMITTED)
+    return [tp for tp in tps if stable.get(tp, 0) < high.get(tp, 0)]
+
+
 def drained(
     bootstrap: str,
     topics_by_group: Mapping[str, Iterable[str]],
