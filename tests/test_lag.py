@@ -24,6 +24,7 @@ from consumers.lag import (
     lag_json,
     lag_report,
     render_lag_table,
+    unsettled,
 )
 
 pytestmark = pytest.mark.integration
@@ -239,6 +240,22 @@ def test_open_transaction_blocks_drained(
     row = _row(compute_lag(broker, [group]), group, topic)
     assert not row.open_transaction and row.lag == 3
     assert not drained(broker, {group: [topic]})
+
+
+def test_unsettled_names_the_partitions_with_a_transaction_readers_cannot_see_yet(
+    broker: str, new_topic: Callable[..., str], txn_producer: KafkaProducer
+) -> None:
+    """What `arena worker --until-drained` waits for on a stage's outputs before it says drained."""
+    topic, other = new_topic(partitions=2), new_topic(partitions=1)
+    _txn(txn_producer, topic, 2)
+    assert unsettled(broker, [topic, other]) == []
+    txn_producer.begin_transaction()
+    txn_producer.send(topic, b"open", partition=1)
+    txn_producer.flush()
+    assert unsettled(broker, [topic, other]) == [TopicPartition(topic, 1)]
+    txn_producer.commit_transaction()
+    assert unsettled(broker, [topic, other]) == []
+    assert unsettled(broker, ["no.such.topic"]) == []
 
 
 def test_pending_is_capped(
