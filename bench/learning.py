@@ -74,8 +74,6 @@ if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench
 from rich.console import Console
 from rich.text import Text
 
-from streams import read_committed
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARENA = str(Path(sys.executable).parent / "arena")
 SFT_SOURCE = "bench-env-train"
@@ -300,44 +298,17 @@ def copies(records: list[Any], n: int, seed: int, tag: str) -> list[Any]:
     return out
 
 
-def topic_values(bootstrap: str, name: str, stall_s: float = 60.0) -> list[dict[str, Any]]:
+def topic_values(bootstrap: str, name: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
     """Every committed value of a topic, decoded (read_committed, from the beginning).
 
-    Reads up to each partition's read_committed end as of the call (every transaction committed
-    before it lies below), so it stops there instead of waiting for the topic to go quiet; a read
-    whose positions stop moving for ``stall_s`` fails rather than return part of the topic.
+    Reads each partition up to its read_committed end as of the call (``consumers.ledger.read_to_end``:
+    every transaction committed before it lies below); a read that takes over ``timeout_s`` fails
+    rather than return part of the topic.
     """
-    from kafka import KafkaConsumer, TopicPartition
+    from consumers.ledger import read_to_end
 
-    read_committed.install()
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    try:
-        parts = consumer.partitions_for_topic(name) or set()
-        tps = [TopicPartition(name, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
-        values: list[dict[str, Any]] = []
-        positions = {tp: consumer.position(tp) for tp in tps}
-        left = {tp for tp in tps if ends[tp] > positions[tp]}
-        moved_at = time.monotonic()
-        while left:
-            for batch in consumer.poll(timeout_ms=200).values():
-                values += [json.loads(r.value) for r in batch]
-            for tp in list(left):
-                if (at := consumer.position(tp)) != positions[tp]:  # records and markers move it
-                    positions[tp], moved_at = at, time.monotonic()
-                if at >= ends[tp]:
-                    left.discard(tp)
-            if left and time.monotonic() - moved_at > stall_s:
-                raise RuntimeError(f"reading {name}: {sorted(map(str, left))} stopped short of {ends}")
-        return values
-    finally:
-        consumer.close()
+    records = read_to_end(bootstrap, [name], timeout_s)
+    return [json.loads(value) for part in records.values() for _, _, value in part if value is not None]
 
 
 async def publish_all(bootstrap: str, topic: str, records: list[Any]) -> int:
