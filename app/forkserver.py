@@ -289,3 +289,7 @@ class ForkServer:
 
 if __name__ == "__main__":
     serve()
+    # Nothing to finalize: skipping the interpreter's teardown of the preloaded modules saves the
+    # supervisor's stop a few CPU-seconds of waiting.
+    sys.stderr.flush()
+    os._exit(0)
