@@ -550,10 +550,12 @@ def main() -> None:
     try:
         app()
     except (UserError, StackError, TopicAdminError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")  # a path or a pip extra is not markup
         sys.exit(2)
     except KafkaError as exc:
-        err.print(f"[red]error:[/red] Kafka: {exc} (fix: check that the broker is up: `arena status`)")
+        err.print(
+            f"[red]error:[/red] Kafka: {escape(str(exc))} (fix: check that the broker is up: `arena status`)"
+        )
         sys.exit(1)
     except InvalidOutput as exc:  # a command's own LLM call (not a stage's: those dead-letter)
         reason = exc.errors[-1] if exc.errors else "no reply"

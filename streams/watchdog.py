@@ -108,13 +108,27 @@ class StallWatchdog:
         return f"the group coordinator routine failed: {task.exception()!r}"
 
     def commit_stuck(self, consumer: Any) -> str | None:
-        """Acked offsets of a partition have waited longer than ``stall_s`` for a commit."""
+        """Acked offsets of a partition have waited longer than ``stall_s`` for a commit they could get.
+
+        Offsets acked behind a record still in flight (an earlier offset of the same partition,
+        waiting on a slow model) cannot be committed yet: that is waiting, not a stall.
+        """
         now = time.monotonic()
+        in_flight: dict[Any, int] = {}
+        try:  # this thread reads what the event loop changes: a round that races is skipped
+            unacked = list(consumer._unacked_messages)
+        except RuntimeError:
+            return None
+        for message in unacked:
+            if message.tp not in in_flight or message.offset < in_flight[message.tp]:
+                in_flight[message.tp] = message.offset
         pending: dict[Any, tuple[int, float]] = {}
         for tp, acked in list(consumer._acked.items()):
             if not acked:
                 continue
             oldest = min(acked)
+            if tp in in_flight and in_flight[tp] < oldest:
+                continue
             previous = self._pending.get(tp)
             pending[tp] = previous if previous is not None and previous[0] == oldest else (oldest, now)
         self._pending = pending

@@ -161,6 +161,40 @@ def test_a_request_that_fails_while_others_are_served_is_the_records_fault(serve
     asyncio.run(run())
 
 
+def test_the_same_500_after_every_recovery_is_the_requests_fault_not_an_outage(server: OpenAIServer) -> None:
+    """Nothing else is served, the probe finds the endpoint up each time, and this request gets the
+    same HTTP 500 each time: the call ends as InvalidOutput instead of pausing the stage forever."""
+    server.configure(ServerScript(poison="poison"))
+
+    async def run() -> None:
+        gateway = _fast_probe(_gateway(server, max_attempts=2))
+        with pytest.raises(InvalidOutput) as info:
+            await asyncio.wait_for(gateway.call(ASK, Question(text="poison")), 30)
+        assert (
+            "answered its health probe 2 times, then failed this request the same way"
+            in info.value.errors[-1]
+        )
+        assert "HTTP 500" in info.value.errors[-1]
+        assert gateway.usage.roles[ASK.name].endpoint_waits == 2
+        await gateway.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_busy_server_is_waited_for_however_often_it_says_so(server: OpenAIServer) -> None:
+    """503 (busy) repeats identically too, but waiting is what fixes it: never the record's fault."""
+    server.configure(ServerScript(failures=[FailSpec(status=503)] * 10))
+
+    async def run() -> None:
+        gateway = _fast_probe(_gateway(server, max_attempts=2))
+        answer = await asyncio.wait_for(gateway.call(ASK, Question(text="busy?")), 60)
+        assert answer.output.answer == "ok"
+        assert gateway.usage.roles[ASK.name].endpoint_waits >= 4
+        await gateway.aclose()
+
+    asyncio.run(run())
+
+
 def test_probe_names_a_model_the_server_does_not_serve(server: OpenAIServer) -> None:
     server.configure(ServerScript(models=["other-model"]))
 

@@ -17,6 +17,7 @@ class _Consumer:
         self._acked_index: dict[str, set[int]] = {}
         self._committed_offset: dict[str, int] = {}
         self._gap: dict[str, list[int]] = {}
+        self._unacked_messages: list[SimpleNamespace] = []
         self._thread = SimpleNamespace(
             _consumer=SimpleNamespace(_coordinator=SimpleNamespace(_coordination_task=None))
         )
@@ -46,6 +47,25 @@ def test_offsets_acked_but_never_committed_stop_the_worker() -> None:
     consumer._acked["t-0"] = [7, 8]
     watchdog.check()
     assert exits == []  # waiting, not yet too long
+    asyncio.run(asyncio.sleep(0.1))
+    watchdog.check()
+    assert exits == [EXIT_STALLED]
+
+
+def test_offsets_acked_behind_a_record_still_in_flight_are_waiting_not_stalled() -> None:
+    """A record waiting minutes on a one-slot model server holds back the commit of the records
+    after it; the worker must not be restarted for that (it would lose the work in flight)."""
+    consumer, exits = _Consumer(), []
+    watchdog = _watchdog(consumer, exits)
+    slow = SimpleNamespace(tp="t-0", offset=6)
+    consumer._unacked_messages = [slow]
+    consumer._acked["t-0"] = [7, 8]
+    for _ in range(3):
+        watchdog.check()
+        asyncio.run(asyncio.sleep(0.05))
+    assert exits == []
+    consumer._unacked_messages = []  # it is done, and the commit does not come: a stall
+    watchdog.check()
     asyncio.run(asyncio.sleep(0.1))
     watchdog.check()
     assert exits == [EXIT_STALLED]

@@ -205,6 +205,11 @@ class Backend(Protocol):
 class TransientError(Exception):
     """A retryable backend failure (connection reset, HTTP 429/5xx, timeout)."""
 
+    def __init__(self, message: str = "", *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status the server answered with; ``None`` when it did not answer (transport)."""
+
 
 class EndpointRejected(Exception):
     """The endpoint refuses every request, whatever its content: HTTP 401/403 (credentials), 404 (URL or model).

@@ -27,7 +27,9 @@ attempts all ended in transport failures, or the endpoint rejected the request i
 endpoint is marked waiting and the call (with every other call) waits until a probe finds the
 endpoint serving again, then starts over; nothing is dead-lettered for it. A call that keeps
 failing while the endpoint serves other calls is the request's fault: after ``max_attempts`` such
-rounds it raises ``InvalidOutput``. Backends without a probe (in-process ones) never wait.
+rounds it raises ``InvalidOutput``, and so does a call the endpoint answers with the same HTTP
+500 every time a probe has found it up again (``_Recurring``: a request the server cannot serve,
+not an outage). Backends without a probe (in-process ones) never wait.
 
 When every attempt failed the call raises ``InvalidOutput`` with the last raw text. Only valid
 answers are cached, and an identical call made while one is in flight (same cache key) waits for
@@ -41,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -229,6 +232,33 @@ class RoleUsage(BaseModel):
         return RoleUsage(
             **{name: getattr(self, name) + getattr(other, name) for name in RoleUsage.model_fields}
         )
+
+
+# An HTTP status a server answers with when it failed this one request; the others (429, 502-504,
+# 408, 425) say it is busy or cannot reach its upstream, which waiting does fix.
+_REQUEST_FAILED_STATUS = frozenset({500, 501})
+
+
+@dataclass
+class _Recurring:
+    """Rounds of one call that failed with the same server-answered error right after a probe found
+    the endpoint up again (an error that waiting does not fix)."""
+
+    count: int = 0
+    signature: str = ""
+
+    def again(self, error: BaseException | None, recovered: bool) -> int:
+        status = getattr(error, "status", None)
+        if not isinstance(error, TransientError) or status not in _REQUEST_FAILED_STATUS:
+            self.count, self.signature = 0, ""
+            return 0
+        signature = re.sub(r"\d+", "#", str(error))  # ids and timings vary; the refusal does not
+        if recovered and signature == self.signature:
+            self.count += 1
+        elif signature != self.signature:
+            self.count = 0
+        self.signature = signature
+        return self.count
 
 
 class GatewayUsage(BaseModel):
@@ -568,10 +598,13 @@ class Gateway:
         """``_attempts``, waiting out endpoint outages; a request the endpoint alone refuses ends invalid."""
         health = call.endpoint.health
         own_faults: list[str] = []
+        recurring = _Recurring()
         while True:
+            recovered = False
             if not health.up:
                 call.counters.add(endpoint_waits=1)
                 await health.wait_up()
+                recovered = True
             served_before = health.successes
             state = await self._attempts(call)
             if state.unserved is None:
@@ -591,6 +624,19 @@ class Gateway:
                         ],
                         attempts=self.max_attempts * len(own_faults),
                     )
+            elif recurring.again(state.unserved, recovered) >= self.max_attempts:
+                # Nothing else was served either, yet the probe finds the endpoint up each time and
+                # it answers this request with the same error: the request, not an outage.
+                raise InvalidOutput(
+                    call.role.name,
+                    raw=state.raw,
+                    errors=[
+                        *state.errors,
+                        f"the endpoint answered its health probe {recurring.count} times, then failed this "
+                        f"request the same way each time: {state.unserved}",
+                    ],
+                    attempts=self.max_attempts * (recurring.count + 1),
+                )
             if not health.can_wait:
                 raise InvalidOutput(
                     call.role.name, raw=state.raw, errors=state.errors, attempts=self.max_attempts

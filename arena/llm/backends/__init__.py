@@ -62,8 +62,8 @@ class BackendError(RuntimeError):
 class RetryAfter(TransientError):
     """A retryable failure where the server said how long to wait (HTTP 429/503 ``Retry-After``)."""
 
-    def __init__(self, message: str, retry_after_s: float | None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, retry_after_s: float | None, *, status: int | None = None) -> None:
+        super().__init__(message, status=status)
         self.retry_after_s = retry_after_s
         """Seconds the server asked for; ``None`` when absent or too long to honour."""
 

@@ -332,6 +332,7 @@ class OpenAIBackend:
             raise RetryAfter(
                 f"LLM server answered HTTP {status}: {_error_text(response)}",
                 _retry_after_s(response, self.max_retry_after_s),
+                status=status,
             )
         if status in REJECTING_STATUS:
             raise EndpointRejected(
