@@ -270,8 +270,6 @@ def train_cmd(
 ) -> None:
     """Train continuously: SFT on samples.sft, then online GRPO on samples.verified; resumes after a crash."""
     from app.metrics_http import MetricsPortError, serve_process_metrics, with_metrics_port
-    from trainer.policy import BackendUnavailable
-    from trainer.service import NoCheckpoint, TrainerService, TrainOptions
 
     cfg = with_metrics_port(settings(), metrics_port)
     if preset is not None:
@@ -288,6 +286,10 @@ def train_cmd(
             cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"run": checked})})
         except ValidationError:
             raise UserError(f"--run {run!r}: use letters, digits, '_', '.', '-' (at most 64)") from None
+    # Imported once the options are known to be good: the trainer loads torch (seconds).
+    from trainer.policy import BackendUnavailable
+    from trainer.service import NoCheckpoint, TrainerService, TrainOptions
+
     options = TrainOptions(tiny=tiny, steps=steps, until_drained=until_drained, resume=resume)
     service = TrainerService(cfg, ready_broker(cfg), options, console)
     try:
@@ -355,10 +357,6 @@ def eval_cmd(
     """
     import tempfile
 
-    from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
-    from trainer.evaluate import report_table, run_eval
-    from trainer.policy import BackendUnavailable
-
     cfg = settings()
     if bench is not None:
         from app.cli_bench import check_bench_options, print_bench, run_bench
@@ -388,6 +386,11 @@ def eval_cmd(
     n = trials if trials is not None else k
     if n < k:
         raise UserError(f"--trials {n} < --k {k} (fix: pass^k needs at least k trials per package)")
+    # Imported once the options are known to be good: the evaluator loads torch (seconds).
+    from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
+    from trainer.evaluate import report_table, run_eval
+    from trainer.policy import BackendUnavailable
+
     with tempfile.TemporaryDirectory(prefix="arena-eval-") as tmp:
         if model is None:
             from lake.store import open_store
@@ -539,6 +542,20 @@ def config_cmd() -> None:
 
 
 def main() -> None:
+    freeze_heap_at_exit()
+    try:
+        app()
+    except Exception as exc:
+        code = _user_facing(exc)
+        if code is None:
+            raise
+        sys.exit(code)
+
+
+def _user_facing(exc: Exception) -> int | None:
+    """Print a user's mistake or an unreachable service as one line; the exit code, or None (a bug:
+    the traceback stays). Its error types are imported only when something failed: the Kafka client
+    alone costs a command that does not use it 0.3 s to import."""
     from kafka.errors import KafkaError
     from rich.markup import escape
 
@@ -546,21 +563,19 @@ def main() -> None:
     from arena.llm.core import InvalidOutput
     from streams.admin import TopicAdminError
 
-    freeze_heap_at_exit()
-    try:
-        app()
-    except (UserError, StackError, TopicAdminError) as exc:
+    if isinstance(exc, (UserError, StackError, TopicAdminError)):
         err.print(f"[red]error:[/red] {escape(str(exc))}")  # a path or a pip extra is not markup
-        sys.exit(2)
-    except KafkaError as exc:
+        return 2
+    if isinstance(exc, KafkaError):
         err.print(
             f"[red]error:[/red] Kafka: {escape(str(exc))} (fix: check that the broker is up: `arena status`)"
         )
-        sys.exit(1)
-    except InvalidOutput as exc:  # a command's own LLM call (not a stage's: those dead-letter)
+        return 1
+    if isinstance(exc, InvalidOutput):  # a command's own LLM call (not a stage's: those dead-letter)
         reason = exc.errors[-1] if exc.errors else "no reply"
         err.print(f"[red]error:[/red] the LLM gave no usable output for role {exc.role!r}: {escape(reason)}")
-        sys.exit(1)
+        return 1
+    return None
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from typing import Annotated
 
 import typer
@@ -101,7 +102,6 @@ def llm_local(
     Prints the ARENA_LLM settings that point Arena at it once it answers; Ctrl-C stops it.
     Needs the local-llm extra: pip install -e '.[local-llm]'.
     """
-    import subprocess
     import sys
     import time
 
@@ -126,7 +126,7 @@ def llm_local(
     err.print(
         f"starting llama.cpp's server for {served.name} ({served.path.name}, {served.context_tokens} tokens)"
     )
-    proc = subprocess.Popen(command)
+    proc = subprocess.Popen(command, stdout=sys.stderr)  # stdout: only the settings line below
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
@@ -142,6 +142,7 @@ def llm_local(
                 f"llama.cpp's server did not start (exit {proc.poll()}): {' '.join(command)} "
                 "(fix: run that command to see its error)"
             )
+        _first_token(proc, f"http://{host}:{port}/v1", served.name)
         env = client_settings(served, host=host, port=port, timeout_s=timeout)
         err.print(f"serving {served.name} at http://{host}:{port}/v1; point Arena at it with:")
         print(" ".join(f"{k}='{v}'" for k, v in env.items()), flush=True)
@@ -149,3 +150,25 @@ def llm_local(
     except KeyboardInterrupt:
         proc.terminate()
         proc.wait(10)
+
+
+def _first_token(proc: subprocess.Popen[bytes], base_url: str, model: str) -> None:
+    """One 1-token completion before Arena is pointed at the server: a llama.cpp build for CPU
+    instructions the machine cannot run (AMX inside many VMs) loads the model, then dies on the
+    first token."""
+    import httpx
+
+    from app.local_llm import REBUILD_HINT
+
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    try:
+        httpx.post(f"{base_url}/chat/completions", json=body, timeout=120).raise_for_status()
+    except httpx.HTTPError as exc:
+        try:
+            code = proc.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            proc.terminate()
+            raise UserError(f"llama.cpp's server failed a first 1-token completion: {exc}") from None
+        raise UserError(f"llama.cpp's server died on its first token (exit {code}); {REBUILD_HINT}") from None

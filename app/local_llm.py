@@ -12,6 +12,7 @@ model's context window) next to the ``ARENA_LLM`` value.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +20,11 @@ from typing import Annotated
 from pydantic import BaseModel, Field
 
 LOCAL_LLM_EXTRA = "pip install -e '.[local-llm]'"
+REBUILD_HINT = (
+    "the build probably uses CPU instructions this machine cannot run (AMX inside many VMs) "
+    "(fix: rebuild for generic AVX2: CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON "
+    "-DGGML_FMA=ON -DGGML_F16C=ON' pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python)"
+)
 
 
 class BundledModel(BaseModel):
@@ -128,9 +134,11 @@ def server_command(
         host,
         "--port",
         str(port),
+        "--n_threads",
+        str(threads or os.cpu_count() or 1),  # llama.cpp's default is half the cores
+        "--verbose",
+        "False",  # its per-tensor load log runs to thousands of lines
     ]
-    if threads is not None:
-        command += ["--n_threads", str(threads)]
     return command
 
 

@@ -892,6 +892,8 @@ class ArenaSettings(BaseSettings):
     @field_validator("llm_roles")
     @classmethod
     def _known_roles(cls, v: dict[str, RoleSettings]) -> dict[str, RoleSettings]:
+        if not v:
+            return v  # nothing to check: finding the roles imports every track's role modules (0.5 s)
         # Imported here: finding the roles imports the tracks' role modules, which read settings.
         from arena.llm.roles.registry import roles
 

@@ -15,6 +15,7 @@ import pytest
 
 from app.local_llm import LOCAL_LLM_EXTRA, LocalModelError, client_settings, resolve, server_command
 from arena.llm.backends.openai import OpenAIBackend
+from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
 from tests.cli import ARENA, arena_env, run_arena
 from tests.fixtures.openai_server import ASK, Question, Reply
@@ -36,6 +37,7 @@ def test_a_gguf_file_serves_under_its_own_name_with_tool_calls(tmp_path: Path) -
     command = server_command("python", found, host="127.0.0.1", port=8123, threads=2)
     assert command[:3] == ["python", "-m", "llama_cpp.server"]
     flags = dict(zip(command[3::2], command[4::2], strict=True))
+    assert flags["--verbose"] == "False"
     assert flags["--model"] == str(model) and flags["--model_alias"] == "Tiny-Model.Q8_0"
     assert flags["--n_ctx"] == "8192" and flags["--port"] == "8123" and flags["--n_threads"] == "2"
     env = client_settings(found, host="127.0.0.1", port=8123, timeout_s=600)
@@ -89,15 +91,26 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.mark.skipif(not INSTALLED, reason=f"the local-llm extra is not installed ({LOCAL_LLM_EXTRA})")
 def test_a_real_llama_cpp_server_refuses_json_schema_once_and_arena_adapts(smollm2: str) -> None:
     """llama.cpp answers response_format json_schema with HTTP 500; the role moves to json_object
-    with the schema (which llama.cpp enforces while decoding) instead of pausing as an outage."""
+    with the schema (which llama.cpp enforces while decoding) instead of pausing as an outage.
+    Whether a 135M model's answer then validates is the model's business: a wrong answer is the
+    record's (InvalidOutput), never the endpoint's."""
     base_url, model = smollm2.removeprefix("openai://").split("?model=")
 
     async def run() -> None:
         backend = OpenAIBackend(f"http://{base_url}", model, concurrency=1, timeout_s=300)
         gateway = Gateway(backend, max_attempts=3, backoff_s=0.05, max_backoff_s=0.2)
-        answer = await gateway.call(ASK, Question(text="Is the sky blue? Answer yes or no."))
-        assert isinstance(answer.output, Reply)
-        assert gateway.health.outages == 0 and gateway.usage.roles[ASK.name].endpoint_waits == 0
+        answered = 0
+        for i in range(3):
+            try:
+                answer = await gateway.call(ASK, Question(text=f"Is the sky blue? Answer yes or no. ({i})"))
+            except InvalidOutput:
+                continue
+            assert isinstance(answer.output, Reply)
+            answered += 1
+        assert backend.response_format(ASK.name) == "json_object"  # adapted once, kept
+        usage = gateway.usage.roles[ASK.name]
+        assert gateway.health.outages == 0 and usage.endpoint_waits == 0
+        assert answered >= 1, usage  # schema-guided decoding makes most answers valid
         await gateway.aclose()
 
     asyncio.run(run())
