@@ -149,7 +149,10 @@ def llm_local(
         raise typer.Exit(proc.wait())
     except KeyboardInterrupt:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # busy in a long generation
+            proc.kill()
 
 
 def _first_token(proc: subprocess.Popen[bytes], base_url: str, model: str) -> None:

@@ -70,7 +70,7 @@ that adds 0.25 s per request in front of arena llm serve". In-flight figures are
 (the server's are reported too, as ``server``).
 
 ``--quick`` (CI's smoke mode, about 2-4 minutes on 2 cores): the SFT track only (unless
-``--tracks`` says otherwise) on two sample tool docs without the MCP servers, with fewer walks,
+``--tracks`` says otherwise) on one sample tool doc without the MCP servers, with fewer walks,
 chain syntheses and server tasks per server (``QUICK_SFT_SIZES``, unless set in the environment),
 latency 0.05 s (unless ``--latency``). It proves the bench works; it is not the measurement.
 """
@@ -107,7 +107,7 @@ PROXY_SCRIPT = Path(__file__).resolve().parent / "latency_proxy.py"
 MODEL = "rules-v1"
 SINK = "lake-sink"
 QUICK_LATENCY_S = 0.05
-QUICK_TOOL_DOCS = ("good/weather_openai.json", "good/restaurants.json")
+QUICK_TOOL_DOCS = ("good/weather_openai.json",)
 QUICK_SFT_SIZES = {"ARENA_SFT__WALKS": "3", "ARENA_SFT__CHAIN_SYNTHESES": "2", "ARENA_SFT__SERVER_TASKS": "1"}
 """SFT-track sizes of a quick run (fewer tasks, so fewer trajectories to run and score)."""
 SAMPLES_TOLERANCE = 0.10
@@ -908,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Add the latency in bench/latency_proxy.py in front of a latency-0 server.",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="Smoke mode: SFT track on two tool docs, latency 0.05 s."
+        "--quick", action="store_true", help="Smoke mode: SFT track on one tool doc, latency 0.05 s."
     )
     parser.add_argument(
         "--timeout", type=float, default=3600.0, help="Give up on a run's workers after this many seconds."
