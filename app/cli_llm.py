@@ -111,10 +111,10 @@ def llm_local(
         LocalModelError,
         check_server_installed,
         client_settings,
-        free_port,
         resolve,
         server_command,
     )
+    from app.stack import free_port
 
     try:
         served = resolve(model, chat_format=chat_format, context_tokens=context)

@@ -11,7 +11,6 @@ drained, then prints what landed where and how to look at it.
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.registry import WORKERS
+from app.stack import free_port
 from app.worker import run_workers
 from arena.config import ArenaSettings
 from arena.records.envs import QaSeed
@@ -119,12 +119,6 @@ class DemoMcp:
                 self.http.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.http.kill()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_demo_mcp(log_dir: Path, port: int = 0, clock: datetime | None = None) -> DemoMcp:

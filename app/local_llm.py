@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -106,12 +105,6 @@ def check_server_installed() -> None:
                 f"llama-cpp-python's server needs {module} (fix: {LOCAL_LLM_EXTRA}, which installs "
                 "llama-cpp-python[server])"
             )
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def server_command(

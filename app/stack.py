@@ -283,9 +283,10 @@ def _is_our_broker(state: StackState) -> bool:
     return True
 
 
-def _free_port() -> int:
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on ``host`` right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -428,7 +429,7 @@ def _start(settings: ArenaSettings, *, timeout_s: float, binary: Path) -> StackS
     data_dir = settings.home / DATA_DIR
     last_error = ""
     for _attempt in range(3):
-        port = _free_port()
+        port = free_port()
         address = f"{LOOPBACK}:{port}"
         since = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as fh:

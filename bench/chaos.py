@@ -47,9 +47,9 @@ if __name__ == "__main__" and not __package__:  # `python bench/X.py`: see bench
 from rich.console import Console
 from rich.table import Table
 
-from app.demo import free_port, track_workers
+from app.demo import track_workers
 from app.registry import WORKERS
-from app.stack import descendants_of
+from app.stack import descendants_of, free_port
 from arena.topics import TOPICS
 from consumers.lag import compute_lag
 from consumers.ledger import read_to_end
