@@ -181,8 +181,8 @@ def embed_texts(texts: list[str]) -> np.ndarray:
     """L2-normalised float32 embeddings, shape (len(texts), 384); cosine = dot product."""
     if not texts:
         return np.zeros((0, DIM), dtype=np.float32)
-    enc = _encoder()
-    with _lock:  # one encoder per process; embeddings are CPU-bound anyway
+    with _lock:  # loads the encoder once per process; embeddings are CPU-bound anyway
+        enc = _encoder()
         ids = [e.ids for e in enc.tokenizer.encode_batch(texts)]
         # Longest first, so that a batch pads its texts to about the same length.
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
