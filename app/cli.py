@@ -103,9 +103,10 @@ def status() -> None:
             f"{stage} {line.in_flight} (weight {line.weight:.1f}, {line.waiting} waiting)"
             for stage, line in sorted(stats.stages.items(), key=lambda kv: -kv[1].priority)
         )
+        limit = f"{stats.limit} learned of {stats.capacity}" if stats.learning else str(stats.capacity)
         table.add_row(
             "llm admission",
-            f"{name}: {stats.in_flight}/{stats.capacity} in flight, {stats.waiting} waiting, "
+            f"{name}: {stats.in_flight}/{limit} in flight, {stats.waiting} waiting, "
             f"most {stats.max_in_flight}; {stages}",
         )
     console.print(table)

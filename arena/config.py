@@ -720,6 +720,15 @@ class ArenaSettings(BaseSettings):
     llm_timeout_s: Annotated[
         float, Field(default=60.0, gt=0, le=3600, description="Timeout of one LLM request.")
     ]
+    llm_learn_capacity: Annotated[
+        bool,
+        Field(
+            default=True,
+            description="Learn how many requests each openai:// endpoint really serves at once from "
+            "their latency (at most llm_concurrency; arena.llm.capacity), so a one-slot server is not "
+            "sent a queue that runs into the timeout; false: always llm_concurrency",
+        ),
+    ]
     llm_max_attempts: Annotated[
         int,
         Field(

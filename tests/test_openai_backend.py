@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from arena.llm.admission import LocalAdmission
 from arena.llm.backends import BackendError
 from arena.llm.backends.openai import OpenAIBackend
-from arena.llm.core import InvalidOutput, Sampling
+from arena.llm.core import CompletionRequest, InvalidOutput, Sampling, TransientError
 from arena.llm.gateway import Gateway
 from tests.fixtures import free_ports
 from tests.fixtures.openai_server import (
@@ -393,3 +394,56 @@ def test_connection_refused_waits_for_the_endpoint() -> None:
         await gateway.aclose()
 
     asyncio.run(run())
+
+
+def _burst(server: OpenAIServer, admission: LocalAdmission, count: int) -> list[object]:
+    """``count`` requests sent at once through a backend with ``admission``; answers or errors."""
+
+    async def run() -> list[object]:
+        backend = OpenAIBackend(
+            server.base_url, "test-model", api_key=API_KEY, concurrency=32, timeout_s=1.5, admission=admission
+        )
+        requests = [
+            CompletionRequest(
+                role=ASK,
+                inputs=Question(text=f"q{i}"),
+                messages=[{"role": "user", "content": f"question {i}"}],
+                json_schema=Reply.model_json_schema(),
+                sampling=Sampling(),
+            )
+            for i in range(count)
+        ]
+        try:
+            return await asyncio.gather(*(backend.complete(r) for r in requests), return_exceptions=True)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_one_slot_server_is_learned_and_never_queued_into_timeouts(server: OpenAIServer) -> None:
+    # A llama.cpp-like server: one request at a time, 0.2 s each, the rest queued inside it.
+    # 24 requests under a ceiling of 32 and a 1.5 s timeout: sent at once, the tail would wait
+    # 4.8 s there and time out through no fault of its own (shown first, without learning).
+    server.configure(ServerScript(latency_s=0.2, slots=1))
+    fixed = _burst(server, LocalAdmission(32), 24)
+    assert any(isinstance(r, TransientError) and "timed out" in str(r) for r in fixed)
+    assert server.stats().max_in_flight == 24
+
+    server.configure(ServerScript(latency_s=0.2, slots=1))
+    learning = LocalAdmission(32, learn_slow_s=0.15)
+    answers = _burst(server, learning, 24)
+    assert [type(a).__name__ for a in answers] == ["Completion"] * 24  # no request's fault
+    stats = server.stats()
+    assert stats.requests == 24 and stats.max_in_flight <= 6
+    endpoint = next(iter(learning.stats().endpoints.values()))
+    assert endpoint.learning and 1 <= endpoint.limit <= 3  # learned: one slot plus a short queue
+
+
+def test_a_wide_server_is_learned_up_to_the_ceiling(server: OpenAIServer) -> None:
+    server.configure(ServerScript(latency_s=0.1))
+    learning = LocalAdmission(16, learn_slow_s=0.01)
+    answers = _burst(server, learning, 64)
+    assert all(type(a).__name__ == "Completion" for a in answers)
+    assert server.stats().max_in_flight == 16  # slow start reached the ceiling
+    assert next(iter(learning.stats().endpoints.values())).limit == 16

@@ -48,14 +48,17 @@ Wire protocol (one JSON object per line, both ways)::
 
     -> {"op": "acquire", "id": 7, "endpoint": E, "capacity": 64, "stage": S, "priority": 2}
     <- {"op": "granted", "id": 7}
-    -> {"op": "release", "id": 7}     # frees a granted slot, or withdraws a waiting request
+    -> {"op": "release", "id": 7, "outcome": {"cost": 310.5, "timed_out": false}}
+                                      # frees a granted slot, or withdraws a waiting request
     -> {"op": "stats", "id": 8}
     <- {"op": "stats", "id": 8, "stats": {...AdmissionStats...}}
     -> {"op": "lag", "lag": {"chains": 120, ...}}
     <- {"op": "error", "id": ..., "error": "..."}   # a malformed message
 
 ``id`` is chosen by the client, unique per connection. An endpoint's capacity is the largest any
-client declared. When a connection closes (its process exited or was SIGKILLed) every slot it held
+client declared. An acquire with ``"learn": SLOW_S`` turns on capacity learning for its endpoint
+(``arena.llm.capacity``): from then on at most the learned limit is in flight, and each release's
+``outcome`` (optional) teaches it, timed by the coordinator's clock from grant to release. When a connection closes (its process exited or was SIGKILLed) every slot it held
 is released and every request it had waiting withdrawn, at once. While the coordinator is
 unreachable each process enforces the capacity on its own, so the deployment may briefly admit
 more than the capacity in total.
@@ -80,6 +83,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from arena.llm.capacity import CapacityLearner, Outcome
 from arena.llm.core import CALLER
 
 if TYPE_CHECKING:
@@ -93,17 +97,19 @@ LAG_HALF = 100
 SOCKET_NAME = "admission.sock"
 LOCK_NAME = "admission.lock"
 
-Release = Callable[[], None]
-"""Frees a slot that an acquire returned (call it exactly once)."""
+Release = Callable[..., None]
+"""Frees a slot that an acquire returned (call it exactly once), with the request's ``Outcome``
+when it has one (what capacity learning reads)."""
 
 
 class Admission(Protocol):
     """Admission control of LLM requests, per endpoint."""
 
-    def slot(self, endpoint: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def slot(self, endpoint: str) -> contextlib.AbstractAsyncContextManager[Outcome]:
         """Hold one in-flight request slot of ``endpoint`` for the duration of the request.
 
-        The caller's stage and priority come from ``arena.llm.core.CALLER``.
+        The caller's stage and priority come from ``arena.llm.core.CALLER``; the ``Outcome`` it
+        yields is for the caller to fill in (usage, timeout) and goes back with the slot.
         """
         ...
 
@@ -134,6 +140,13 @@ class EndpointStats(BaseModel):
     """One endpoint: totals and per-stage lines."""
 
     capacity: int
+    limit: int = Field(
+        default=0, description="Requests allowed in flight now: the learned limit, else the capacity."
+    )
+    learning: bool = Field(default=False, description="Whether the limit is learned from latency.")
+    base_pace_ms: float | None = Field(
+        default=None, description="Fastest pace seen, in ms per unit of cost (learning only)."
+    )
     in_flight: int
     max_in_flight: int
     granted: int
@@ -174,9 +187,11 @@ class Scheduler:
         self.capacity = capacity
         self.lag: Mapping[str, int] = lag if lag is not None else {}
         """Consumer lag per stage (may be shared with other schedulers and updated in place)."""
+        self.learner: CapacityLearner | None = None
+        """Learns the endpoint's real capacity under ``capacity`` (``learn``); None: fixed."""
         self._stages: dict[str, _Stage] = {}
-        self._tickets: dict[Hashable, tuple[str, bool]] = {}
-        """ticket -> (stage, granted)."""
+        self._tickets: dict[Hashable, tuple[str, float | None]] = {}
+        """ticket -> (stage, when granted; None while waiting)."""
         self.in_flight = 0
         self.max_in_flight = 0
         self.granted = 0
@@ -185,6 +200,18 @@ class Scheduler:
         """Raise the capacity to ``capacity`` if that is more (the largest declared wins)."""
         if capacity >= 1:
             self.capacity = max(self.capacity, capacity)
+            if self.learner is not None:
+                self.learner.raise_ceiling(self.capacity)
+
+    def learn(self, slow_s: float) -> None:
+        """Learn the limit from latency from now on (``arena.llm.capacity``); once is enough."""
+        if self.learner is None:
+            self.learner = CapacityLearner(self.capacity, slow_s)
+
+    @property
+    def limit(self) -> int:
+        """Requests allowed in flight now."""
+        return self.capacity if self.learner is None else self.learner.allowed
 
     @property
     def waiting(self) -> int:
@@ -201,16 +228,21 @@ class Scheduler:
         entry = self._stages.setdefault(stage, _Stage())
         entry.priority = priority
         entry.queue[ticket] = None
-        self._tickets[ticket] = (stage, False)
+        self._tickets[ticket] = (stage, None)
 
-    def drop(self, ticket: Hashable) -> bool:
-        """Release a granted ticket or withdraw a waiting one; False when ``ticket`` is unknown."""
+    def drop(self, ticket: Hashable, outcome: Outcome | None = None, now: float = 0.0) -> bool:
+        """Release a granted ticket or withdraw a waiting one; False when ``ticket`` is unknown.
+
+        A released ticket's ``outcome`` (at time ``now``) teaches the learner, if any.
+        """
         found = self._tickets.pop(ticket, None)
         if found is None:
             return False
-        stage, granted = found
+        stage, admitted_at = found
         entry = self._stages[stage]
-        if granted:
+        if admitted_at is not None:
+            if self.learner is not None and outcome is not None:
+                self.learner.observe(outcome, admitted_at=admitted_at, now=now, in_flight=self.in_flight)
             entry.in_flight -= 1
             self.in_flight -= 1
         else:
@@ -230,17 +262,17 @@ class Scheduler:
                 best, chosen = key, name
         return chosen
 
-    def grant(self) -> list[Hashable]:
-        """Admit waiting tickets while there is capacity; the admitted tickets, in order."""
+    def grant(self, now: float = 0.0) -> list[Hashable]:
+        """Admit waiting tickets (at time ``now``) while under the limit; the admitted tickets, in order."""
         admitted: list[Hashable] = []
-        while self.in_flight < self.capacity:
+        while self.in_flight < self.limit:
             name = self.pick()
             if name is None:
                 break
             entry = self._stages[name]
             ticket = next(iter(entry.queue))
             del entry.queue[ticket]
-            self._tickets[ticket] = (name, True)
+            self._tickets[ticket] = (name, now)
             entry.in_flight += 1
             entry.granted += 1
             entry.max_in_flight = max(entry.max_in_flight, entry.in_flight)
@@ -251,8 +283,12 @@ class Scheduler:
         return admitted
 
     def stats(self) -> EndpointStats:
+        learner = self.learner
         return EndpointStats(
             capacity=self.capacity,
+            limit=self.limit,
+            learning=learner is not None,
+            base_pace_ms=round(learner.base * 1000, 3) if learner and learner.base is not None else None,
             in_flight=self.in_flight,
             max_in_flight=self.max_in_flight,
             granted=self.granted,
@@ -295,12 +331,14 @@ class LocalAdmission:
     """The scheduler inside one process: slots of each endpoint, ``capacity`` at a time.
 
     Used from one event loop at a time (the process's). Lag is 0 unless ``set_lag`` says otherwise.
+    With ``learn_slow_s`` each endpoint's limit is learned under ``capacity`` (``arena.llm.capacity``).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, learn_slow_s: float | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
+        self.learn_slow_s = learn_slow_s
         self._lag: dict[str, int] = {}
         self._schedulers: dict[str, Scheduler] = {}
         self._waiters: dict[Hashable, asyncio.Future[None]] = {}
@@ -309,7 +347,7 @@ class LocalAdmission:
     def __repr__(self) -> str:
         return f"LocalAdmission(capacity={self.capacity})"
 
-    def slot(self, endpoint: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def slot(self, endpoint: str) -> contextlib.AbstractAsyncContextManager[Outcome]:
         return _hold(self.acquire, endpoint)
 
     def set_lag(self, lag: Mapping[str, int]) -> None:
@@ -319,6 +357,8 @@ class LocalAdmission:
         scheduler = self._schedulers.get(endpoint)
         if scheduler is None:
             scheduler = self._schedulers[endpoint] = Scheduler(self.capacity, self._lag)
+            if self.learn_slow_s is not None:
+                scheduler.learn(self.learn_slow_s)
         return scheduler
 
     async def acquire(self, endpoint: str) -> Release:
@@ -340,12 +380,12 @@ class LocalAdmission:
             raise
         return functools.partial(self._release, scheduler, ticket)
 
-    def _release(self, scheduler: Scheduler, ticket: int) -> None:
-        if scheduler.drop(ticket):
+    def _release(self, scheduler: Scheduler, ticket: int, outcome: Outcome | None = None) -> None:
+        if scheduler.drop(ticket, outcome, time.monotonic()):
             self._dispatch(scheduler)
 
     def _dispatch(self, scheduler: Scheduler) -> None:
-        for ticket in scheduler.grant():
+        for ticket in scheduler.grant(time.monotonic()):
             waiter = self._waiters.pop(ticket, None)
             # A cancelled waiter's slot is freed by its own ``except`` branch.
             if waiter is not None and not waiter.done():
@@ -356,12 +396,13 @@ class LocalAdmission:
 
 
 @contextlib.asynccontextmanager
-async def _hold(acquire: Callable[[str], Any], endpoint: str) -> AsyncIterator[None]:
+async def _hold(acquire: Callable[[str], Any], endpoint: str) -> AsyncIterator[Outcome]:
     release: Release = await acquire(endpoint)
+    outcome = Outcome()
     try:
-        yield
+        yield outcome
     finally:
-        release()
+        release(outcome)
 
 
 # -- the coordinator -----------------------------------------------------------
@@ -429,16 +470,18 @@ class AdmissionServer:
             endpoints={e: s.stats() for e, s in sorted(self._schedulers.items())}, clients=len(self._peers)
         )
 
-    def _scheduler(self, endpoint: str, capacity: int) -> Scheduler:
+    def _scheduler(self, endpoint: str, capacity: int, learn_slow_s: Any) -> Scheduler:
         scheduler = self._schedulers.get(endpoint)
         if scheduler is None:
             scheduler = self._schedulers[endpoint] = Scheduler(max(capacity, 1), self.lag)
         else:
             scheduler.declare(capacity)
+        if learn_slow_s is not None:
+            scheduler.learn(float(learn_slow_s))
         return scheduler
 
     def _dispatch(self, endpoint: str) -> None:
-        for ticket in self._schedulers[endpoint].grant():
+        for ticket in self._schedulers[endpoint].grant(time.monotonic()):
             assert isinstance(ticket, tuple)
             peer_id, request_id = ticket
             self._peers[peer_id].send({"op": "granted", "id": request_id})
@@ -476,14 +519,17 @@ class AdmissionServer:
                 endpoint = str(message["endpoint"])
                 if ticket in peer.tickets:
                     raise ValueError(f"request id {request_id!r} is in use")
-                scheduler = self._scheduler(endpoint, int(message.get("capacity") or 1))
+                scheduler = self._scheduler(endpoint, int(message.get("capacity") or 1), message.get("learn"))
                 scheduler.submit(ticket, str(message.get("stage") or "-"), int(message.get("priority") or 0))
                 peer.tickets[ticket] = endpoint
                 self._dispatch(endpoint)
             elif op == "release":
                 ticket = (peer.id, request_id)
                 released = peer.tickets.pop(ticket, None)
-                if released is not None and self._schedulers[released].drop(ticket):
+                outcome = _outcome(message.get("outcome"))
+                if released is not None and self._schedulers[released].drop(
+                    ticket, outcome, time.monotonic()
+                ):
                     self._dispatch(released)
             elif op == "stats":
                 peer.send({"op": "stats", "id": request_id, "stats": self.stats().model_dump(mode="json")})
@@ -493,6 +539,13 @@ class AdmissionServer:
                 raise ValueError(f"unknown op {op!r}")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             peer.send({"op": "error", "id": request_id, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _outcome(wire: Any) -> Outcome | None:
+    """A release message's ``outcome`` field (``{"cost": 310.5, "timed_out": false}``), if any."""
+    if not isinstance(wire, dict):
+        return None
+    return Outcome(cost=float(wire.get("cost") or 0.0), timed_out=bool(wire.get("timed_out")))
 
 
 def read_stats(path: Path | str, timeout_s: float = 2.0) -> AdmissionStats | None:
@@ -592,15 +645,17 @@ class _Link:
         finally:
             self.pending.pop(request_id, None)
 
-    async def acquire(self, endpoint: str, capacity: int) -> Release:
+    async def acquire(self, endpoint: str, capacity: int, learn_slow_s: float | None = None) -> Release:
         caller = CALLER.get()
-        message = {
+        message: dict[str, Any] = {
             "op": "acquire",
             "endpoint": endpoint,
             "capacity": capacity,
             "stage": caller.stage,
             "priority": caller.priority,
         }
+        if learn_slow_s is not None:
+            message["learn"] = learn_slow_s
         request_id = next(self._ids)
         waiter: asyncio.Future[Any] = self.loop.create_future()
         self.pending[request_id] = waiter
@@ -615,10 +670,13 @@ class _Link:
             self.pending.pop(request_id, None)
         return functools.partial(self._release, request_id)
 
-    def _release(self, request_id: int) -> None:
+    def _release(self, request_id: int, outcome: Outcome | None = None) -> None:
+        message: dict[str, Any] = {"op": "release", "id": request_id}
+        if outcome is not None:
+            message["outcome"] = {"cost": round(outcome.cost, 3), "timed_out": outcome.timed_out}
         # On a closed link there is nothing to free: the coordinator released it all.
         with contextlib.suppress(ConnectionError, RuntimeError):
-            self._send({"op": "release", "id": request_id})
+            self._send(message)
 
 
 class SharedAdmission:
@@ -632,15 +690,23 @@ class SharedAdmission:
     """
 
     def __init__(
-        self, path: Path | str, capacity: int, *, retry_s: float = 2.0, connect_timeout_s: float = 1.0
+        self,
+        path: Path | str,
+        capacity: int,
+        *,
+        learn_slow_s: float | None = None,
+        retry_s: float = 2.0,
+        connect_timeout_s: float = 1.0,
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.path = Path(path)
         self.capacity = capacity
+        self.learn_slow_s = learn_slow_s
+        """When set, endpoints' limits are learned under ``capacity`` (``arena.llm.capacity``)."""
         self.retry_s = retry_s
         self.connect_timeout_s = connect_timeout_s
-        self.local = LocalAdmission(capacity)
+        self.local = LocalAdmission(capacity, learn_slow_s)
         self._link: _Link | None = None
         self._retry_at = 0.0
         self._falling_back = False
@@ -654,7 +720,7 @@ class SharedAdmission:
         """True while a connection to the coordinator is open."""
         return self._link is not None and not self._link.closed
 
-    def slot(self, endpoint: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def slot(self, endpoint: str) -> contextlib.AbstractAsyncContextManager[Outcome]:
         return _hold(self.acquire, endpoint)
 
     async def acquire(self, endpoint: str) -> Release:
@@ -662,7 +728,7 @@ class SharedAdmission:
         link = await self._connection()
         if link is not None:
             try:
-                return await link.acquire(endpoint, self.capacity)
+                return await link.acquire(endpoint, self.capacity, self.learn_slow_s)
             except ConnectionError as exc:
                 self._lost(link, exc)
             except _Refused as exc:
@@ -749,15 +815,26 @@ def lock_path(settings: ArenaSettings) -> Path:
     return settings.home / "run" / LOCK_NAME
 
 
-_SHARED: dict[tuple[Path, int], SharedAdmission] = {}
+_SHARED: dict[tuple[Path, int, float | None], SharedAdmission] = {}
 _SHARED_LOCK = threading.Lock()
 
 
+def learn_slow_s(settings: ArenaSettings) -> float | None:
+    """How slow a request must be for a queue at the server to matter, when learning capacity:
+    a tenth of the request timeout (None: ``llm_learn_capacity`` is off)."""
+    return settings.llm_timeout_s / 10 if settings.llm_learn_capacity else None
+
+
 def admission_for(settings: ArenaSettings, capacity: int | None = None) -> SharedAdmission:
-    """The process-wide admission of ``settings``' home (capacity ``llm_concurrency`` unless given)."""
-    key = (socket_path(settings), capacity if capacity is not None else settings.llm_concurrency)
+    """The process-wide admission of ``settings``' home (capacity ``llm_concurrency`` unless given;
+    limits learned from latency under it unless ``llm_learn_capacity`` is off)."""
+    key = (
+        socket_path(settings),
+        capacity if capacity is not None else settings.llm_concurrency,
+        learn_slow_s(settings),
+    )
     with _SHARED_LOCK:
         shared = _SHARED.get(key)
         if shared is None:
-            shared = _SHARED[key] = SharedAdmission(*key)
+            shared = _SHARED[key] = SharedAdmission(key[0], key[1], learn_slow_s=key[2])
         return shared

@@ -151,6 +151,10 @@ def _arguments(call: dict[str, Any]) -> Any:
     return raw if parsed is None else parsed
 
 
+class _TimedOut(TransientError):
+    """A request that got no answer within the timeout (retried like any transient failure)."""
+
+
 class OpenAIBackend:
     """Chat completions against ``base_url`` (e.g. ``http://127.0.0.1:8000/v1``)."""
 
@@ -247,13 +251,19 @@ class OpenAIBackend:
 
     async def complete(self, request: CompletionRequest) -> Completion:
         role = request.role.name
-        async with self.admission.slot(self.admission_key):
-            response = await self._post(self.body(request), request)
+        async with self.admission.slot(self.admission_key) as outcome:
+            try:
+                response = await self._post(self.body(request), request)
+            except _TimedOut:
+                outcome.timed_out = True  # the admission learns the server queues too much
+                raise
             if not response.is_success and self._may_be_shape(request, response):
                 response = await self._simpler_shapes(request, response)
             elif response.is_success:
                 self._served.add(role)
-        return self._completion(response)
+            completion = self._completion(response)
+            outcome.served(completion.usage.prompt_tokens, completion.usage.completion_tokens)
+        return completion
 
     def _may_be_shape(self, request: CompletionRequest, response: httpx.Response) -> bool:
         """Whether a failed request was refused for its shape and a simpler shape is left to try.
@@ -322,7 +332,7 @@ class OpenAIBackend:
             async with asyncio.timeout(self.timeout_s):
                 return await self._client.post(url, json=body, headers=headers)
         except (TimeoutError, httpx.TimeoutException) as exc:
-            raise TransientError(f"LLM request timed out after {self.timeout_s:g}s") from exc
+            raise _TimedOut(f"LLM request timed out after {self.timeout_s:g}s") from exc
         except httpx.TransportError as exc:
             raise TransientError(f"LLM request failed: {type(exc).__name__}: {exc}") from exc
 
