@@ -153,6 +153,38 @@ def test_reasoning_content_is_kept_apart_and_never_parsed(server: OpenAIServer) 
     assert think.output.answer == "Paris" and "I recall" in think.reasoning
 
 
+@pytest.mark.parametrize(
+    ("reply", "repairs"),
+    [
+        pytest.param(GOOD, {}, id="bare"),
+        pytest.param(f"```json\n{GOOD}\n```", {"json_unwrapped": 1}, id="fenced"),
+        pytest.param(f"<think>hm</think>{GOOD}", {"reasoning_stripped": 1}, id="think"),
+        pytest.param(
+            f"<think>hm</think>Here: {GOOD}", {"reasoning_stripped": 1, "json_unwrapped": 1}, id="both"
+        ),
+    ],
+)
+def test_repairs_a_reply_needed_are_counted(
+    server: OpenAIServer, reply: str, repairs: dict[str, int]
+) -> None:
+    server.configure(ServerScript(messages=[_text(reply)]))
+
+    async def run() -> dict[str, int]:
+        gateway = _gateway(server)
+        try:
+            await gateway.call(ASK, Question(text="Capital of France?"))
+            usage = gateway.usage.roles[ASK.name]
+            return {
+                name: getattr(usage, name)
+                for name in ("reasoning_stripped", "json_unwrapped", "text_tool_calls")
+                if getattr(usage, name)
+            }
+        finally:
+            await gateway.aclose()
+
+    assert asyncio.run(run()) == repairs
+
+
 def test_a_reply_cut_at_max_tokens_is_asked_again_with_a_larger_budget(server: OpenAIServer) -> None:
     answer = _ask(server, _text('{"answer": "Par', finish_reason="length"), _text(GOOD))
     assert answer.output.answer == "Paris"

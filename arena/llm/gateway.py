@@ -110,6 +110,14 @@ class ParsedReply(Generic[Out]):
     reasoning: str
     raw: str
     """The reply as text: reasoning as ``<think>``, native tool calls as ``<tool_call>`` blocks."""
+    repairs: tuple[str, ...] = ()
+    """What reading it took besides parsing (``RoleUsage`` counters): ``reasoning_stripped``,
+    ``json_unwrapped`` (prose or a fence around the object), ``text_tool_calls``."""
+
+
+def _unwrapped(visible: str) -> tuple[str, ...]:
+    text = visible.strip()
+    return () if text.startswith("{") and text.endswith("}") else ("json_unwrapped",)
 
 
 def _raw_text(completion: Completion, reply: Reply) -> str:
@@ -138,26 +146,30 @@ def read_reply(
     )
     if reason is not None:
         raise Unusable(reason)
+    stripped = ("reasoning_stripped",) if reply.reasoning and not completion.reasoning else ()
     if role.agent is None:
-        return ParsedReply(choose_output(role.output, reply.visible), reply.reasoning, raw)
+        output = choose_output(role.output, reply.visible)
+        return ParsedReply(output, reply.reasoning, raw, stripped + _unwrapped(reply.visible))
     broken = [c for c in completion.tool_calls if c.error]
     if broken:
         raise ReplyInvalid(f"tool call {broken[0].name!r}: {broken[0].error}")
     calls, rest = list(completion.tool_calls), reply.visible
     if not calls:
         calls, rest = text_tool_calls(reply.visible, offered or set())
+        stripped += ("text_tool_calls",) if calls else ()
     if not calls:
         try:
-            return ParsedReply(choose_output(role.output, reply.visible), reply.reasoning, raw)
+            output = choose_output(role.output, reply.visible)
+            return ParsedReply(output, reply.reasoning, raw, stripped + _unwrapped(reply.visible))
         except (NoJsonObject, ReplyInvalid):
             pass  # plain text: the agent's answer or message
     try:
-        output = role.agent.reply(rest, calls)
+        agent_output = role.agent.reply(rest, calls)
     except ValidationError as exc:
         raise ReplyInvalid(f"invalid reply: {_validation_summary(exc)}") from None
     except ValueError as exc:
         raise ReplyInvalid(f"invalid reply: {exc}") from None
-    return ParsedReply(output, reply.reasoning, raw)
+    return ParsedReply(agent_output, reply.reasoning, raw, stripped)
 
 
 def parse_output(role: Role[Any, Out], text: str) -> Out:
@@ -215,6 +227,15 @@ class RoleUsage(BaseModel):
         int, Field(ge=0, description="Attempts whose reply was cut at max_tokens (finish_reason=length).")
     ] = 0
     refusals: Annotated[int, Field(ge=0, description="Attempts whose reply was empty or a refusal.")] = 0
+    reasoning_stripped: Annotated[
+        int, Field(ge=0, description="Valid replies with a think block in the text, set apart.")
+    ] = 0
+    json_unwrapped: Annotated[
+        int, Field(ge=0, description="Valid replies whose JSON object came wrapped in prose or a fence.")
+    ] = 0
+    text_tool_calls: Annotated[
+        int, Field(ge=0, description="Valid agent replies whose tool calls were written as text (Hermes).")
+    ] = 0
     inputs_fitted: Annotated[
         int, Field(ge=0, description="Calls whose input was compacted to fit the context budget.")
     ] = 0
@@ -765,6 +786,7 @@ class Gateway:
                 state.errors.append(f"attempt {attempt}: {exc}")
                 feedback = _feedback(completion.text, str(exc))
                 continue
+            counters.add(**dict.fromkeys(parsed.repairs, 1))
             state.answer = self._answer(role, parsed, state.usage, call.endpoint, cached=False)
             return state
         if state.unserved is not None:

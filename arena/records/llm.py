@@ -36,6 +36,15 @@ class LlmUsage(Record):
     invalid_outputs: Annotated[int, Field(ge=0, description="Replies that were not valid for the role.")] = 0
     cut_off: Annotated[int, Field(ge=0, description="Replies cut at max_tokens (finish_reason=length).")] = 0
     refusals: Annotated[int, Field(ge=0, description="Replies that were empty or refused.")] = 0
+    reasoning_stripped: Annotated[
+        int, Field(ge=0, description="Valid replies with a think block in the text, set apart.")
+    ] = 0
+    json_unwrapped: Annotated[
+        int, Field(ge=0, description="Valid replies whose JSON object came wrapped in prose or a fence.")
+    ] = 0
+    text_tool_calls: Annotated[
+        int, Field(ge=0, description="Valid agent replies whose tool calls were written as text (Hermes).")
+    ] = 0
     inputs_fitted: Annotated[
         int, Field(ge=0, description="Calls whose input was compacted to fit the context budget.")
     ] = 0
