@@ -316,8 +316,9 @@ def eval_cmd(
     model: Annotated[
         str | None,
         typer.Option(
-            help="Model folder to evaluate (default: the run's newest weights), or an OpenAI-compatible "
-            "endpoint: openai://host:port/v1?model=NAME (openais:// for https; key: ARENA_LLM_API_KEY)."
+            help="Model to evaluate (default: the run's newest weights): a Hugging Face folder, a .gguf "
+            "file, a bundled model (smollm2), or an OpenAI-compatible endpoint: "
+            "openai://host:port/v1?model=NAME (openais:// for https; key: ARENA_LLM_API_KEY)."
         ),
     ] = None,
     run: Annotated[str | None, typer.Option(help="Run whose newest weights to evaluate.")] = None,
@@ -410,11 +411,13 @@ def eval_cmd(
                 check_endpoint_url(model)
             except EndpointError as exc:
                 raise UserError(str(exc)) from None
-        elif not (Path(model) / "config.json").is_file():
-            raise UserError(
-                f"--model {model}: no config.json there (fix: a Hugging Face model folder, or an "
-                "endpoint openai://host:port/v1?model=NAME)"
-            )
+        else:
+            from trainer.pretrained import PretrainedError, hf_folder
+
+            try:  # a Hugging Face folder as is; a GGUF file or a bundled model converted once
+                model = str(hf_folder(model, cfg.home))
+            except PretrainedError as exc:
+                raise UserError(f"--model {exc} (or an endpoint openai://host:port/v1?model=NAME)") from None
         try:
             report = run_eval(
                 cfg,

@@ -107,14 +107,9 @@ def llm_local(
 
     import httpx
 
-    from app.local_llm import (
-        LocalModelError,
-        check_server_installed,
-        client_settings,
-        resolve,
-        server_command,
-    )
+    from app.local_llm import check_server_installed, client_settings, server_command
     from app.stack import free_port
+    from arena.llm.local_models import LocalModelError, resolve
 
     try:
         served = resolve(model, chat_format=chat_format, context_tokens=context)

@@ -352,7 +352,11 @@ class TrainSettings(Section):
     ]
     model: Annotated[
         str | None,
-        Field(default=None, description="Local path of the base model (HF format); `--tiny` builds one."),
+        Field(
+            default=None,
+            description="Base model: a local Hugging Face folder, a .gguf file or a bundled model (smollm2; "
+            "the local-llm extra), converted once under $ARENA_HOME/models; `--tiny` builds one.",
+        ),
     ]
     backend: Annotated[
         Literal["hf", "vllm"],

@@ -518,7 +518,9 @@ USAGE_FIELDS = (
 )
 
 
-def worker_usage(home: Path, timeout_s: float = 30.0) -> dict[str, dict[str, int]]:
+def worker_usage(
+    home: Path, timeout_s: float = 30.0, fields: tuple[str, ...] = USAGE_FIELDS
+) -> dict[str, dict[str, int]]:
     """Per stage: what the workers reported to ``llm.usage``, summed over roles, windows and processes.
 
     Read from the broker after the workers stopped (their last window is sent at shutdown, possibly
@@ -545,8 +547,8 @@ def worker_usage(home: Path, timeout_s: float = 30.0) -> dict[str, dict[str, int
             for records in consumer.poll(timeout_ms=1000).values():
                 for record in records:
                     value = json.loads(record.value)
-                    slot = totals.setdefault(value["stage"], dict.fromkeys(USAGE_FIELDS, 0))
-                    for name in USAGE_FIELDS:
+                    slot = totals.setdefault(value["stage"], dict.fromkeys(fields, 0))
+                    for name in fields:
                         slot[name] += int(value.get(name) or 0)
     finally:
         consumer.close()

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from app.local_llm import LOCAL_LLM_EXTRA, LocalModelError, client_settings, resolve, server_command
+from app.local_llm import client_settings, server_command
 from arena.llm.backends.openai import OpenAIBackend
 from arena.llm.core import InvalidOutput, Sampling
 from arena.llm.gateway import Gateway
+from arena.llm.local_models import LOCAL_LLM_EXTRA, LocalModelError, resolve
 from tests.cli import ARENA, arena_env, run_arena
 from tests.fixtures.openai_server import ASK, Question, Reply
 

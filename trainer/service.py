@@ -222,12 +222,12 @@ class TrainerService:
         if self.checkpoints.has_base():
             return self.checkpoints.base_folder(dest)
         if self.cfg.model:
-            src = Path(self.cfg.model)
-            if not (src / "config.json").is_file():
-                raise FileNotFoundError(
-                    f"ARENA_TRAIN__MODEL={src}: no config.json there (fix: point it at a Hugging Face model "
-                    "folder, or use --tiny)"
-                )
+            from trainer.pretrained import PretrainedError, hf_folder
+
+            try:  # a Hugging Face folder as is; a GGUF file or a bundled model converted once
+                src = hf_folder(self.cfg.model, self.settings.home)
+            except PretrainedError as exc:
+                raise FileNotFoundError(f"ARENA_TRAIN__MODEL={exc} (or use --tiny)") from None
             self.checkpoints.save_base(src)
             return self.checkpoints.base_folder(dest)
         if not self.options.tiny:

@@ -146,7 +146,9 @@ def read_reply(
     )
     if reason is not None:
         raise Unusable(reason)
-    stripped = ("reasoning_stripped",) if reply.reasoning and not completion.reasoning else ()
+    stripped: tuple[str, ...] = (
+        ("reasoning_stripped",) if reply.reasoning and not completion.reasoning else ()
+    )
     if role.agent is None:
         output = choose_output(role.output, reply.visible)
         return ParsedReply(output, reply.reasoning, raw, stripped + _unwrapped(reply.visible))
