@@ -253,9 +253,19 @@ def publish_domain_cmd(
         f"piloting {cfg.eigen.prompt_sets} prompt set(s) of {pack.name!r} "
         f"(batches of {cfg.eigen.pilot_batch}, at most {cfg.eigen.pilot_iterations} iterations) ..."
     )
-    report = asyncio.run(
-        publish_domain(cfg, address, pack, instances=instances, evolve=False if no_evolution else None)
-    )
+    from arena.llm.core import InvalidOutput
+
+    try:
+        report = asyncio.run(
+            publish_domain(cfg, address, pack, instances=instances, evolve=False if no_evolution else None)
+        )
+    except InvalidOutput as exc:  # phases 1-2 need every orchestration role to answer at least once
+        last = exc.errors[-1] if exc.errors else "no answer"
+        raise UserError(
+            f"the {exc.role} role gave no usable answer after {exc.attempts} attempt(s) ({last[:300]}), so the "
+            f"pack {pack.name!r} was not published (fix: a stronger model for that role: "
+            f'ARENA_LLM_ROLES=\'{{"{exc.role}": {{"llm": "openai://..."}}}}\')'
+        ) from None
     table = Table("prompt set", "focus", "iterations", "converged", "infeasibility", "version", "seeds")
     for s in report.sets:
         trend = (

@@ -51,9 +51,9 @@ from synthesis.eigen.roles.orchestration import (
     PromptEdit,
     PromptEngineerInput,
     PromptSetDraft,
-    WorkerNode,
     WorkerPrompt,
     WorkflowPlan,
+    standard_plan,
 )
 from synthesis.eigen.roles.tasks import template_kinds
 
@@ -61,46 +61,6 @@ GUIDANCE_HEADER = "\n\nGuidance from pilot critiques (follow it):"
 FOCUS_HEADER = "\n\nPrompt set focus:"
 
 # --------------------------------------------------------------------------- Planner
-
-_IO: dict[str, tuple[list[str], list[str], list[str]]] = {
-    "RandomPool": (["domain", "pool_params", "seed"], ["scenario_seed"], []),
-    "UserIntent": (["scenario_seed", "domain", "state_slice"], ["task"], ["RandomPool"]),
-    "TaskValidation": (["task", "probe_evidence"], ["task_verdict", "validated_task"], ["UserIntent"]),
-    "DialogSynthesis": (["validated_task", "domain"], ["dialog"], ["TaskValidation"]),
-    "TrajectoryValidation": (["dialog", "validated_task"], ["trajectory_verdict"], ["DialogSynthesis"]),
-    "Modify": (
-        ["task", "task_verdict", "dialog", "trajectory_verdict"],
-        ["repaired_task", "repaired_dialog"],
-        ["TaskValidation", "TrajectoryValidation"],
-    ),
-    "VerificationFunction": (
-        ["accepted_dialog", "final_state"],
-        ["verification_function"],
-        ["TrajectoryValidation", "Modify"],
-    ),
-}
-
-
-def _plan_of(names: set[str], evolve: dict[str, bool], rationale: str) -> WorkflowPlan:
-    """The workers named, in the standard order, each depending on the present ones it reads."""
-    workers = []
-    for name, role in WORKERS:
-        if name not in names:
-            continue
-        reads, writes, deps = _IO[name]
-        workers.append(
-            WorkerNode(
-                name=name,
-                role=role,
-                inputs=reads,
-                outputs=writes,
-                depends_on=[d for d in deps if d in names],
-                evolve=evolve.get(name, True),
-            )
-        )
-    plan = WorkflowPlan(workers=workers, rationale=rationale)
-    plan.check()
-    return plan
 
 
 def _replan(review: PlanReview) -> WorkflowPlan:
@@ -132,7 +92,7 @@ def _replan(review: PlanReview) -> WorkflowPlan:
                 f"{name} prompts {'frozen' if tasks_ok else 'evolving again'}"
             )
     rationale = "; ".join(notes) if notes else f"plan kept after iteration {review.iteration}"
-    return _plan_of(names, evolve, rationale)
+    return standard_plan(names, evolve, rationale)
 
 
 def planner(inputs: BaseModel, rng: random.Random) -> WorkflowPlan:
@@ -150,7 +110,7 @@ def planner(inputs: BaseModel, rng: random.Random) -> WorkflowPlan:
             else "; verification functions as RL rewards."
         )
     )
-    return _plan_of(names, {}, rationale)
+    return standard_plan(names, {}, rationale)
 
 
 # --------------------------------------------------------------------------- Prompt Engineer

@@ -193,6 +193,17 @@ def _check_chaos(r: dict[str, Any]) -> None:
     assert r["ratio"] == pytest.approx(run["wall_s"] / r["clean"]["wall_s"], rel=0.01)
 
 
+def _check_real_model(r: dict[str, Any]) -> None:
+    if "skipped" in r:  # CI builds no llama.cpp: the reason says what to install
+        assert "local-llm" in r["skipped"], r["skipped"]
+        return
+    assert r["tracks"] == ["sft"] and r["tracebacks"] == 0, r.get("traceback_files")
+    for stage, figures in r["stages"].items():
+        assert figures["balanced"] and figures.get("dead_lettered_by_kind", {}).get("crash", 0) == 0, stage
+    assert r["llm_requests"] > 0 and r["server_tokens_per_s"] > 0 and r["arena_tokens_per_s"] > 0
+    assert r["learned_limit"]["learning"] and r["learned_limit"]["ceiling"] == 8
+
+
 def _keys(*names: str) -> frozenset[str]:
     return frozenset(("quick", *names))
 
@@ -249,6 +260,8 @@ BENCHES = [
         check=_check_vllm_rollouts,
     ),
     Bench(("bench/chaos.py",), _keys("clean", "runs", "ratio", "ok"), 600, check=_check_chaos),
+    # a real model on CPU: only where the local-llm extra is installed (skipped with the reason on CI)
+    Bench(("bench/real_model.py",), _keys("bench"), 900, check=_check_real_model),
     Bench(
         ("bench/learning.py",),
         _keys("heldout_eval", "ordering", "reward_ablation"),

@@ -61,6 +61,34 @@ def test_planner_plans_the_seven_worker_dag(pack: DomainPack, state: dict[str, A
     assert "VerificationFunction" not in sft.names and len(sft.names) == 6
 
 
+def test_a_plan_without_the_task_workers_is_asked_again_then_replaced(
+    pack: DomainPack, state: dict[str, Any]
+) -> None:
+    """A small real model answered the planner with a plan that draws no tasks (seen with SmolLM2):
+    the reply is invalid with that reason, asked again, and after the last attempt phase 1 goes on
+    with §4.2's standard workflow, saying why, instead of the pilot crashing."""
+    from arena.llm.backends.openai import OpenAIBackend
+    from tests.fixtures.openai_server import ServerScript, start_openai_server
+
+    bad = '{"workers": [{"name": "DialogSynthesis", "role": "eigen_trajectory_agent"}], "rationale": "chat"}'
+    with start_openai_server() as server:
+        server.configure(ServerScript(replies=[bad]))
+
+        async def run() -> Any:
+            gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), max_attempts=2, backoff_s=0.01)
+            try:
+                return await plan_workflow(gateway, pack, state)
+            finally:
+                await gateway.aclose()
+
+        plan = asyncio.run(run())
+        bodies = server.stats().bodies
+    assert len(bodies) == 2  # asked again once, with the reason fed back
+    assert "the plan must run ['RandomPool', 'UserIntent']" in str(bodies[1]["messages"])
+    assert plan.names[:2] == ["RandomPool", "UserIntent"] and len(plan.names) == 7
+    assert plan.rationale.startswith("the planner wrote no usable plan")
+
+
 def test_phase_one_sets_are_diverse_and_conditioned(
     pack: DomainPack, state: dict[str, Any], tmp_path: Path
 ) -> None:

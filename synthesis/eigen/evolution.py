@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ from pydantic import BaseModel, Field
 
 from arena.config import EigenSettings
 from arena.hashing import content_hash
-from arena.llm.core import Role
+from arena.llm.core import InvalidOutput, Role
 from arena.llm.gateway import Gateway, PromptCatalog
 from arena.llm.roles.user_sim import USER_SIMULATOR, UserBehaviour
 from arena.records.eigen import PilotMetrics, UserIntent
@@ -55,7 +56,9 @@ from synthesis.eigen.roles.orchestration import (
     EIGEN_JUDGE,
     EIGEN_PLANNER,
     EIGEN_PROMPT_ENGINEER,
+    ESSENTIAL_WORKERS,
     PROMPTED_ROLES,
+    WORKERS,
     BatchMetrics,
     Critique,
     GenerationRequest,
@@ -67,6 +70,7 @@ from synthesis.eigen.roles.orchestration import (
     PromptSetSummary,
     WorkerPrompt,
     WorkflowPlan,
+    standard_plan,
 )
 from synthesis.eigen.roles.tasks import EIGEN_ROLES, PoolParams, TaskVerdict, template_kinds
 
@@ -92,6 +96,8 @@ __all__ = [
 MAX_PILOT_ITERATIONS = 16
 """Most self-evolution iterations per prompt set (§4.4 phase 2)."""
 PILOT_TOPIC = "eigen.pilot.metrics"
+log = logging.getLogger(__name__)
+
 _KNOWN_ROLES: dict[str, Role[Any, Any]] = {
     r.name: r for r in (*EIGEN_ROLES, *EIGEN_DIALOG_ROLES, USER_SIMULATOR)
 }
@@ -189,9 +195,20 @@ async def plan_workflow(
             "outputs": list(outputs),
         }
     )
-    plan = (await gateway.call(EIGEN_PLANNER, inputs)).output
+    try:
+        plan: WorkflowPlan = (await gateway.call(EIGEN_PLANNER, inputs)).output
+    except InvalidOutput as exc:
+        # A model that cannot plan (a small one) still gets §4.2's workflow, and says so.
+        names = {name for name, _ in WORKERS if name != "VerificationFunction" or "rl" in outputs}
+        reason = f"the planner wrote no usable plan ({_last_error(exc)}): the standard workflow of §4.2"
+        log.warning("%s for %s", reason, pack.name)
+        return standard_plan(names, rationale=reason)
     plan.check()
     return plan
+
+
+def _last_error(exc: InvalidOutput) -> str:
+    return (exc.errors[-1] if exc.errors else str(exc))[:300]
 
 
 async def make_prompt_sets(
@@ -473,7 +490,7 @@ async def _publish(publish: Publish | None, record: PilotMetrics) -> None:
 
 
 def _check_plan(plan: WorkflowPlan) -> None:
-    missing = [w for w in ("RandomPool", "UserIntent") if not plan.runs(w)]
+    missing = [w for w in ESSENTIAL_WORKERS if not plan.runs(w)]
     if missing:
         raise ValueError(f"the workflow plan lacks {missing}: a pilot needs tasks to work on")
     plan.check()
@@ -627,7 +644,13 @@ async def replan(
             "review": review.model_dump(),
         }
     )
-    new = (await gateway.call(EIGEN_PLANNER, inputs)).output
+    try:
+        new: WorkflowPlan = (await gateway.call(EIGEN_PLANNER, inputs)).output
+    except InvalidOutput as exc:
+        log.warning(
+            "the planner wrote no usable plan (%s); the pilot keeps the plan in use", _last_error(exc)
+        )
+        return plan
     _check_plan(new)
     return new
 

@@ -18,9 +18,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from arena.llm.core import Role
 from synthesis.eigen.roles.tasks import DomainSummary, PoolParams
@@ -30,8 +31,10 @@ __all__ = [
     "EIGEN_ORCHESTRATION_ROLES",
     "EIGEN_PLANNER",
     "EIGEN_PROMPT_ENGINEER",
+    "ESSENTIAL_WORKERS",
     "PROMPTED_ROLES",
     "WORKERS",
+    "WORKER_IO",
     "BatchMetrics",
     "Critique",
     "CritiqueScores",
@@ -42,6 +45,7 @@ __all__ = [
     "ParamUpdate",
     "PilotThresholds",
     "PlanReview",
+    "PlannedWorkflow",
     "PromptEdit",
     "PromptEngineerInput",
     "PromptSetDraft",
@@ -49,6 +53,7 @@ __all__ = [
     "WorkerNode",
     "WorkerPrompt",
     "WorkflowPlan",
+    "standard_plan",
 ]
 
 Score = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -173,6 +178,67 @@ class WorkflowPlan(BaseModel):
             if unknown:
                 raise ValueError(f"{worker.name} depends on {unknown}, not earlier workers")
             seen.add(worker.name)
+
+
+ESSENTIAL_WORKERS = ("RandomPool", "UserIntent")
+"""Workers every plan runs: they draw the tasks everything else works on."""
+
+WORKER_IO: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "RandomPool": (["domain", "pool_params", "seed"], ["scenario_seed"], []),
+    "UserIntent": (["scenario_seed", "domain", "state_slice"], ["task"], ["RandomPool"]),
+    "TaskValidation": (["task", "probe_evidence"], ["task_verdict", "validated_task"], ["UserIntent"]),
+    "DialogSynthesis": (["validated_task", "domain"], ["dialog"], ["TaskValidation"]),
+    "TrajectoryValidation": (["dialog", "validated_task"], ["trajectory_verdict"], ["DialogSynthesis"]),
+    "Modify": (
+        ["task", "task_verdict", "dialog", "trajectory_verdict"],
+        ["repaired_task", "repaired_dialog"],
+        ["TaskValidation", "TrajectoryValidation"],
+    ),
+    "VerificationFunction": (
+        ["accepted_dialog", "final_state"],
+        ["verification_function"],
+        ["TrajectoryValidation", "Modify"],
+    ),
+}
+"""Worker -> (artifacts it reads, artifacts it writes, workers it depends on) in §4.2's workflow."""
+
+
+def standard_plan(
+    names: set[str] | None = None, evolve: Mapping[str, bool] | None = None, rationale: str = ""
+) -> WorkflowPlan:
+    """The workers named (default: all), in the standard order, each depending on the present ones it reads."""
+    chosen = names if names is not None else {name for name, _ in WORKERS}
+    workers = []
+    for name, role in WORKERS:
+        if name not in chosen:
+            continue
+        reads, writes, deps = WORKER_IO[name]
+        workers.append(
+            WorkerNode(
+                name=name,
+                role=role,
+                inputs=reads,
+                outputs=writes,
+                depends_on=[d for d in deps if d in chosen],
+                evolve=(evolve or {}).get(name, True),
+            )
+        )
+    plan = WorkflowPlan(workers=workers, rationale=rationale)
+    plan.check()
+    return plan
+
+
+class PlannedWorkflow(WorkflowPlan):
+    """A plan as the Planner must write it: the essential workers run, and in dependency order (a
+    plan that is not is an invalid reply, asked again with the reason)."""
+
+    @model_validator(mode="after")
+    def _usable(self) -> PlannedWorkflow:
+        missing = [w for w in ESSENTIAL_WORKERS if not self.runs(w)]
+        if missing:
+            raise ValueError(f"the plan must run {missing}: they draw the tasks every other worker needs")
+        self.check()
+        return self
 
 
 # --------------------------------------------------------------------------- Prompt Engineer
@@ -390,10 +456,10 @@ class Critique(BaseModel):
 
 _JSON_ONLY = "Output: one JSON object matching the schema, and nothing else."
 
-EIGEN_PLANNER: Role[GenerationRequest, WorkflowPlan] = Role(
+EIGEN_PLANNER: Role[GenerationRequest, PlannedWorkflow] = Role(
     name="eigen_planner",
     input=GenerationRequest,
-    output=WorkflowPlan,
+    output=PlannedWorkflow,
     system=(
         "You are the Workflow Planner Agent of a hierarchical data-generation system. Given a "
         "generation request, the domain specification (tool schemas, policy, environment) and the "
@@ -401,7 +467,8 @@ EIGEN_PLANNER: Role[GenerationRequest, WorkflowPlan] = Role(
         "invoke and in what order. Workers available: "
         + ", ".join(name for name, _ in WORKERS)
         + ". For each worker give its gateway role, the artifacts it reads (inputs) and writes "
-        "(outputs), and the earlier workers it depends on; the list must be in execution order. "
+        "(outputs), and the earlier workers it depends on; the list must be in execution order and always "
+        "starts with RandomPool and UserIntent (they draw the tasks). "
         "Skip VerificationFunction when only SFT data is requested (no rewards needed).\n"
         "Replanning (review given): start from review.plan and adjust it to what the last pilot batch "
         "showed: drop Modify when no item needed repair, put it back (after TrajectoryValidation) when "
