@@ -19,8 +19,9 @@ Caps (the model decodes about 10-20 tokens/s on 2 cores, one request at a time, 
 sized to end within 45 minutes; they are printed as ``caps``): the SFT track on ``SFT_DOCS`` with
 fewer walks, syntheses and server tasks and one augmentation axis; the environment track on one
 built-in knowledge base; the EigenData pack ``customer_service`` with one prompt set, one pilot
-iteration and two instances; prompts fitted into 4096 tokens (prefill dominates on a CPU); every
-role kind's ``max_tokens`` capped (``ROLE_CAPS``: a weak model
+iteration and two instances; prompts fitted into 4096 tokens (prefill dominates on a CPU), but
+the orchestration roles' (prompt engineer, planner, judge: whole prompt sets) into the model's 8192;
+every role kind's ``max_tokens`` capped (``ROLE_CAPS``: a weak model
 fills whatever it is given, and a reply cut at the cap is asked again with twice the budget).
 ``--quick``: the SFT track on one tool doc, one walk, one synthesis, no server tasks.
 
@@ -124,9 +125,14 @@ ROLE_CAPS: dict[str, dict[str, int]] = {
     "emulator": {"max_tokens": 256},
     "agent": {"max_tokens": 384},
     "user": {"max_tokens": 160},
-    "eigen_prompt_engineer": {"max_tokens": 2048},
+    # The orchestration roles read whole prompt sets and pilot reviews: the model's full window.
+    "eigen_prompt_engineer": {"max_tokens": 2048, "context_tokens": 8192},
+    "eigen_planner": {"max_tokens": 768, "context_tokens": 8192},
+    "eigen_judge": {"max_tokens": 768, "context_tokens": 8192},
 }
-QUICK_ROLE_CAPS = {kind: {"max_tokens": min(cap["max_tokens"], 384)} for kind, cap in ROLE_CAPS.items()}
+QUICK_ROLE_CAPS = {
+    kind: {**cap, "max_tokens": min(cap["max_tokens"], 384)} for kind, cap in ROLE_CAPS.items()
+}
 REPAIRS = (
     "reasoning_stripped",
     "json_unwrapped",

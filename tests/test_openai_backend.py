@@ -447,3 +447,58 @@ def test_a_wide_server_is_learned_up_to_the_ceiling(server: OpenAIServer) -> Non
     assert all(type(a).__name__ == "Completion" for a in answers)
     assert server.stats().max_in_flight == 16  # slow start reached the ceiling
     assert next(iter(learning.stats().endpoints.values())).limit == 16
+
+
+def test_a_reply_budget_over_the_servers_window_is_shrunk_to_fit(server: OpenAIServer) -> None:
+    # The server's tokenizer counts more than Arena's estimate: llama.cpp answers 400 with both counts.
+    server.configure(ServerScript(context_window=300))
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        answer = await gateway.call(ASK, Question(text="fits?"))
+        assert answer.output.answer == "ok"
+        await gateway.aclose()
+
+    asyncio.run(run())
+    stats = server.stats()
+    budgets = [body["max_tokens"] for body in stats.bodies]
+    prompt = stats.prompt_tokens  # words of the one prompt that was served
+    assert budgets == [1024, 1024 - (prompt + 1024 - 300) - 16] and stats.statuses == [400, 200]
+
+
+def test_a_window_refusal_is_not_taken_for_the_shape(server: OpenAIServer) -> None:
+    # llama.cpp: json_schema refused with a 500, then json_object over the window with a 400.
+    server.configure(
+        ServerScript(response_format_types=["json_object"], reject_status=500, context_window=300)
+    )
+
+    async def run() -> OpenAIBackend:
+        backend = OpenAIBackend(server.base_url, "test-model", timeout_s=10)
+        gateway = Gateway(backend, max_attempts=2, backoff_s=0.01)
+        answer = await gateway.call(ASK, Question(text="fits?"))
+        assert answer.output.answer == "ok"
+        await gateway.aclose()
+        return backend
+
+    backend = asyncio.run(run())
+    stats = server.stats()
+    shapes = [(b.get("response_format") or {}).get("type") for b in stats.bodies]
+    assert shapes == ["json_schema", "json_object", "json_object"] and stats.statuses == [500, 400, 200]
+    assert backend.response_format(ASK.name) == "json_object"
+
+
+def test_a_prompt_that_leaves_no_room_fails_with_the_servers_reason(server: OpenAIServer) -> None:
+    server.configure(ServerScript(context_window=40))
+
+    async def run() -> str:
+        gateway = _gateway(server, max_attempts=1)
+        try:
+            await gateway.call(ASK, Question(text="a long question " * 20))
+        except (BackendError, InvalidOutput) as exc:
+            return str(exc)
+        finally:
+            await gateway.aclose()
+        return "answered"
+
+    assert "exceed context window of 40" in asyncio.run(run())
+    assert [b["max_tokens"] for b in server.stats().bodies] == [1024]  # no room to shrink into

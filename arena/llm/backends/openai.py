@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ import httpx
 from arena.config import redact_url
 from arena.llm.admission import Admission, LocalAdmission, admission_for
 from arena.llm.backends import BackendError, LlmTarget, RetryAfter
+from arena.llm.budget import MIN_REPLY_TOKENS
 from arena.llm.core import Completion, CompletionRequest, EndpointRejected, ToolCall, TransientError, Usage
 from arena.llm.replies import parse_arguments
 
@@ -58,6 +60,27 @@ RESPONSE_FORMATS = ("json_schema", "json_object", "none")
 ``json_object`` with a ``schema`` (llama.cpp's server constrains decoding to it), none."""
 SHAPE_WORDS = ("response_format", "json_schema", "json_object", "schema", "tool")
 """Words by which a refusal names the part of the request it did not take."""
+OVERFLOW_PATTERNS = (
+    # llama.cpp: "Requested tokens (9120) exceed context window of 8192"
+    re.compile(r"requested tokens \((?P<requested>\d+)\) exceed context window of (?P<window>\d+)", re.I),
+    # vLLM, OpenAI: "maximum context length is 8192 tokens. However, you requested 9120 tokens"
+    re.compile(
+        r"maximum context length is (?P<window>\d+) tokens.*?(?:requested|resulted in) (?P<requested>\d+) tokens",
+        re.I | re.S,
+    ),
+)
+"""How servers say prompt plus ``max_tokens`` exceed the model's window (their tokenizer counted)."""
+OVERFLOW_MARGIN = 16
+"""Tokens left spare when ``max_tokens`` is shrunk to the room a server said it has."""
+
+
+def context_overflow(text: str) -> tuple[int, int] | None:
+    """(tokens requested, the window) when ``text`` is a server's context-window refusal."""
+    for pattern in OVERFLOW_PATTERNS:
+        found = pattern.search(text)
+        if found:
+            return int(found["requested"]), int(found["window"])
+    return None
 
 
 def _retry_after_s(response: httpx.Response, limit_s: float) -> float | None:
@@ -192,6 +215,8 @@ class OpenAIBackend:
         """Per role, the index in ``RESPONSE_FORMATS`` of the shape its schema is sent in (default 0)."""
         self._no_native_tools: set[str] = set()
         """Agent roles whose native ``tools`` this server rejected (tools go in the prompt from then on)."""
+        self._refitted: set[str] = set()
+        """Roles whose ``max_tokens`` a server's context-window refusal made smaller (logged once)."""
         self._served: set[str] = set()
         """Roles whose requests, in their current shape, this server has answered: a failure of
         theirs is then not the shape's fault."""
@@ -276,6 +301,8 @@ class OpenAIBackend:
         if response.status_code in NOT_A_SHAPE_STATUS or role in self._served:
             return False
         reason = _error_text(response).lower()
+        if context_overflow(reason) is not None:
+            return False  # too long in any shape
         if response.status_code != 400 and not any(word in reason for word in SHAPE_WORDS):
             return False
         if request.tools is not None:
@@ -321,6 +348,34 @@ class OpenAIBackend:
         return rejected
 
     async def _post(self, body: dict[str, Any], request: CompletionRequest) -> httpx.Response:
+        """``_send`` once more with a smaller ``max_tokens`` when the server says prompt plus reply
+        exceed its window: its tokenizer counts the prompt, Arena's budget only estimates it."""
+        response = await self._send(body, request)
+        if response.status_code != 400:
+            return response
+        found = context_overflow(_error_text(response))
+        if found is None:
+            return response
+        requested, window = found
+        asked = int(body.get("max_tokens") or 0)
+        room = asked - (requested - window) - OVERFLOW_MARGIN
+        if room < min(asked, MIN_REPLY_TOKENS):
+            return response  # the prompt itself leaves no room: this request's own failure
+        if request.role.name not in self._refitted:
+            self._refitted.add(request.role.name)
+            log.warning(
+                "LLM server %s counts %d tokens for role %s's prompt and reply, over its %d-token window; "
+                "max_tokens %d -> %d (its tokenizer counts more than Arena's estimate)",
+                redact_url(self.base_url),
+                requested,
+                request.role.name,
+                window,
+                asked,
+                room,
+            )
+        return await self._send({**body, "max_tokens": room}, request)
+
+    async def _send(self, body: dict[str, Any], request: CompletionRequest) -> httpx.Response:
         """One HTTP request under the per-request timeout; transport failures become transient.
 
         ``ATTEMPT_HEADER`` and ``ROLE_HEADER`` tell a server that cares (``arena llm serve``) which
