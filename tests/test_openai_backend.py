@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -450,7 +451,7 @@ def test_a_wide_server_is_learned_up_to_the_ceiling(server: OpenAIServer) -> Non
 
 
 def test_a_reply_budget_over_the_servers_window_is_shrunk_to_fit(server: OpenAIServer) -> None:
-    # The server's tokenizer counts more than Arena's estimate: llama.cpp answers 400 with both counts.
+    # The server's tokenizer counts more than Arena's estimate; vLLM answers 400 with its counts.
     server.configure(ServerScript(context_window=300))
 
     async def run() -> None:
@@ -462,12 +463,12 @@ def test_a_reply_budget_over_the_servers_window_is_shrunk_to_fit(server: OpenAIS
     asyncio.run(run())
     stats = server.stats()
     budgets = [body["max_tokens"] for body in stats.bodies]
-    prompt = stats.prompt_tokens  # words of the one prompt that was served
-    assert budgets == [1024, 1024 - (prompt + 1024 - 300) - 16] and stats.statuses == [400, 200]
+    prompt = stats.prompt_tokens  # what the server counted for the one prompt it served
+    assert budgets == [1024, 300 - prompt - 16] and stats.statuses == [400, 200]
 
 
 def test_a_window_refusal_is_not_taken_for_the_shape(server: OpenAIServer) -> None:
-    # llama.cpp: json_schema refused with a 500, then json_object over the window with a 400.
+    # json_schema refused with a 500 (llama.cpp), then json_object over the window with a 400.
     server.configure(
         ServerScript(response_format_types=["json_object"], reject_status=500, context_window=300)
     )
@@ -487,6 +488,35 @@ def test_a_window_refusal_is_not_taken_for_the_shape(server: OpenAIServer) -> No
     assert backend.response_format(ASK.name) == "json_object"
 
 
+def test_a_server_that_counts_more_teaches_the_budget(server: OpenAIServer) -> None:
+    """llama-cpp-python refuses a prompt longer than its window by its own count (SmolLM2's tokenizer
+    counts JSON-heavy prompts well over Arena's estimate). The refusal's count teaches the endpoint's
+    scale, and the call fits its input again at that scale and is served."""
+    from arena.config import ArenaSettings
+    from arena.llm.routing import route_of
+
+    server.configure(ServerScript(context_window=1200, window_policy="llama.cpp", tokens_per_word=6.0))
+    settings = ArenaSettings(llm="rules", llm_context_tokens=1200)
+
+    async def run() -> tuple[Any, float]:
+        backend = OpenAIBackend(server.base_url, "test-model", timeout_s=10)
+        gateway = Gateway(
+            backend, max_attempts=2, backoff_s=0.01, routes=lambda role: route_of(settings, role)
+        )
+        try:
+            answer = await gateway.call(ASK, Question(text="word " * 250))  # the server counts ~1600
+            return answer, gateway._default.prompt_scale
+        finally:
+            await gateway.aclose()
+
+    answer, scale = asyncio.run(run())
+    assert answer.output.answer == "ok" and answer.cut  # served, with its input fitted again
+    assert scale == 3.0  # learned from the refusal's count (at most 3)
+    stats = server.stats()
+    assert stats.statuses == [400, 200]
+    assert stats.prompt_tokens + stats.bodies[1]["max_tokens"] <= 1200  # the refit fits by its count
+
+
 def test_a_prompt_that_leaves_no_room_fails_with_the_servers_reason(server: OpenAIServer) -> None:
     server.configure(ServerScript(context_window=40))
 
@@ -500,5 +530,5 @@ def test_a_prompt_that_leaves_no_room_fails_with_the_servers_reason(server: Open
             await gateway.aclose()
         return "answered"
 
-    assert "exceed context window of 40" in asyncio.run(run())
+    assert "maximum context length is 40 tokens" in asyncio.run(run())
     assert [b["max_tokens"] for b in server.stats().bodies] == [1024]  # no room to shrink into

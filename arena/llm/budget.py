@@ -69,13 +69,16 @@ class ContextBudget:
     """The endpoint's context window (``max_model_len``)."""
     reply_tokens: int
     """``max_tokens`` of the role's reply."""
+    prompt_scale: float = 1.0
+    """The endpoint's prompt tokens per estimated token (at least 1): what its own tokenizer counted
+    over this module's estimate, learned by the gateway from the server's usage and refusals."""
 
     @property
     def prompt_tokens(self) -> int:
         """Most estimated prompt tokens a request should send: the window less the whole reply budget,
         or half the window when the reply budget alone would take more (the reply then shrinks)."""
         usable = self.context_tokens - TEMPLATE_MARGIN_TOKENS
-        return max(usable - self.reply_tokens, usable // 2, 0)
+        return int(max(usable - self.reply_tokens, usable // 2, 0) / self.prompt_scale)
 
     def fits(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
@@ -84,8 +87,9 @@ class ContextBudget:
         return prompt_tokens(messages, tools) <= self.prompt_tokens
 
     def reply_room(self, prompt: int) -> int:
-        """Tokens a reply may take after a prompt of ``prompt`` tokens (the reply budget at most)."""
-        return max(0, min(self.reply_tokens, self.context_tokens - prompt - TEMPLATE_MARGIN_TOKENS))
+        """Tokens a reply may take after a prompt of ``prompt`` estimated tokens (the reply budget at most)."""
+        real = int(prompt * self.prompt_scale + 0.5)
+        return max(0, min(self.reply_tokens, self.context_tokens - real - TEMPLATE_MARGIN_TOKENS))
 
     def too_long(self, prompt: int) -> bool:
         """Whether a prompt of ``prompt`` tokens leaves too little room to ask at all."""

@@ -211,6 +211,19 @@ class TransientError(Exception):
         """The HTTP status the server answered with; ``None`` when it did not answer (transport)."""
 
 
+class ContextOverflow(Exception):
+    """The server refused the request as longer than its context window, by its own tokenizer's count.
+
+    The gateway learns the endpoint's tokens per estimated token from it and fits the prompt again.
+    """
+
+    def __init__(self, message: str, *, prompt_tokens: int | None, window: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        """Prompt tokens the server counted (None when it said only prompt plus reply)."""
+        self.window = window
+
+
 class EndpointRejected(Exception):
     """The endpoint refuses every request, whatever its content: HTTP 401/403 (credentials), 404 (URL or model).
 

@@ -62,6 +62,7 @@ from arena.llm.core import (
     Backend,
     Completion,
     CompletionRequest,
+    ContextOverflow,
     EndpointRejected,
     In,
     InvalidOutput,
@@ -100,6 +101,17 @@ FEEDBACK_EXCERPT = 2000
 
 class PromptTooLong(InvalidOutput):
     """The rendered prompt does not fit the role's context budget; never sent."""
+
+
+class _CountedLonger(PromptTooLong):
+    """The server counted the prompt longer than its window (it was sent, and refused): the call
+    fits its inputs again once with the endpoint's scale that the refusal taught."""
+
+
+MAX_PROMPT_SCALE = 3.0
+"""Most prompt tokens per estimated token an endpoint may be taken to count (a bound on bad data)."""
+SCALE_FROM_TOKENS = 512
+"""Served prompts this long (estimated) teach the endpoint's scale; shorter ones are mostly template."""
 
 
 @dataclass(frozen=True)
@@ -409,6 +421,24 @@ class Endpoint:
 
     backend: Backend
     health: EndpointHealth
+    prompt_scale: float = 1.0
+    """Prompt tokens its tokenizer counts per estimated token (``arena.llm.budget``): learned from
+    its usage and context-window refusals, never below 1, so budgets follow its real count."""
+
+    def learn_scale(self, counted: int, estimated: int) -> bool:
+        """Raise ``prompt_scale`` to ``counted / estimated`` if that is more; whether it grew."""
+        if counted <= 0 or estimated <= 0:
+            return False
+        scale = min(MAX_PROMPT_SCALE, counted / estimated)
+        if scale <= self.prompt_scale * 1.01:
+            return False
+        log.info(
+            "%s counts %.2f prompt tokens per estimated one; context budgets follow its count",
+            self.health.endpoint,
+            scale,
+        )
+        self.prompt_scale = scale
+        return True
 
 
 class Gateway:
@@ -523,11 +553,30 @@ class Gateway:
         endpoint = self._endpoint(route)
         counters = self._count(role.name)
         counters.add(calls=1)
+        try:
+            return await self._fitted_call(role, inputs, sampling, route, endpoint, counters)
+        except _CountedLonger:
+            pass  # the server's refusal taught the endpoint's real count: fit and ask once more
+        try:
+            return await self._fitted_call(role, inputs, sampling, route, endpoint, counters)
+        except _CountedLonger:
+            counters.add(failures=1)
+            raise
+
+    async def _fitted_call(
+        self,
+        role: Role[In, Out],
+        inputs: In,
+        sampling: Sampling,
+        route: RoleRoute | None,
+        endpoint: Endpoint,
+        counters: _Counters,
+    ) -> Answer[Out]:
+        """``call`` with ``inputs`` fitted to the route's budget at the endpoint's current scale."""
         cut: list[str] = []
         if route is not None:
-            fit = await asyncio.to_thread(
-                fit_inputs, role, inputs, ContextBudget(route.context_tokens, sampling.max_tokens)
-            )
+            budget = ContextBudget(route.context_tokens, sampling.max_tokens, endpoint.prompt_scale)
+            fit = await asyncio.to_thread(fit_inputs, role, inputs, budget)
             inputs, cut = fit.inputs, fit.cut  # type: ignore[assignment]  # the same input model, compacted
             if cut:
                 counters.add(inputs_fitted=1)
@@ -550,6 +599,8 @@ class Gateway:
                 counters.add(shared=1)
             # Shielded: a caller cancelled (its record was revoked) leaves the request to the others.
             answer: Answer[Out] = await asyncio.shield(flight)
+        except _CountedLonger:
+            raise  # fitted again by ``call``
         except Exception:
             counters.add(failures=1)
             raise
@@ -672,7 +723,7 @@ class Gateway:
         """The request of one attempt; refuses a prompt that does not fit the role's context budget."""
         messages = prompt.messages + feedback
         if call.route is not None:
-            budget = ContextBudget(call.route.context_tokens, sampling.max_tokens)
+            budget = ContextBudget(call.route.context_tokens, sampling.max_tokens, call.endpoint.prompt_scale)
             needed = prompt.tokens + (prompt_tokens(feedback) if feedback else 0)
             if budget.too_long(needed):
                 raise PromptTooLong(
@@ -702,7 +753,8 @@ class Gateway:
         """``sampling`` with twice the reply budget, within the context window (None: no room to grow)."""
         limit = 131072
         if call.route is not None:
-            limit = min(limit, call.route.context_tokens - prompt.tokens - TEMPLATE_MARGIN_TOKENS)
+            counted = int(prompt.tokens * call.endpoint.prompt_scale)
+            limit = min(limit, call.route.context_tokens - counted - TEMPLATE_MARGIN_TOKENS)
         grown = min(sampling.max_tokens * 2, limit)
         return sampling.model_copy(update={"max_tokens": grown}) if grown > sampling.max_tokens else None
 
@@ -747,7 +799,21 @@ class Gateway:
                 state.unserved = None
                 draw += 1
                 continue
+            except ContextOverflow as exc:
+                estimated = prompt_tokens(request.messages, request.tools)
+                grew = exc.prompt_tokens is not None and call.endpoint.learn_scale(
+                    exc.prompt_tokens, estimated
+                )
+                error = f"the server counted the prompt over its {exc.window}-token window: {exc}"
+                failure = _CountedLonger if grew else PromptTooLong
+                raise failure(
+                    role.name, raw="", errors=[*state.errors, error], attempts=attempt + 1
+                ) from None
             call.endpoint.health.served()
+            estimated = prompt_tokens(request.messages, request.tools)
+            if not completion.usage.estimated and estimated >= SCALE_FROM_TOKENS:
+                # Less the chat template's own tokens, which a short prompt would overweight.
+                call.endpoint.learn_scale(completion.usage.prompt_tokens - TEMPLATE_MARGIN_TOKENS, estimated)
             state.unserved = None
             counters.add(
                 prompt_tokens=completion.usage.prompt_tokens,

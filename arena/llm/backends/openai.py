@@ -29,6 +29,7 @@ import json
 import logging
 import re
 import time
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,15 @@ from arena.config import redact_url
 from arena.llm.admission import Admission, LocalAdmission, admission_for
 from arena.llm.backends import BackendError, LlmTarget, RetryAfter
 from arena.llm.budget import MIN_REPLY_TOKENS
-from arena.llm.core import Completion, CompletionRequest, EndpointRejected, ToolCall, TransientError, Usage
+from arena.llm.core import (
+    Completion,
+    CompletionRequest,
+    ContextOverflow,
+    EndpointRejected,
+    ToolCall,
+    TransientError,
+    Usage,
+)
 from arena.llm.replies import parse_arguments
 
 if TYPE_CHECKING:
@@ -61,25 +70,51 @@ RESPONSE_FORMATS = ("json_schema", "json_object", "none")
 SHAPE_WORDS = ("response_format", "json_schema", "json_object", "schema", "tool")
 """Words by which a refusal names the part of the request it did not take."""
 OVERFLOW_PATTERNS = (
-    # llama.cpp: "Requested tokens (9120) exceed context window of 8192"
-    re.compile(r"requested tokens \((?P<requested>\d+)\) exceed context window of (?P<window>\d+)", re.I),
-    # vLLM, OpenAI: "maximum context length is 8192 tokens. However, you requested 9120 tokens"
+    # vLLM, OpenAI, llama-cpp-python's server: "This model's maximum context length is 8192 tokens.
+    # However, you requested 9120 tokens (7072 in the messages, 2048 in the completion)."
     re.compile(
-        r"maximum context length is (?P<window>\d+) tokens.*?(?:requested|resulted in) (?P<requested>\d+) tokens",
+        r"maximum context length is (?P<window>\d+) tokens.*?(?:requested|resulted in) (?P<requested>\d+) "
+        r"tokens(?: \((?P<prompt>\d+) in the messages)?",
         re.I | re.S,
     ),
+    # llama.cpp underneath: "Requested tokens (9120) exceed context window of 8192" (the prompt alone)
+    re.compile(r"requested tokens \((?P<prompt>\d+)\) exceed context window of (?P<window>\d+)", re.I),
 )
-"""How servers say prompt plus ``max_tokens`` exceed the model's window (their tokenizer counted)."""
+"""How servers say a request exceeds the model's window (their tokenizer counted)."""
 OVERFLOW_MARGIN = 16
 """Tokens left spare when ``max_tokens`` is shrunk to the room a server said it has."""
 
 
-def context_overflow(text: str) -> tuple[int, int] | None:
-    """(tokens requested, the window) when ``text`` is a server's context-window refusal."""
+@dataclass(frozen=True)
+class Overflow:
+    """A server's context-window refusal, in its own token counts."""
+
+    window: int
+    prompt: int | None
+    """Prompt tokens it counted (None when it said only the total)."""
+    requested: int | None
+    """Prompt plus ``max_tokens`` (None when it said only the prompt)."""
+
+    def room(self, asked: int) -> int:
+        """``max_tokens`` that would fit, given that ``asked`` were asked for."""
+        if self.prompt is not None:
+            return self.window - self.prompt - OVERFLOW_MARGIN
+        assert self.requested is not None
+        return asked - (self.requested - self.window) - OVERFLOW_MARGIN
+
+
+def context_overflow(text: str) -> Overflow | None:
+    """The refusal in ``text`` when it is a server's context-window refusal."""
     for pattern in OVERFLOW_PATTERNS:
         found = pattern.search(text)
         if found:
-            return int(found["requested"]), int(found["window"])
+            named = found.groupdict()
+            prompt, requested = named.get("prompt"), named.get("requested")
+            return Overflow(
+                window=int(named["window"]),
+                prompt=int(prompt) if prompt else None,
+                requested=int(requested) if requested else None,
+            )
     return None
 
 
@@ -356,20 +391,18 @@ class OpenAIBackend:
         found = context_overflow(_error_text(response))
         if found is None:
             return response
-        requested, window = found
         asked = int(body.get("max_tokens") or 0)
-        room = asked - (requested - window) - OVERFLOW_MARGIN
+        room = found.room(asked)
         if room < min(asked, MIN_REPLY_TOKENS):
             return response  # the prompt itself leaves no room: this request's own failure
         if request.role.name not in self._refitted:
             self._refitted.add(request.role.name)
             log.warning(
-                "LLM server %s counts %d tokens for role %s's prompt and reply, over its %d-token window; "
+                "LLM server %s: role %s's prompt and reply exceed its %d-token window by its own count; "
                 "max_tokens %d -> %d (its tokenizer counts more than Arena's estimate)",
                 redact_url(self.base_url),
-                requested,
                 request.role.name,
-                window,
+                found.window,
                 asked,
                 room,
             )
@@ -406,10 +439,14 @@ class OpenAIBackend:
                 status=status,
             )
         if not response.is_success:
-            raise BackendError(
+            message = (
                 f"LLM server {redact_url(self.base_url)} answered HTTP {status} (not retryable): "
                 f"{_error_text(response)}"
             )
+            overflow = context_overflow(_error_text(response)) if status == 400 else None
+            if overflow is not None:
+                raise ContextOverflow(message, prompt_tokens=overflow.prompt, window=overflow.window)
+            raise BackendError(message)
         try:
             payload = response.json()
             choice = payload["choices"][0]
