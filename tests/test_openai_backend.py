@@ -532,3 +532,33 @@ def test_a_prompt_that_leaves_no_room_fails_with_the_servers_reason(server: Open
 
     assert "maximum context length is 40 tokens" in asyncio.run(run())
     assert [b["max_tokens"] for b in server.stats().bodies] == [1024]  # no room to shrink into
+
+
+def test_a_prompt_too_long_in_the_shape_the_server_takes_is_reported_as_too_long(
+    server: OpenAIServer,
+) -> None:
+    # llama.cpp: json_schema refused (500), json_object taken but the prompt alone is over the window.
+    server.configure(
+        ServerScript(
+            response_format_types=["json_object"],
+            reject_status=500,
+            context_window=20,
+            window_policy="llama.cpp",
+        )
+    )
+
+    async def run() -> tuple[Any, OpenAIBackend]:
+        backend = OpenAIBackend(server.base_url, "test-model", timeout_s=10)
+        gateway = Gateway(backend, max_attempts=2, backoff_s=0.01)
+        try:
+            await gateway.call(ASK, Question(text="a question far longer than twenty words " * 5))
+        except InvalidOutput as exc:
+            return exc, backend
+        finally:
+            await gateway.aclose()
+        return "answered", backend
+
+    failed, backend = asyncio.run(run())
+    assert isinstance(failed, InvalidOutput) and "20-token window" in " ".join(failed.errors), failed
+    assert backend.response_format(ASK.name) == "json_object"  # the shape it takes, kept
+    assert server.stats().statuses == [500, 400]  # not retried as if the server were failing

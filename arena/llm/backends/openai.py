@@ -103,6 +103,11 @@ class Overflow:
         return asked - (self.requested - self.window) - OVERFLOW_MARGIN
 
 
+def _too_long(response: httpx.Response) -> bool:
+    """Whether ``response`` refuses the request as over the context window (not for its shape)."""
+    return response.status_code == 400 and context_overflow(_error_text(response)) is not None
+
+
 def context_overflow(text: str) -> Overflow | None:
     """The refusal in ``text`` when it is a server's context-window refusal."""
     for pattern in OVERFLOW_PATTERNS:
@@ -351,7 +356,7 @@ class OpenAIBackend:
         reason = f"HTTP {rejected.status_code}: {_error_text(rejected)}"
         if request.tools is not None:
             retry = await self._post(self.body(request, native_tools=False), request)
-            if not retry.is_success:
+            if not retry.is_success and not _too_long(retry):
                 return rejected
             self._no_native_tools.add(role)
             self._served.add(role)
@@ -367,8 +372,9 @@ class OpenAIBackend:
         for level in range(refused + 1, len(RESPONSE_FORMATS)):
             shape = RESPONSE_FORMATS[level]
             retry = await self._post(self.body(request, response_format=shape), request)
-            if not retry.is_success:
+            if not retry.is_success and not _too_long(retry):
                 continue
+            # Served, or refused only as too long (the server took the shape): the shape is kept.
             self._format[role] = level
             self._served.add(role)
             log.warning(
