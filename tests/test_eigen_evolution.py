@@ -89,6 +89,34 @@ def test_a_plan_without_the_task_workers_is_asked_again_then_replaced(
     assert plan.rationale.startswith("the planner wrote no usable plan")
 
 
+def test_a_prompt_set_the_model_cannot_write_falls_back_to_the_base_prompts(
+    pack: DomainPack, state: dict[str, Any]
+) -> None:
+    """SmolLM2 wrote prompt sets whose parameters were out of range on every attempt: phase 1 then
+    pilots the workers' own prompts (the pilot may still evolve them) and says so in the summary."""
+    from arena.llm.backends.openai import OpenAIBackend
+    from synthesis.eigen.roles.orchestration import standard_plan
+    from tests.fixtures.openai_server import ServerScript, start_openai_server
+
+    bad = '{"focus": "x", "prompts": [{"worker": "eigen_random_pool", "system": "s"}], "params": '
+    bad += '{"policy_pressure": 7}, "summary": "s"}'
+    with start_openai_server() as server:
+        server.configure(ServerScript(replies=[bad]))
+
+        async def run() -> Any:
+            gateway = Gateway(OpenAIBackend(server.base_url, "test-model"), max_attempts=2, backoff_s=0.01)
+            try:
+                return await make_prompt_sets(
+                    1, gateway=gateway, pack=pack, state=state, plan=standard_plan()
+                )
+            finally:
+                await gateway.aclose()
+
+        (only,) = asyncio.run(run())
+    assert only.summary.startswith("the prompt engineer wrote no usable prompt set")
+    assert only.prompts and all(text for text in only.prompts.values())
+
+
 def test_phase_one_sets_are_diverse_and_conditioned(
     pack: DomainPack, state: dict[str, Any], tmp_path: Path
 ) -> None:

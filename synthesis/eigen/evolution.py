@@ -67,6 +67,7 @@ from synthesis.eigen.roles.orchestration import (
     PilotThresholds,
     PlanReview,
     PromptEngineerInput,
+    PromptSetDraft,
     PromptSetSummary,
     WorkerPrompt,
     WorkflowPlan,
@@ -239,7 +240,20 @@ async def make_prompt_sets(
             base_prompts=base,
             earlier=[s.summary_for_later() for s in sets],
         )
-        draft = (await gateway.call(EIGEN_PROMPT_ENGINEER, inputs)).output
+        try:
+            draft = (await gateway.call(EIGEN_PROMPT_ENGINEER, inputs)).output
+        except InvalidOutput as exc:
+            if not base:
+                raise
+            # A model that cannot write prompts (a small one) pilots the roles' own prompts, and says so.
+            reason = f"the prompt engineer wrote no usable prompt set ({_last_error(exc)})"
+            log.warning("%s for %s set %d: piloting the base prompts", reason, pack.name, position)
+            draft = PromptSetDraft(
+                focus=f"base prompts, set {position}",
+                prompts=base,
+                params=params or PoolParams(),
+                summary=f"{reason}; the workers' base prompts, unchanged",
+            )
         prompts = {p.worker: p.system for p in draft.prompts}
         set_id = content_hash(
             {"domain": pack.name, "position": position, "focus": draft.focus, "prompts": prompts},
