@@ -45,7 +45,8 @@ Figures:
     ``ratio_arena_over_server``: how close Arena kept the server to its limit (the acceptance
     asks >= 0.8: the server, not Arena, is the bottleneck).
 ``learned_limit``
-    the admission's learned in-flight limit for the endpoint at the end (``arena status``).
+    the admission's learned in-flight limit for the endpoint at the end (``arena status``); ``{}``
+    when no coordinator answered (each process then admits on its own, as ``arena status`` says).
 ``tracebacks``
     "Traceback" blocks found in Arena's logs of the run (workers, broker, lake sink);
     ``server_log_tracebacks``: those in llama.cpp's server log, which prints one for each request
