@@ -100,7 +100,8 @@ FEEDBACK_EXCERPT = 2000
 
 
 class PromptTooLong(InvalidOutput):
-    """The rendered prompt does not fit the role's context budget; never sent."""
+    """The rendered prompt does not fit the role's context budget: refused before it is sent, or
+    by the server, whose own tokenizer counted it over the window."""
 
 
 class _CountedLonger(PromptTooLong):
