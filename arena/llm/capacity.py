@@ -74,7 +74,6 @@ class CapacityLearner:
         self.limit = float(min(START, ceiling))
         self.base: float | None = None
         """Smallest pace (seconds per unit of cost) seen."""
-        self.last_ratio = 1.0
         self._cut_at = float("-inf")
         """When the limit was last cut: requests admitted before then cannot cut it again."""
         self.cuts = 0
@@ -104,10 +103,10 @@ class CapacityLearner:
         pace = seconds / outcome.cost
         if self.base is None or pace < self.base:
             self.base = pace
-        self.last_ratio = pace / self.base
-        if self.last_ratio > TOLERANCE:
+        ratio = pace / self.base
+        if ratio > TOLERANCE:
             if seconds > self.slow_s:
-                self._cut(TOLERANCE / self.last_ratio, admitted_at, now)
+                self._cut(TOLERANCE / ratio, admitted_at, now)
         elif in_flight >= self.allowed:  # the limit was in use and the server kept pace
             step = 1.0 if self.cuts == 0 else 1.0 / self.limit
             self.limit = min(float(self.ceiling), self.limit + step)

@@ -368,6 +368,10 @@ class _Prompt:
     tokens: int
     """Estimated prompt tokens of messages and tools."""
 
+    def estimate(self, feedback: list[dict[str, Any]]) -> int:
+        """Estimated prompt tokens of an attempt that sends this prompt plus ``feedback``."""
+        return self.tokens + (prompt_tokens(feedback) if feedback else 0)
+
     @classmethod
     def of(cls, call: _Call) -> _Prompt:
         messages, tools = call.role.messages(call.inputs), call.role.tools(call.inputs)
@@ -725,7 +729,7 @@ class Gateway:
         messages = prompt.messages + feedback
         if call.route is not None:
             budget = ContextBudget(call.route.context_tokens, sampling.max_tokens, call.endpoint.prompt_scale)
-            needed = prompt.tokens + (prompt_tokens(feedback) if feedback else 0)
+            needed = prompt.estimate(feedback)
             if budget.too_long(needed):
                 raise PromptTooLong(
                     call.role.name,
@@ -801,9 +805,8 @@ class Gateway:
                 draw += 1
                 continue
             except ContextOverflow as exc:
-                estimated = prompt_tokens(request.messages, request.tools)
                 grew = exc.prompt_tokens is not None and call.endpoint.learn_scale(
-                    exc.prompt_tokens, estimated
+                    exc.prompt_tokens, prompt.estimate(feedback)
                 )
                 error = f"the server counted the prompt over its {exc.window}-token window: {exc}"
                 failure = _CountedLonger if grew else PromptTooLong
@@ -811,10 +814,11 @@ class Gateway:
                     role.name, raw="", errors=[*state.errors, error], attempts=attempt + 1
                 ) from None
             call.endpoint.health.served()
-            estimated = prompt_tokens(request.messages, request.tools)
-            if not completion.usage.estimated and estimated >= SCALE_FROM_TOKENS:
-                # Less the chat template's own tokens, which a short prompt would overweight.
-                call.endpoint.learn_scale(completion.usage.prompt_tokens - TEMPLATE_MARGIN_TOKENS, estimated)
+            if not completion.usage.estimated:
+                estimated = prompt.estimate(feedback)
+                if estimated >= SCALE_FROM_TOKENS:  # a short prompt is mostly the chat template's tokens
+                    counted = completion.usage.prompt_tokens - TEMPLATE_MARGIN_TOKENS
+                    call.endpoint.learn_scale(counted, estimated)
             state.unserved = None
             counters.add(
                 prompt_tokens=completion.usage.prompt_tokens,
