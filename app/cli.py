@@ -21,12 +21,13 @@ from rich.table import Table
 
 from app.cli_bench import decontam_app
 from app.cli_catalog import eigen_app, env_app, export_app, lake_app
-from app.cli_common import UserError, broker, console, err, ready_broker, settings
+from app.cli_common import UserError, broker, console, err, known_version, ready_broker, settings
 from app.cli_domain import domain_app
 from app.cli_llm import llm_app
 from app.cli_ops import dlq_app, stages, trace
 from app.cli_publish import publish_app
 from app.cli_reward import reward_app
+from app.cli_versions import diff, replay, versions_app
 from app.exit import freeze_heap_at_exit
 from arena.config import ArenaSettings
 from sandbox.cli import app as sandbox_app
@@ -50,8 +51,11 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(reward_app, name="reward")
 app.add_typer(decontam_app, name="decontam")
 app.add_typer(domain_app, name="domain")
+app.add_typer(versions_app, name="data-versions")
 app.command("trace")(trace)
 app.command("stages")(stages)
+app.command("replay")(replay)
+app.command("diff")(diff)
 
 # --- stack --------------------------------------------------------------
 
@@ -211,22 +215,44 @@ def worker_cmd(
         ),
     ] = 1,
     metrics_port: MetricsPort = None,
+    version: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--version",
+            help="Run a data version's workers (`arena replay --as NAME`; repeatable). Default: main's "
+            "and every version's.",
+        ),
+    ] = None,
 ) -> None:
     """Run stage workers (Faust, exactly-once) until stopped or drained."""
     from app.metrics_http import MetricsPortError, with_metrics_port
-    from app.registry import TRACKS, WORKERS
+    from app.registry import TRACKS, WORKERS, register_versions
+    from app.versions import data_versions
     from app.worker import run_workers
 
+    cfg = with_metrics_port(settings(), metrics_port)
     known_tracks = {t.name: t for t in TRACKS}
     for name in track or []:
         if name not in known_tracks:
             raise UserError(f"unknown track {name!r} (fix: use one of {', '.join(known_tracks)})")
-    chosen = [*(stage or []), *(s.name for name in track or [] for s in known_tracks[name].stages)]
-    names = list(dict.fromkeys(chosen)) or list(WORKERS)
+    main_workers = list(WORKERS)
+    specs = {spec.name: spec for spec in data_versions(cfg)}
+    for name in version or []:
+        if name not in specs:
+            known = ", ".join(specs) or "none yet: `arena replay STAGE --as NAME` makes one"
+            raise UserError(
+                f"unknown data version {name!r} (fix: one of {known}; `arena data-versions list`)"
+            )
+    version_workers = register_versions(specs.values())
+    chosen = [
+        *(stage or []),
+        *(s.name for name in track or [] for s in known_tracks[name].stages),
+        *(w for name in version or [] for w in specs[name].workers()),
+    ]
+    names = list(dict.fromkeys(chosen)) or [*main_workers, *version_workers]
     unknown = [n for n in names if n not in WORKERS]
     if unknown:
         raise UserError(f"unknown stage {unknown[0]!r} (fix: use one of {', '.join(WORKERS)})")
-    cfg = with_metrics_port(settings(), metrics_port)
     try:
         code = run_workers(
             cfg,
@@ -268,6 +294,13 @@ def train_cmd(
             help="Hyper-parameters of a paper ('astra': ASTRA §3); explicit ARENA_TRAIN__* settings win.",
         ),
     ] = None,
+    version: Annotated[
+        str,
+        typer.Option(
+            "--version",
+            help="Train on this data version's samples (`arena replay --as`); a new run per version.",
+        ),
+    ] = "main",
 ) -> None:
     """Train continuously: SFT on samples.sft, then online GRPO on samples.verified; resumes after a crash."""
     from app.metrics_http import MetricsPortError, serve_process_metrics, with_metrics_port
@@ -291,7 +324,10 @@ def train_cmd(
     from trainer.policy import BackendUnavailable
     from trainer.service import NoCheckpoint, TrainerService, TrainOptions
 
-    options = TrainOptions(tiny=tiny, steps=steps, until_drained=until_drained, resume=resume)
+    known_version(cfg, version)
+    options = TrainOptions(
+        tiny=tiny, steps=steps, until_drained=until_drained, resume=resume, version=version
+    )
     service = TrainerService(cfg, ready_broker(cfg), options, console)
     try:
         endpoint = serve_process_metrics(cfg.metrics)
@@ -393,6 +429,7 @@ def eval_cmd(
     from trainer.evaluate import report_table, run_eval
     from trainer.policy import BackendUnavailable
 
+    trained_on: str | None = None
     with tempfile.TemporaryDirectory(prefix="arena-eval-") as tmp:
         if model is None:
             from lake.store import open_store
@@ -406,6 +443,7 @@ def eval_cmd(
                     f"run {name!r} has no weights yet (fix: `arena train` first, or pass --model)"
                 )
             model = str(checkpoints.weights_folder(steps[-1], Path(tmp)))
+            trained_on = _trained_on(cfg, name)
         elif is_endpoint(model):
             try:
                 check_endpoint_url(model)
@@ -438,10 +476,28 @@ def eval_cmd(
             raise UserError(
                 f"{exc} (fix: `arena demo`, or `arena publish qa` / `arena publish domain` and `arena worker`)"
             ) from None
+    report = report.model_copy(update={"data_version": trained_on})
     if as_json:
         console.print_json(report.model_dump_json())
     else:
         console.print(report_table(report))
+        if trained_on is not None:
+            console.print(f"the policy was trained on data version {trained_on}")
+
+
+def _trained_on(cfg: ArenaSettings, run: str) -> str:
+    """The data version training run ``run`` consumed (its newest start's record in the catalog)."""
+    from lake.catalog import Catalog
+
+    catalog = Catalog(cfg.catalog)
+    try:
+        starts = [r for r in catalog.runs("train") if r.name == run]
+    finally:
+        catalog.dispose()
+    if not starts:
+        return "main"
+    newest = max(starts, key=lambda r: r.started_at)
+    return str(newest.params_dict().get("data_version", "main"))
 
 
 # --- lag ----------------------------------------------------------------
@@ -453,6 +509,9 @@ def lag(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh every --interval seconds.")] = False,
     interval: Annotated[float, typer.Option(help="Refresh period for --watch.")] = 2.0,
+    version: Annotated[
+        str | None, typer.Option("--version", help="Only the groups of this data version (e.g. main, v2).")
+    ] = None,
 ) -> None:
     """Consumer lag per group, topic and partition (like kafka-consumer-groups --describe).
 
@@ -460,19 +519,23 @@ def lag(
     0); OFFSET LAG is end - committed. A group that never ran (no commit, no live member) reads
     idle. A group whose worker waits for its LLM endpoint (down, or refusing the key) says so in NOTE.
     """
-    from consumers.lag import compute_lag, mark_waiting, render_lag_table
+    from consumers.lag import compute_lag, mark_waiting, render_lag_table, render_versions_table
 
     cfg = settings()
     address = broker(cfg)
 
     def rows() -> list[Any]:
-        return mark_waiting(compute_lag(address, groups=group), waiting_groups(cfg))
+        found = mark_waiting(compute_lag(address, groups=group), waiting_groups(cfg))
+        return [r for r in found if version is None or r.version == version]
 
     if not watch:
         if as_json:
             print(json.dumps([r.model_dump() for r in rows()], indent=2))
         else:
-            console.print(render_lag_table(rows()))
+            shown = rows()
+            console.print(render_lag_table(shown))
+            if any(r.version != "main" for r in shown):
+                console.print(render_versions_table(shown))
         return
     from rich.live import Live
 

@@ -13,7 +13,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from app.cli_common import UserError, console, settings
+from app.cli_common import UserError, console, known_version, settings
 from arena.config import ArenaSettings
 
 lake_app = typer.Typer(no_args_is_help=True, help="Query and list the artifact lake.")
@@ -269,6 +269,9 @@ def _print_prompt_changes(cfg: ArenaSettings, rows: list[Any], changed: list[lis
 def export_sft_cmd(
     path: Annotated[Path, typer.Argument(help="Output file.")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+    version: Annotated[
+        str, typer.Option("--version", help="The data version's samples (`arena data-versions list`).")
+    ] = "main",
 ) -> None:
     """Write `samples.sft` from the lake as JSONL or Parquet (loadable with HF `datasets`)."""
     from consumers.export_sft import export_sft
@@ -278,8 +281,10 @@ def export_sft_cmd(
         raise UserError(f"--format must be jsonl or parquet, got {fmt!r}")
     if path.is_dir():
         raise UserError(f"{path} is a folder (fix: give a file path, e.g. {path / ('sft.' + fmt)})")
-    count = export_sft(open_store(settings()), path, fmt)  # type: ignore[arg-type]
-    console.print(f"wrote {count} SFT samples to {path} ({fmt})")
+    cfg = settings()
+    known_version(cfg, version)
+    count = export_sft(open_store(cfg), path, fmt, version)  # type: ignore[arg-type]
+    console.print(f"wrote {count} SFT samples of data version {version} to {path} ({fmt})")
 
 
 @export_app.command("verl")

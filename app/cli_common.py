@@ -84,3 +84,17 @@ def ready_broker(cfg: ArenaSettings) -> str:
     address = broker(cfg)
     ensure_topics(address)
     return address
+
+
+def known_version(cfg: ArenaSettings, name: str) -> str:
+    """``name`` when it is ``main`` or a data version in the catalog; a ``UserError`` naming the
+    known ones otherwise."""
+    from app.versions import data_versions
+
+    if name == "main":
+        return name
+    known = [spec.name for spec in data_versions(cfg)]
+    if name not in known:
+        listed = ", ".join(["main", *known])
+        raise UserError(f"no data version {name!r} (fix: one of {listed}; `arena data-versions list`)")
+    return name

@@ -170,3 +170,27 @@ def _first_token(proc: subprocess.Popen[bytes], base_url: str, model: str) -> No
             proc.terminate()
             raise UserError(f"llama.cpp's server failed a first 1-token completion: {exc}") from None
         raise UserError(f"llama.cpp's server died on its first token (exit {code}); {REBUILD_HINT}") from None
+
+
+@llm_app.command("prompt")
+def llm_prompt(
+    role: Annotated[str, typer.Argument(help="Role name, e.g. augment_task (omit with --list).")] = "",
+    list_roles: Annotated[
+        bool, typer.Option("--list", help="List every role and its prompt version.")
+    ] = False,
+) -> None:
+    """Print a role's prompt (system prompt, a '---' line, user template): the file to edit for
+    `llm_prompt_files` or `arena replay --prompt ROLE=FILE`."""
+    from arena.llm.roles.registry import roles
+
+    known = roles()
+    if list_roles:
+        for name, found in sorted(known.items()):
+            kind = "chat API (not overridable)" if found.agent is not None else found.version
+            print(f"{name}\t{kind}")
+        return
+    if role not in known:
+        raise UserError(
+            f"unknown role {role!r} (fix: one of {', '.join(sorted(known))}; `arena llm prompt --list`)"
+        )
+    print(known[role].prompt_text)

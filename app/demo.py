@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from app.registry import WORKERS
-from app.stack import free_port
+from app.stack import ServiceState, free_port, live_service, record_service
 from app.worker import run_workers
 from arena.config import ArenaSettings
 from arena.records.envs import QaSeed
@@ -109,11 +109,12 @@ def sample_tools_dir() -> Path:
 class DemoMcp:
     """The bundled MCP servers as the demo deploys them: one over HTTP, one over stdio."""
 
-    http: subprocess.Popen[bytes]
+    http: subprocess.Popen[bytes] | None
+    """The HTTP server this call started; None when it reuses the stack's (``demo_mcp_service``)."""
     endpoints: dict[str, McpEndpoint]
 
     def stop(self) -> None:
-        if self.http.poll() is None:
+        if self.http is not None and self.http.poll() is None:
             self.http.terminate()
             try:
                 self.http.wait(timeout=10)
@@ -121,36 +122,79 @@ class DemoMcp:
                 self.http.kill()
 
 
-def start_demo_mcp(log_dir: Path, port: int = 0, clock: datetime | None = None) -> DemoMcp:
-    """Start the library server on loopback ``port`` (0: a free one) over HTTP; the notes server runs
-    per session (stdio), on a logical clock started at ``clock`` when given."""
-    port = port or free_port()
+MCP_SERVICE = "demo-mcp-library"
+"""The stack service name of the demo's deployed HTTP MCP server (``app.stack.ServiceState``)."""
+
+
+def _endpoints(port: int, clock: datetime | None) -> dict[str, McpEndpoint]:
     notes = [sys.executable, "-m", f"{MCP_PACKAGE}.notes", "--transport", "stdio"]
     if clock is not None:
         notes += ["--clock", clock.isoformat()]
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir / "mcp-library.log").open("ab") as log:
-        http = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                f"{MCP_PACKAGE}.library",
-                "--transport",
-                "http",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-        )
-    endpoints = {
+    return {
         "library": McpEndpoint(transport="http", url=f"http://127.0.0.1:{port}/mcp"),
         "notes": McpEndpoint(transport="stdio", command=notes),
     }
-    return DemoMcp(http, endpoints)
+
+
+def _library_command(port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        f"{MCP_PACKAGE}.library",
+        "--transport",
+        "http",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+
+
+def start_demo_mcp(log_dir: Path, port: int = 0, clock: datetime | None = None) -> DemoMcp:
+    """Start the library server on loopback ``port`` (0: a free one) over HTTP; the notes server runs
+    per session (stdio), on a logical clock started at ``clock`` when given. The caller stops it."""
+    port = port or free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / "mcp-library.log").open("ab") as log:
+        http = subprocess.Popen(_library_command(port), stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    return DemoMcp(http, _endpoints(port, clock))
+
+
+def demo_mcp_service(settings: ArenaSettings) -> DemoMcp:
+    """The demo's deployed MCP servers as a stack service: running until `arena down`.
+
+    Deployed means what it says: the tool docs published from it name its URL, so every later run
+    over them (a worker restarted tomorrow, ``arena replay``) calls the same server. A live one from
+    an earlier demo on this home is reused (same URL, same records).
+    """
+    live = live_service(settings, MCP_SERVICE)
+    if live is not None:
+        return DemoMcp(
+            None, _endpoints(int(live.address.rsplit(":", 1)[1].split("/")[0]), settings.demo_mcp_clock)
+        )
+    port = settings.demo_mcp_port or free_port()
+    log_dir = settings.home / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / "mcp-library.log").open("ab") as log:
+        http = subprocess.Popen(
+            _library_command(port),
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # outlives the demo: `arena down` stops it
+        )
+    endpoints = _endpoints(port, settings.demo_mcp_clock)
+    record_service(
+        settings,
+        ServiceState(
+            name=MCP_SERVICE,
+            pid=http.pid,
+            pgid=http.pid,
+            address=str(endpoints["library"].url),
+            command=f"{MCP_PACKAGE}.library",
+        ),
+    )
+    return DemoMcp(None, endpoints)
 
 
 async def fetch_with_retry(endpoint: McpEndpoint, name: str, timeout_s: float = 180.0) -> RawToolServer:
@@ -195,42 +239,39 @@ def run_demo(
     tracks: tuple[str, ...] = TRACKS,
 ) -> int:
     """``bootstrap`` must have every topic created (`app.cli.ready_broker`)."""
-    mcp = (
-        start_demo_mcp(settings.home / "logs", settings.demo_mcp_port, settings.demo_mcp_clock)
-        if "sft" in tracks
-        else None
-    )
-    try:
-        if mcp is not None:
-            docs, unreadable, deployed = asyncio.run(publish_demo_inputs(bootstrap, mcp))
-            console.print(
-                f"published {docs} doc-only candidate servers and {deployed} deployed MCP servers to "
-                f"tools.raw; {unreadable} unreadable files/entries to tools.raw.dlq"
-            )
-        if "env" in tracks:
-            seeds = demo_seeds(settings)
-            asyncio.run(publish_seeds(bootstrap, seeds))
-            console.print(
-                f"published {len(seeds)} QA seeds to qa.seeds ({', '.join(BUILTIN_DOMAINS)}; "
-                f"{settings.envs.demo_instances} instances each)"
-            )
-        if "eigen" in tracks:
-            _publish_domain(settings, bootstrap, console)
-        code = run_workers(
-            settings,
-            bootstrap,
-            track_workers(tracks),
-            until_drained=True,
-            timeout_s=timeout_s,
-            console=console,
+    mcp = demo_mcp_service(settings) if "sft" in tracks else None
+    if mcp is not None:
+        docs, unreadable, deployed = asyncio.run(publish_demo_inputs(bootstrap, mcp))
+        console.print(
+            f"published {docs} doc-only candidate servers and {deployed} deployed MCP servers to "
+            f"tools.raw; {unreadable} unreadable files/entries to tools.raw.dlq"
         )
-    finally:
-        if mcp is not None:
-            mcp.stop()
+    if "env" in tracks:
+        seeds = demo_seeds(settings)
+        asyncio.run(publish_seeds(bootstrap, seeds))
+        console.print(
+            f"published {len(seeds)} QA seeds to qa.seeds ({', '.join(BUILTIN_DOMAINS)}; "
+            f"{settings.envs.demo_instances} instances each)"
+        )
+    if "eigen" in tracks:
+        _publish_domain(settings, bootstrap, console)
+    code = run_workers(
+        settings,
+        bootstrap,
+        track_workers(tracks),
+        until_drained=True,
+        timeout_s=timeout_s,
+        console=console,
+    )
     if code != 0:
         console.print("[red]the stages did not drain; see the worker logs under $ARENA_HOME/logs[/red]")
         return code
     summarise(settings, console)
+    if mcp is not None:
+        console.print(
+            f"the demo's deployed MCP server keeps serving at {mcp.endpoints['library'].url} for later "
+            "runs over its tools (`arena replay`, restarted workers); `arena down` stops it"
+        )
     return 0
 
 

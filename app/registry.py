@@ -8,12 +8,13 @@ the worker registry (publishers, the trainer) declared in ``CLIENTS``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from arena.config import ArenaSettings
 from arena.topics import TOPICS, topic
+from arena.versions import MAIN, VersionSpec, split_worker, wire, worker_name
 from streams.runtime import LEDGER_TOPIC, Guarantee, StageDef
 from streams.tracks import Track, depths, tracks
 
@@ -37,13 +38,19 @@ class WorkerDef:
         return f"arena-{self.name}"
 
 
-def _stage_worker(stage: StageDef[Any]) -> WorkerDef:
+def _stage_worker(stage: StageDef[Any], version: str = MAIN) -> WorkerDef:
     def attach(app: faust.App, settings: ArenaSettings) -> None:
         from streams.app import attach_stage
 
-        attach_stage(app, stage, settings, priority=stage_priorities()[stage.name])
+        attach_stage(app, stage, settings, priority=stage_priorities()[stage.name], version=version)
 
-    return WorkerDef(stage.name, (stage.input,), stage.guarantee, attach, stage.description)
+    return WorkerDef(
+        worker_name(stage.name, version),
+        (wire(stage.input, version),),
+        stage.guarantee,
+        attach,
+        stage.description,
+    )
 
 
 TRACKS: tuple[Track, ...] = tracks()
@@ -64,6 +71,23 @@ def _attach_lake_sink(app: faust.App, settings: ArenaSettings) -> None:
     attach_lake_sink(app, settings)
 
 
+def _version_lake_sink(spec: VersionSpec) -> WorkerDef:
+    topics = tuple(wire(name, spec.name) for name in spec.topics)
+
+    def attach(app: faust.App, settings: ArenaSettings) -> None:
+        from consumers.lake_sink import attach_lake_sink
+
+        attach_lake_sink(app, settings, topics=topics)
+
+    return WorkerDef(
+        worker_name("lake-sink", spec.name),
+        topics,
+        "at_least_once",
+        attach,
+        f"persist data version {spec.name}'s topics to its lake folder",
+    )
+
+
 WORKERS: dict[str, WorkerDef] = {
     **{stage.name: _stage_worker(stage) for stage in STAGES},
     "lake-sink": WorkerDef(
@@ -76,6 +100,30 @@ WORKERS: dict[str, WorkerDef] = {
 }
 
 
+def version_workers(spec: VersionSpec) -> dict[str, WorkerDef]:
+    """The workers of data version ``spec``: its stages (``<stage>@<version>``) and its lake sink.
+
+    They read and write the version's own topics only (``arena.versions.wire``).
+    """
+    by_name = {stage.name: stage for stage in STAGES}
+    defs = [_stage_worker(by_name[name], spec.name) for name in spec.stages if name in by_name]
+    return {d.name: d for d in [*defs, _version_lake_sink(spec)]}
+
+
+def register_versions(specs: Iterable[VersionSpec]) -> list[str]:
+    """Add the workers of each data version to ``WORKERS``; returns their names.
+
+    A version's workers exist only once its spec is known (the catalog holds it): ``arena worker``
+    and a worker process (``app.run``) register the versions they run before looking names up.
+    """
+    names: list[str] = []
+    for spec in specs:
+        defs = version_workers(spec)
+        WORKERS.update(defs)
+        names.extend(defs)
+    return names
+
+
 def worker(name: str) -> WorkerDef:
     try:
         return WORKERS[name]
@@ -84,18 +132,28 @@ def worker(name: str) -> WorkerDef:
 
 
 def stage_inputs(names: list[str]) -> dict[str, str]:
-    """The input topic of each of ``names`` that is a stage (they write ``stages.ledger``)."""
+    """The input topic of each of ``names`` that is a stage (they write ``stages.ledger``).
+
+    A versioned stage (``<stage>@<version>``) reads its version's copy of the topic.
+    """
     inputs = {stage.name: stage.input for stage in STAGES}
-    return {name: inputs[name] for name in names if name in inputs}
+    found: dict[str, str] = {}
+    for name in names:
+        base, version = split_worker(name)
+        if base in inputs:
+            found[name] = wire(inputs[base], version)
+    return found
 
 
 def stage_outputs(names: list[str]) -> list[str]:
     """Every topic the stages among ``names`` may write: their outputs, side topics, the ledger and
-    the LLM-usage topic."""
-    wanted = set(names)
-    found = {
-        t for stage in STAGES if stage.name in wanted for t in (*stage.may_emit, LEDGER_TOPIC, USAGE_TOPIC)
-    }
+    the LLM-usage topic (a versioned stage's: its version's copies)."""
+    by_name = {stage.name: stage for stage in STAGES}
+    found: set[str] = set()
+    for name in names:
+        base, version = split_worker(name)
+        if base in by_name:
+            found.update(wire(t, version) for t in (*by_name[base].may_emit, LEDGER_TOPIC, USAGE_TOPIC))
     return sorted(found)
 
 

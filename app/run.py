@@ -17,8 +17,10 @@ import faust
 import setproctitle
 
 from app.exit import freeze_heap_at_exit
-from app.registry import worker
+from app.registry import register_versions, worker
+from app.versions import data_version, version_env
 from arena.config import ArenaSettings
+from arena.versions import MAIN, split_worker
 from streams import fetch_pacing, read_committed
 from streams.app import make_app
 
@@ -64,6 +66,20 @@ class _TitledWorker(faust.Worker):
         setproctitle.setproctitle(process_title(self._arena_name, info))
 
 
+def _in_version(settings: ArenaSettings, name: str) -> ArenaSettings:
+    """The settings of worker ``name``: a data version's worker (``stage@version``) gets its
+    version's overrides (``app.versions.version_env``) and its workers registered."""
+    version = split_worker(name)[1]
+    if version == MAIN:
+        return settings
+    spec = data_version(settings, version)
+    if spec is None:
+        raise SystemExit(f"data version {version!r} is not in the catalog (it was dropped?)")
+    register_versions([spec])
+    os.environ.update(version_env(spec, settings.home))
+    return ArenaSettings()
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m app.run WORKER_NAME")
@@ -72,6 +88,8 @@ def main(argv: list[str]) -> None:
     settings = ArenaSettings()
     if not settings.broker:
         raise SystemExit("ARENA_BROKER is not set; start workers with `arena worker`")
+    bootstrap = settings.broker
+    settings = _in_version(settings, argv[0])
     spec = worker(argv[0])
     fetch_pacing.install()
     read_committed.install()  # Faust's consumers read_committed (exactly-once stages)
@@ -80,7 +98,7 @@ def main(argv: list[str]) -> None:
     app = make_app(
         spec.group,
         settings,
-        settings.broker,
+        bootstrap,
         exactly_once=spec.guarantee == "exactly_once",
         instance_id=os.environ.get("ARENA_WORKER_INSTANCE") or None,
     )

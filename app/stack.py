@@ -13,6 +13,8 @@ cluster only needs ``ARENA_BROKER``.
 Layout under ``$ARENA_HOME``::
 
     stack.json        pid, pgid, broker address, start time (written atomically)
+    services/<name>.json   a service the stack owns besides the broker (the demo's deployed MCP
+                      server): pid, pgid, address; ``down`` stops it too
     stack.lock        serialises concurrent ``up``/``down`` calls
     broker/           broker data
     logs/broker.log   broker stdout + stderr
@@ -376,6 +378,58 @@ def _stop_process(pid: int, pgid: int, timeout_s: float) -> None:
             child.wait(timeout=1.0)
 
 
+# -- services ----------------------------------------------------------------
+
+
+class ServiceState(BaseModel):
+    """A process the stack owns besides the broker (``services/<name>.json``)."""
+
+    name: str
+    pid: int
+    pgid: int
+    address: str = Field(description="Where it serves, e.g. http://127.0.0.1:8000/mcp.")
+    command: str = Field(description="A part of its command line that identifies it (not a reused pid).")
+
+
+def _service_path(settings: ArenaSettings, name: str) -> Path:
+    return settings.home / "services" / f"{name}.json"
+
+
+def record_service(settings: ArenaSettings, state: ServiceState) -> None:
+    """Remember a service so that later commands find it and ``down`` stops it (written atomically)."""
+    path = _service_path(settings, state.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(state.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def live_service(settings: ArenaSettings, name: str) -> ServiceState | None:
+    """The recorded service ``name`` when its process still runs (and is still it)."""
+    try:
+        state = ServiceState.model_validate_json(_service_path(settings, name).read_bytes())
+    except (FileNotFoundError, ValidationError, ValueError, OSError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return None
+    return state if pid_alive(state.pid) and state.command in cmdline else None
+
+
+def stop_services(settings: ArenaSettings, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> list[str]:
+    """Stop every recorded service; returns the names of those that were running."""
+    stopped = []
+    for path in sorted((settings.home / "services").glob("*.json")):
+        state = live_service(settings, path.stem)
+        if state is not None:
+            _stop_process(state.pid, state.pgid, timeout_s)
+            stopped.append(state.name)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return stopped
+
+
 # -- public API ------------------------------------------------------------
 
 
@@ -554,7 +608,7 @@ def down(settings: ArenaSettings, *, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) 
     """
     with _locked(settings):
         state = _read_state(settings)
-        stopped = False
+        stopped = bool(stop_services(settings, timeout_s))
         if state is not None and _is_our_broker(state):
             _stop_process(state.pid, state.pgid, timeout_s)
             stopped = True

@@ -13,7 +13,7 @@ import json
 import os
 import typing
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
@@ -691,15 +691,17 @@ class ArenaSettings(BaseSettings):
             ge=0,
             le=65535,
             description="Loopback port of the MCP server `arena demo` deploys (0: a free one). Its URL is "
-            "part of the server's record, so runs that must match record for record pin it.",
+            "part of the server's record, so runs that must match record for record pin it (the server "
+            "keeps serving until `arena down`, so a later demo or replay on the same home reuses it).",
         ),
     ]
     demo_mcp_clock: Annotated[
         datetime | None,
         Field(
-            default=None,
+            default=datetime(2026, 1, 5, 9, 0, tzinfo=UTC),
             description="Start of a logical clock (ISO 8601) for the demo's notes MCP server: each reading "
-            "advances it 1 s, so its tool results repeat from run to run. Unset: wall time.",
+            "advances it 1 s, so its tool results repeat from run to run (a replay reproduces them). "
+            "None (in arena.toml or code): wall time.",
         ),
     ]
     llm: Annotated[
@@ -762,6 +764,16 @@ class ArenaSettings(BaseSettings):
             description="Per-role (or per-kind: generator, judge, emulator, agent, user) generation settings "
             'and endpoints, as JSON: {"judge": {"llm": "openai://...", "temperature": 0}, '
             '"chain_synthesis": {"max_tokens": 2048}}',
+        ),
+    ]
+    llm_prompt_files: Annotated[
+        dict[str, Path],
+        Field(
+            default_factory=dict,
+            description='Prompt overrides per role, as JSON: {"augment_task": "prompts/augment.txt"}. '
+            "A file holds the role's system prompt, a line '---', then its user template (with "
+            "{input}); without the '---' line it replaces the system prompt only. `arena llm prompt "
+            "ROLE` prints a role's current text to start from.",
         ),
     ]
     seed: Annotated[int, Field(default=0, ge=0, description="Global seed for every random choice.")]

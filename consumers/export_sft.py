@@ -17,6 +17,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from arena.versions import MAIN, wire
 from lake.parquet import read_topic
 from lake.store import ObjectStore
 
@@ -78,9 +79,9 @@ def _as_json_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
-def sample_rows(store: ObjectStore) -> list[dict[str, Any]]:
-    """Valid ``samples.sft`` rows of the lake, one per sample id, in a stable order."""
-    table = read_topic(store, "samples.sft")
+def sample_rows(store: ObjectStore, version: str = MAIN) -> list[dict[str, Any]]:
+    """Valid ``samples.sft`` rows of data ``version`` in the lake, one per sample id, in a stable order."""
+    table = read_topic(store, wire("samples.sft", version))
     rows: dict[str, dict[str, Any]] = {}
     for row in table.to_pylist():
         if not row.get("_valid", True):
@@ -113,7 +114,7 @@ def write_export(rows: list[dict[str, Any]], path: Path, fmt: ExportFormat) -> N
         raise
 
 
-def export_sft(store: ObjectStore, path: Path, fmt: ExportFormat) -> int:
-    rows = sample_rows(store)
+def export_sft(store: ObjectStore, path: Path, fmt: ExportFormat, version: str = MAIN) -> int:
+    rows = sample_rows(store, version)
     write_export(rows, path, fmt)
     return len(rows)

@@ -38,6 +38,7 @@ from kafka.errors import KafkaError, UnsupportedVersionError
 from pydantic import BaseModel, Field, computed_field
 from rich.table import Table
 
+from arena.versions import split_worker
 from streams import read_committed
 from streams.admin import admin_client, partition_counts
 
@@ -86,6 +87,13 @@ class LagRow(BaseModel):
     @property
     def pending(self) -> int:
         return self.lag
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="The data version the group works for (``arena-<stage>@<version>``; main otherwise)."
+    )
+    @property
+    def version(self) -> str:
+        return split_worker(self.group)[1]
 
     @property
     def open_transaction(self) -> bool:
@@ -392,6 +400,39 @@ def _notes(r: LagRow) -> str:
     if r.waiting:
         notes.append(f"[red]waiting on its LLM endpoint: {r.waiting}[/red]")
     return ", ".join(notes)
+
+
+class VersionProgress(BaseModel):
+    """How far one data version's groups are: records read and still to read (``arena lag``)."""
+
+    version: str
+    groups: int
+    pending: int = Field(description="Data records its groups still have to read.")
+    read: int = Field(description="Offsets its groups committed past (markers included).")
+
+
+def version_progress(rows: list[LagRow]) -> list[VersionProgress]:
+    """Per data version (main first): its groups, what they still have to read and what they read."""
+    found: dict[str, VersionProgress] = {}
+    groups: dict[str, set[str]] = {}
+    for r in rows:
+        p = found.setdefault(r.version, VersionProgress(version=r.version, groups=0, pending=0, read=0))
+        groups.setdefault(r.version, set()).add(r.group)
+        p.pending += r.lag
+        p.read += r.committed or 0
+    for version, names in groups.items():
+        found[version].groups = len(names)
+    return sorted(found.values(), key=lambda p: (p.version != "main", p.version))
+
+
+def render_versions_table(rows: list[LagRow]) -> Table:
+    """Progress per data version: a replay is drained when its pending reaches 0."""
+    table = Table(title="Per data version")
+    for column in ("VERSION", "GROUPS", "PENDING", "READ"):
+        table.add_column(column, justify="left" if column == "VERSION" else "right")
+    for p in version_progress(rows):
+        table.add_row(p.version, str(p.groups), str(p.pending), str(p.read))
+    return table
 
 
 def render_lag_table(rows: list[LagRow], *, title: str | None = "Consumer lag") -> Table:

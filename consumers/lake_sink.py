@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import faust
@@ -91,7 +92,8 @@ async def write_until_done(writer: LakeWriter, topic: str, rows: list[LakeRow]) 
         return
 
 
-def attach_lake_sink(app: faust.App, settings: ArenaSettings) -> None:
+def attach_lake_sink(app: faust.App, settings: ArenaSettings, topics: Sequence[str] | None = None) -> None:
+    """Persist ``topics`` (default: every registry topic, i.e. version main) to the lake."""
     store = open_store(settings)
     writer = LakeWriter(store, Catalog(settings.catalog))
     claims = ClaimCheck(store, settings.claim_threshold_bytes)
@@ -101,4 +103,4 @@ def attach_lake_sink(app: faust.App, settings: ArenaSettings) -> None:
             for topic, rows in (await rows_until_done(list(events), claims)).items():
                 await write_until_done(writer, topic, rows)
 
-    app.agent(raw_topic(app, *TOPICS), name="lake-sink")(sink)
+    app.agent(raw_topic(app, *(topics if topics is not None else TOPICS)), name="lake-sink")(sink)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from arena.hashing import content_hash
 from arena.topics import topic as topic_spec
+from arena.versions import split_worker, wire, worker_name
 from consumers.lag import _committed_offsets
 from streams import read_committed
 from streams.admin import admin_client, partition_counts
@@ -117,13 +118,21 @@ def read_to_end(
     return read_below(bootstrap, ends, timeout_s)
 
 
-def _ledger(bootstrap: str, timeout_s: float) -> set[tuple[str, str, int, int]]:
-    """(stage, topic, partition, offset) of every committed ledger entry."""
-    entries: set[tuple[str, str, int, int]] = set()
-    for records in read_to_end(bootstrap, [LEDGER_TOPIC], timeout_s).values():
+def _entries(
+    bootstrap: str, names: Iterable[str], timeout_s: float
+) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+    """Every committed ledger entry of the data versions of worker ``names``, by (worker name, input
+    topic, partition, offset): a version's stages write its own ledger (``version.<v>.stages.ledger``)
+    under their plain stage names, so its entries are named ``<stage>@<version>`` here."""
+    versions = sorted({split_worker(name)[1] for name in names})
+    ledgers = {wire(LEDGER_TOPIC, version): version for version in versions}
+    entries: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+    for tp, records in read_to_end(bootstrap, sorted(ledgers), timeout_s).items():
+        version = ledgers[tp.topic]
         for _offset, _key, value in records:
             entry = json.loads(value or b"{}")
-            entries.add((entry["stage"], entry["topic"], int(entry["partition"]), int(entry["offset"])))
+            name = worker_name(entry["stage"], version)
+            entries[(name, entry["topic"], int(entry["partition"]), int(entry["offset"]))] = entry
     return entries
 
 
@@ -133,11 +142,14 @@ def _name(key: bytes | None, value: bytes | None) -> str:
 
 
 def check(bootstrap: str, stages: Mapping[str, str], *, timeout_s: float = READ_TIMEOUT_S) -> LedgerCheck:
-    """Input records each stage (name -> input topic) committed past without a ledger entry."""
+    """Input records each stage (name -> input topic) committed past without a ledger entry.
+
+    A name may be a data version's stage (``<stage>@<version>``, its input that version's topic).
+    """
     groups = {f"arena-{name}": name for name in stages}
     with admin_client(bootstrap) as admin:
         committed = _committed_offsets(admin, list(groups))
-    ledger = _ledger(bootstrap, timeout_s)
+    ledger = set(_entries(bootstrap, stages, timeout_s))
     with_entries = {stage for stage, _topic, _p, _o in ledger}
     result = LedgerCheck()
     offsets_of: dict[str, dict[TopicPartition, int]] = {}
@@ -265,17 +277,14 @@ def stage_ledgers(
     """The ledger of each stage (name -> input topic), in the order given.
 
     Reads the input topics and ``stages.ledger`` to their read_committed ends: data records only,
-    so transaction markers count nowhere.
+    so transaction markers count nowhere. A data version's stage (``<stage>@<version>``, its input
+    that version's topic) is counted from its version's ledger.
     """
     groups = {f"arena-{name}": name for name in stages}
     with admin_client(bootstrap) as admin:
         committed = _committed_offsets(admin, list(groups))
     inputs = read_to_end(bootstrap, sorted(set(stages.values())), timeout_s)
-    entries: dict[tuple[str, str, int, int], dict[str, Any]] = {}
-    for records in read_to_end(bootstrap, [LEDGER_TOPIC], timeout_s).values():
-        for _offset, _key, value in records:
-            entry = json.loads(value or b"{}")
-            entries[(entry["stage"], entry["topic"], int(entry["partition"]), int(entry["offset"]))] = entry
+    entries = _entries(bootstrap, stages, timeout_s)
     ledgers = {name: StageLedger(stage=name, topic=source) for name, source in stages.items()}
     for group, name in groups.items():
         ledger = ledgers[name]

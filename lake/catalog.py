@@ -25,6 +25,7 @@ from sqlmodel import Field, Session, SQLModel, col, create_engine, func, select
 from arena.config import ArenaSettings, redact_url
 from arena.hashing import content_hash
 from arena.llm.gateway import Gateway
+from arena.versions import MAIN, VersionSpec, wire
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,23 @@ class StepSample(SQLModel, table=True):
     phase: str = Field(description="sft or grpo.")
 
 
+class DataVersion(SQLModel, table=True):
+    """A data version (``arena replay --as NAME``): what produced it, immutable once made.
+
+    ``spec`` is the whole ``arena.versions.VersionSpec`` as JSON; the other columns repeat what a
+    listing needs. ``main`` (the live pipeline) has no row.
+    """
+
+    __tablename__ = "data_versions"
+
+    name: str = Field(primary_key=True, description="The version's name.")
+    parent: str = Field(description="The version whose input it replayed.")
+    stage: str = Field(description="The stage it re-ran.")
+    config_hash: str = Field(index=True, description="Hash of everything that changes its outputs.")
+    created_at: datetime = Field(default_factory=_now, sa_type=DateTime(timezone=True))
+    spec: str = Field(sa_type=Text, description="The VersionSpec as JSON.")
+
+
 STEP_SAMPLE_ROLES = ("trained", "filtered", "dropped", "skipped")
 """What a step can have done with a sample it consumed."""
 
@@ -163,6 +181,7 @@ _TABLES = [
     PromptVersion.__table__,  # type: ignore[attr-defined]
     DlqReplay.__table__,  # type: ignore[attr-defined]
     StepSample.__table__,  # type: ignore[attr-defined]
+    DataVersion.__table__,  # type: ignore[attr-defined]
 ]
 
 
@@ -537,6 +556,52 @@ class Catalog:
         stmt = select(PromptVersion).where(col(PromptVersion.id).in_(list(ids)))
         with self._session() as session:
             return {pv.id: pv for pv in session.exec(stmt).all()}
+
+    # Data versions -----------------------------------------------------
+    def record_version(self, spec: VersionSpec) -> bool:
+        """Record a new data version; False when one of that name exists (nothing is changed)."""
+        row = {
+            "name": spec.name,
+            "parent": spec.parent,
+            "stage": spec.stage,
+            "config_hash": spec.config_hash,
+            "created_at": spec.created_at or _now(),
+            "spec": spec.model_dump_json(),
+        }
+        table = DataVersion.__table__  # type: ignore[attr-defined]
+        return insert_ignore(self.engine, table, [row], ["name"], atomic=True) == 1
+
+    def data_version(self, name: str) -> VersionSpec | None:
+        with self._session() as session:
+            row = session.get(DataVersion, name)
+        return None if row is None else VersionSpec.model_validate_json(row.spec)
+
+    def data_versions(self) -> list[VersionSpec]:
+        """Every data version but main, oldest first."""
+        stmt = select(DataVersion).order_by(col(DataVersion.created_at), col(DataVersion.name))
+        with self._session() as session:
+            return [VersionSpec.model_validate_json(row.spec) for row in session.exec(stmt).all()]
+
+    def drop_version(self, name: str) -> dict[str, int]:
+        """Delete data version ``name`` and its artifact and lineage rows; rows deleted per table.
+
+        Its rows are those of its topics (``version.<name>.*``); main's are never touched.
+        """
+        if name == MAIN:
+            raise ValueError("version main cannot be dropped")
+        prefix = wire("", name)
+        statements = {
+            "artifacts": delete(Artifact).where(col(Artifact.topic).startswith(prefix, autoescape=True)),
+            "lineage_edges": delete(LineageEdge).where(
+                col(LineageEdge.child_topic).startswith(prefix, autoescape=True)
+            ),
+            "data_versions": delete(DataVersion).where(col(DataVersion.name) == name),
+        }
+        counts: dict[str, int] = {}
+        with self.engine.begin() as conn:
+            for table, statement in statements.items():
+                counts[table] = conn.execute(statement).rowcount or 0
+        return counts
 
     def prompt_versions(self, role: str) -> list[PromptVersion]:
         stmt = select(PromptVersion).where(PromptVersion.role == role).order_by(col(PromptVersion.version))

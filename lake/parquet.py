@@ -3,6 +3,11 @@
 Layout (Hive-style, so DuckDB/Arrow/Spark read it as partitioned data)::
 
     topic=<topic name>/date=YYYY-MM-DD/part-<partition>-<first offset:012d>-<content hash 12>.parquet
+    version=<name>/topic=<topic name>/date=.../part-....parquet      (a data version other than main)
+
+The writer and readers take a topic's Kafka name: a data version's copy of a topic
+(``version.<name>.<topic>``, ``arena.versions``) has the registry topic's schema and lives in the
+version's folder, so ``main``'s files are never touched by a replay.
 
 Each topic's Arrow schema is derived from its pydantic value model: meta columns first
 (``_key``, ``_partition``, ``_offset``, ``_timestamp``, ``_headers``, ``_valid``, ``_error``,
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from arena.topics import TOPICS
 from arena.topics import topic as topic_spec
+from arena.versions import MAIN, split_wire, wire
 from lake.catalog import Catalog, LineageEdge
 from lake.store import CLAIM_ERROR_HEADER, LocalStore, ObjectStore
 
@@ -178,7 +184,7 @@ def arrow_schema(topic: str) -> pa.Schema:
     model field itself is Optional is kept in the field metadata (``optional``), with the
     field's description and ``encoding: json`` for columns holding JSON text.
     """
-    spec = topic_spec(topic)
+    spec = topic_spec(split_wire(topic)[1])
     fields = list(META_FIELDS)
     for name, kind, optional, description in _model_columns(spec.value):
         meta = {"optional": str(optional).lower(), "description": description}
@@ -195,8 +201,14 @@ def arrow_schema(topic: str) -> pa.Schema:
 
 
 def topic_prefix(topic: str) -> str:
-    """Folder prefix of a topic's files in the lake."""
-    return f"topic={topic}/"
+    """Folder prefix of a topic's files in the lake (a data version's copy: in the version's folder)."""
+    version, base = split_wire(topic)
+    return f"topic={base}/" if version == MAIN else f"version={version}/topic={base}/"
+
+
+def version_prefix(version: str) -> str:
+    """Folder of every file of data ``version`` (not main: its files are the top-level topics)."""
+    return f"version={version}/"
 
 
 # Value conversion ----------------------------------------------------------
@@ -244,7 +256,7 @@ class _TopicCodec:
     """Turns raw values of one topic into Arrow columns."""
 
     def __init__(self, topic: str) -> None:
-        self.spec = topic_spec(topic)
+        self.spec = topic_spec(split_wire(topic)[1])
         self.schema = arrow_schema(topic)
         self.columns = [(name, kind) for name, kind, _opt, _desc in _model_columns(self.spec.value)]
 
@@ -285,6 +297,26 @@ class _TopicCodec:
             for name, _kind in self.columns:
                 cols[name].append(fields[name] if fields is not None else None)
         return pa.Table.from_pydict(cols, schema=self.schema), invalid
+
+
+def row_value(topic: str, row: dict[str, Any]) -> bytes:
+    """The record value a lake row of ``topic`` holds: the inverse of ``_TopicCodec.table``.
+
+    An invalid row gives back its raw text; a valid one its fields, validated and encoded as the
+    record's JSON (what the stage sent, for Arena's value models). Raises ``ValueError`` when the
+    fields do not rebuild a record (a file written under an older model).
+    """
+    if not row.get("_valid", True):
+        return str(row.get("_raw") or "").encode("utf-8")
+    spec = topic_spec(split_wire(topic)[1])
+    fields: dict[str, Any] = {}
+    for name, kind, _optional, _description in _model_columns(spec.value):
+        value = row.get(name)
+        fields[name] = json.loads(value) if kind == "json" and isinstance(value, str) else value
+    try:
+        return spec.value.model_validate(fields).model_dump_json().encode("utf-8")
+    except ValidationError as exc:
+        raise ValueError(f"its fields do not rebuild a {spec.value.__name__}: {exc.errors()[:2]}") from None
 
 
 # Lineage -------------------------------------------------------------------
@@ -389,7 +421,7 @@ class LakeWriter:
 
     def write(self, topic: str, rows: list[LakeRow]) -> WriteResult:
         """Write the rows whose keys are new; one file per (UTC date, partition) of the batch."""
-        topic_spec(topic)  # unknown topic: KeyError with the known names
+        topic_spec(split_wire(topic)[1])  # unknown topic: KeyError with the known names
         wrong = {r.topic for r in rows} - {topic}
         if wrong:
             raise ValueError(f"rows of topic(s) {sorted(wrong)} passed to write({topic!r})")
@@ -522,12 +554,24 @@ def read_rows(
     return {row["_key"]: row for row in table.to_pylist()}
 
 
+def lake_files(store: ObjectStore) -> dict[str, list[str]]:
+    """Parquet files per topic, by the topic's Kafka name (a data version's: ``version.<v>.<topic>``)."""
+    per_topic: dict[str, list[str]] = defaultdict(list)
+    for path in [*store.list("topic="), *store.list("version=")]:
+        if not path.endswith(".parquet"):
+            continue
+        parts = path.split("/")
+        if parts[0].startswith("version=") and len(parts) > 1:
+            name = wire(parts[1].removeprefix("topic="), parts[0].removeprefix("version="))
+        else:
+            name = parts[0].removeprefix("topic=")
+        per_topic[name].append(path)
+    return per_topic
+
+
 def lake_listing(store: ObjectStore) -> list[TopicListing]:
     """Files, rows and bytes per topic present in the lake (rows from Parquet footers)."""
-    per_topic: dict[str, list[str]] = defaultdict(list)
-    for path in store.list("topic="):
-        if path.endswith(".parquet"):
-            per_topic[path.split("/", 1)[0].removeprefix("topic=")].append(path)
+    per_topic = lake_files(store)
     listings = []
     for name, paths in sorted(per_topic.items()):
         rows = nbytes = 0

@@ -1,21 +1,26 @@
 """SQL over the artifact lake with DuckDB.
 
 Every topic in the registry is a view named after ``TopicSpec.table`` (``tools.raw.rejected``
--> ``tools_raw_rejected``). DuckDB reads Arrow objects registered from Python, so no DuckDB
+-> ``tools_raw_rejected``), over every data version's files: the ``_version`` column says which
+version a row belongs to (``main``: the live pipeline; ``arena.versions``), and so does ``version``
+in every view whose records have no ``version`` field of their own (``envs_code`` and
+``envs_verified`` keep their package version there). DuckDB reads Arrow objects registered from Python, so no DuckDB
 extension is ever downloaded (httpfs is not reachable offline): local lakes register lazy
 Arrow datasets over the files in place; S3 lakes read the objects through the store first.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import duckdb
 import pyarrow as pa
 
-from arena.topics import TOPICS
-from lake.parquet import arrow_schema, read_topic_files, topic_dataset
+from arena.topics import TOPICS, TopicSpec
+from arena.versions import MAIN, split_wire
+from lake.parquet import arrow_schema, lake_files, read_topic_files, topic_dataset
 from lake.store import LocalStore, ObjectStore
+
+VERSION_COLUMN = "_version"
+"""The data version of a row, in every view."""
 
 
 class LakeQueryError(Exception):
@@ -28,13 +33,34 @@ class LakeQuery:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
-    def _files_by_topic(self) -> dict[str, list[str]]:
-        # One listing for the whole lake instead of one request per topic.
-        files: dict[str, list[str]] = defaultdict(list)
-        for path in self.store.list("topic="):
-            if path.endswith(".parquet"):
-                files[path.split("/", 1)[0].removeprefix("topic=")].append(path)
+    def _files_by_version(self) -> dict[str, dict[str, list[str]]]:
+        """Registry topic -> data version -> its files (one listing for the whole lake)."""
+        files: dict[str, dict[str, list[str]]] = {}
+        for name, paths in lake_files(self.store).items():
+            version, base = split_wire(name)
+            files.setdefault(base, {})[version] = paths
         return files
+
+    def _source(self, name: str, paths: list[str]) -> object:
+        if not paths:
+            return arrow_schema(name).empty_table()
+        if isinstance(self.store, LocalStore):
+            return topic_dataset(self.store, name, paths)  # lazy, read in place
+        return read_topic_files(self.store, name, paths)
+
+    def _register(
+        self, con: duckdb.DuckDBPyConnection, spec: TopicSpec, by_version: dict[str, list[str]]
+    ) -> None:
+        """The view of one topic: each version's files as a source, tagged with the version."""
+        versions = sorted(by_version, key=lambda v: (v != MAIN, v)) or [MAIN]
+        own_field = "version" in spec.value.model_fields
+        parts = []
+        for index, version in enumerate(versions):
+            source = f"__{spec.table}__{index}"
+            con.register(source, self._source(spec.name, by_version.get(version, [])))
+            alias = "" if own_field else f", '{version}' AS version"
+            parts.append(f"SELECT *, '{version}' AS {VERSION_COLUMN}{alias} FROM {source}")
+        con.execute(f"CREATE VIEW {spec.table} AS " + " UNION ALL ".join(parts))
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with one view per registered topic."""
@@ -44,17 +70,9 @@ class LakeQuery:
             config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
         )
         con.execute("SET TimeZone = 'UTC'")
-        files = self._files_by_topic()
+        files = self._files_by_version()
         for spec in TOPICS.values():
-            paths = files.get(spec.name, [])
-            source: object
-            if not paths:
-                source = arrow_schema(spec.name).empty_table()
-            elif isinstance(self.store, LocalStore):
-                source = topic_dataset(self.store, spec.name, paths)  # lazy, read in place
-            else:
-                source = read_topic_files(self.store, spec.name, paths)
-            con.register(spec.table, source)
+            self._register(con, spec, files.get(spec.name, {}))
         return con
 
     def query(self, sql: str) -> pa.Table:

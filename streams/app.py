@@ -36,6 +36,7 @@ from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.llm.core import CALLER, Caller
 from arena.topics import topic
+from arena.versions import MAIN, wire
 from lake.store import ClaimCheck
 from streams.dedupe import SeenKeys, addressed_to, is_replay, replay_id
 from streams.runtime import (
@@ -160,24 +161,36 @@ def source_key(key: bytes | None, value: bytes | None) -> str:
 
 
 async def send(
-    app: faust.App, emit: Emit, *, stage: str, version: str, event: Any, claims: ClaimCheck | None = None
+    app: faust.App,
+    emit: Emit,
+    *,
+    stage: str,
+    version: str,
+    event: Any,
+    claims: ClaimCheck | None = None,
+    data_version: str = MAIN,
 ) -> None:
     """Send one output, inside the input partition's transaction when exactly-once.
 
     With ``claims``, a value too large for the broker goes to the lake and the record carries a claim.
+    ``version`` is the stage's code version; ``data_version`` the data version it runs in: the record
+    goes to that version's copy of its topic (``arena.versions.wire``).
     """
     if claims is None:
-        key, value, headers = encode(emit, stage=stage, stage_version=version)
+        key, value, headers = encode(emit, stage=stage, stage_version=version, version=data_version)
     else:
-        key, value, headers = await encode_claimed(emit, stage=stage, stage_version=version, claims=claims)
+        key, value, headers = await encode_claimed(
+            emit, stage=stage, stage_version=version, claims=claims, version=data_version
+        )
+    target = wire(emit.topic, data_version)
     if app.in_transaction:
         message = event.message
         group = app.assignor.group_for_topic(message.topic)
         tid = f"{app.conf.id}-{group}-{message.partition}"
         # Not awaited: commit_transaction flushes, and a failed send aborts it.
-        await app.producer.send(emit.topic, key, value, None, None, headers, transactional_id=tid)
+        await app.producer.send(target, key, value, None, None, headers, transactional_id=tid)
     else:
-        fut = await app.producer.send(emit.topic, key, value, None, None, headers)
+        fut = await app.producer.send(target, key, value, None, None, headers)
         await fut
 
 
@@ -305,6 +318,7 @@ async def release(
     *,
     duplicate: bool = False,
     not_addressed: bool = False,
+    data_version: str = MAIN,
 ) -> bool:
     """Send ``emits`` and the event's ledger entry, and ack ``event``, under the gate.
 
@@ -342,7 +356,15 @@ async def release(
             not_addressed=not_addressed,
         )
         for emit in [*emits, entry]:
-            await send(app, emit, stage=stage.name, version=stage.version, event=event, claims=claims)
+            await send(
+                app,
+                emit,
+                stage=stage.name,
+                version=stage.version,
+                event=event,
+                claims=claims,
+                data_version=data_version,
+            )
         event.ack()  # inside the gate; a commit sees both the outputs and the offset, or neither
     metrics.stage_outputs(stage.name, [(emit.topic, emit.value) for emit in emits])
     return True
@@ -397,6 +419,7 @@ class OrderedRunner:
         seen: SeenKeys | None,
         concurrency: int,
         caller: Caller,
+        data_version: str = MAIN,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -406,6 +429,7 @@ class OrderedRunner:
         self.gate = gate
         self.seen = seen
         self.caller = caller
+        self.data_version = data_version
         self.claims = ClaimCheck.from_settings(settings)
         """Large values in and out of the lake (opened on the first one)."""
         self._slots = asyncio.Semaphore(concurrency)
@@ -490,6 +514,7 @@ class OrderedRunner:
                 self.claims,
                 duplicate=duplicate,
                 not_addressed=not addressed,
+                data_version=self.data_version,
             )
             # A partition not read yet (its records so far were replays) is read on its next
             # record, this one's key included.
@@ -515,15 +540,20 @@ class OrderedRunner:
         self._raise_failure()
 
 
-def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *, priority: int = 0) -> None:
+def attach_stage(
+    app: faust.App, stage: StageDef[In], settings: ArenaSettings, *, priority: int = 0, version: str = MAIN
+) -> None:
     """Register the Faust agent that runs ``stage`` on its input topic.
 
     ``priority`` is the stage's position in the pipeline (``app.registry.stage_priorities``): LLM
     calls made for its records carry it (``arena.llm.core.CALLER``) to the endpoint's admission.
+    ``version``: the data version it runs in; it reads and writes that version's topics only
+    (``arena.versions``), so its dedupe, ledger and usage are the version's own.
     """
 
     bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
-    seen = SeenKeys(bootstrap, stage.input) if stage.dedupe else None
+    source = wire(stage.input, version)
+    seen = SeenKeys(bootstrap, source) if stage.dedupe else None
     gate = CommitGate()
     runners: list[OrderedRunner] = []
 
@@ -540,11 +570,11 @@ def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *
                     cancelled,
                 )
         if seen is not None:
-            seen.forget(tp.partition for tp in revoked if tp.topic == stage.input)
+            seen.forget(tp.partition for tp in revoked if tp.topic == source)
 
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]  # mode types receivers narrowly
 
-    reporter = UsageReporter(settings, stage.name, bootstrap)
+    reporter = UsageReporter(settings, stage.name, bootstrap, version=version)
 
     async def report_usage() -> None:
         await reporter.report()
@@ -566,6 +596,7 @@ def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *
             seen,
             settings.concurrency_of(stage.name),
             Caller(stage.name, priority),
+            version,
         )
         runners[:] = [runner]
         # noack: an event is acked by ``release``, in offset order, not when the next one is fetched.
@@ -573,4 +604,4 @@ def attach_stage(app: faust.App, stage: StageDef[In], settings: ArenaSettings, *
             await runner.submit(event)
         await runner.drain()
 
-    app.agent(raw_topic(app, stage.input), name=stage.name)(agent)
+    app.agent(raw_topic(app, source), name=stage.name)(agent)

@@ -38,6 +38,7 @@ from arena.hashing import content_hash
 from arena.llm.core import Answer, InvalidOutput
 from arena.records.common import DeadLetter, DeadLetterKind, LedgerEntry, Lineage, Outcome, Rejection
 from arena.topics import TopicSpec, topic
+from arena.versions import MAIN
 from lake.store import CLAIM_HEADER, ClaimCheck, ClaimError, header, open_claim
 
 log = logging.getLogger("arena.stage")
@@ -390,8 +391,13 @@ def _short_validation_error(spec: TopicSpec, exc: ValidationError) -> str:
     return f"does not match {spec.value.__name__}: " + "; ".join(problems) + more
 
 
-def encode(emit: Emit, *, stage: str, stage_version: str) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
-    """Key bytes, value bytes and lineage headers of an ``Emit`` (the whole value; see ``encode_claimed``)."""
+def encode(
+    emit: Emit, *, stage: str, stage_version: str, version: str = MAIN
+) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Key bytes, value bytes and lineage headers of an ``Emit`` (the whole value; see ``encode_claimed``).
+
+    ``version``: the data version whose stage made it (its ``arena-version`` header).
+    """
     topic(emit.topic)  # fail loudly on an undeclared topic
     lineage = Lineage(
         source_ids=list(emit.source_ids),
@@ -400,13 +406,14 @@ def encode(emit: Emit, *, stage: str, stage_version: str) -> tuple[bytes, bytes,
         prompt_version=emit.prompt_version,
         backend=emit.backend,
         model=emit.model,
+        version=version,
     )
     value = emit.value.model_dump_json().encode("utf-8")
     return emit.key.encode("utf-8"), value, lineage.to_headers()
 
 
 async def encode_claimed(
-    emit: Emit, *, stage: str, stage_version: str, claims: ClaimCheck
+    emit: Emit, *, stage: str, stage_version: str, claims: ClaimCheck, version: str = MAIN
 ) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
     """``encode`` for the wire: a value over ``claims.threshold`` is written once to the lake and
     the record carries a small claim to it (``arena-claim`` header, JSON envelope value).
@@ -414,7 +421,7 @@ async def encode_claimed(
     Small values are sent exactly as ``encode`` makes them. Every producer of Arena records sends
     through here, so no record can exceed the broker's message limit.
     """
-    key, value, headers = encode(emit, stage=stage, stage_version=stage_version)
+    key, value, headers = encode(emit, stage=stage, stage_version=stage_version, version=version)
     value, headers = await claims.seal_async(value, headers)
     return key, value, headers
 

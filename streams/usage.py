@@ -21,6 +21,7 @@ from arena.config import ArenaSettings
 from arena.hashing import content_hash
 from arena.llm.gateway import GatewayUsage, RoleUsage
 from arena.records.llm import LlmUsage
+from arena.versions import MAIN, wire
 from streams.resources import open_gateway_of
 
 log = logging.getLogger("arena.stage")
@@ -61,9 +62,11 @@ def usage_records(
 class UsageReporter:
     """Sends one worker's per-role usage deltas for its stage."""
 
-    def __init__(self, settings: ArenaSettings, stage: str, bootstrap: str) -> None:
+    def __init__(self, settings: ArenaSettings, stage: str, bootstrap: str, *, version: str = MAIN) -> None:
         self.settings = settings
         self.stage = stage
+        self.topic = wire(TOPIC, version)
+        """``llm.usage`` of the data version the stage runs in."""
         self.bootstrap = bootstrap
         self._reported: dict[str, RoleUsage] = {}
         self._since = datetime.now(UTC)
@@ -82,7 +85,7 @@ class UsageReporter:
             producer = await self._open()
             for record in records:
                 key = content_hash([record.stage, record.role, record.pid, record.window_end.isoformat()])
-                await producer.send_and_wait(TOPIC, record.model_dump_json().encode(), key=key.encode())
+                await producer.send_and_wait(self.topic, record.model_dump_json().encode(), key=key.encode())
         except Exception as exc:  # accounting must never stop a stage; the deltas go in the next report
             log.warning("%s: could not report LLM usage: %s", self.stage, exc)
             return 0

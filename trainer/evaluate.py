@@ -195,6 +195,10 @@ class EvalReport(BaseModel):
     """What ``arena eval`` prints (``--json``: ``model_dump_json()``)."""
 
     model: Annotated[str | None, Field(description="Policy evaluated.")] = None
+    data_version: Annotated[
+        str | None,
+        Field(description="The data version the evaluated run trained on (None: not a run's weights)."),
+    ] = None
     k: Annotated[int, Field(description="k of pass^k / pass@k.")]
     trials: Annotated[int, Field(description="n: trials per case (>= k).")]
     seed: Annotated[int, Field(description="Base seed of the trials and the bootstrap.")]

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from arena.hashing import content_hash
 from arena.records.common import Rejection
 from arena.topics import topic
+from arena.versions import split_wire, wire
 from lake.store import ClaimCheck
 from streams import fetch_pacing, read_committed
 from streams.runtime import Emit, dead_letter_key, decode_async, encode, encode_claimed
@@ -80,7 +81,9 @@ class SampleSource(Generic[T]):
         screen: Screen | None = None,
     ) -> None:
         self.name = name
-        self.spec = topic(name)
+        """The Kafka topic: ``samples.sft``, or a data version's copy (``version.<v>.samples.sft``)."""
+        self.version, base = split_wire(name)
+        self.spec = topic(base)
         self._bootstrap = bootstrap
         self._group_id = group_id
         self._start = dict(offsets or {})
@@ -224,7 +227,7 @@ class SampleSource(Generic[T]):
             self.dead_letters += 1
             return None
         assert decoded.record is not None
-        if self._screen is not None and (why := self._screen(self.name, decoded.record)) is not None:
+        if self._screen is not None and (why := self._screen(self.spec.name, decoded.record)) is not None:
             rejection = Rejection(stage=STAGE, topic=self.name, source_key=key, **why)
             rejection_key = content_hash([key, rejection.gate, rejection.subject])
             await self._send(Emit(self.spec.rejected, rejection_key, rejection, (key,)))
@@ -240,7 +243,8 @@ class SampleSource(Generic[T]):
             key, value, headers = await encode_claimed(
                 emit, stage=STAGE, stage_version=STAGE_VERSION, claims=self._claims
             )
-        await (await self._producer.send(emit.topic, value, key=key, headers=headers))
+        target = wire(emit.topic, self.version)  # a version's dead letters stay in the version
+        await (await self._producer.send(target, value, key=key, headers=headers))
 
     async def rewind(self, offsets: dict[int, int]) -> None:
         """Go back to ``offsets`` (from ``offsets`` earlier): what was taken since is taken again."""

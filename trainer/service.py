@@ -62,6 +62,7 @@ from arena.metrics import trainer_step as export_step
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
 from arena.records.trainer import TrainerMetrics
+from arena.versions import MAIN, wire
 from lake.catalog import Catalog
 from lake.store import ClaimCheck, open_store
 from streams.runtime import Emit, encode
@@ -113,6 +114,13 @@ class TrainOptions(BaseModel):
     ] = False
     resume: Annotated[bool, Field(description="Require a checkpoint to resume from.")] = False
     wait_s: Annotated[float, Field(gt=0, description="How long one poll for new samples waits.")] = 2.0
+    version: Annotated[
+        str,
+        Field(
+            description="The data version whose samples it trains on (``arena.versions``); a run trains "
+            "on one version only: switching is a new run."
+        ),
+    ] = MAIN
 
 
 class NoCheckpoint(Exception):
@@ -202,6 +210,13 @@ class TrainerService:
                 self._start_user_simulator()
             return {}
         state = self.checkpoints.load_state(state_step)
+        trained_on = state.get("data_version", MAIN)
+        if trained_on != self.options.version:
+            raise NoCheckpoint(
+                f"run {self.cfg.run!r} trains on data version {trained_on!r}, not "
+                f"{self.options.version!r}: a run never mixes versions (fix: --run NEW_NAME for a run "
+                f"on {self.options.version!r})"
+            )
         removed = self.checkpoints.truncate_after(state_step)
         self.step, self.sft_step, self.phase = state["step"], state["sft_step"], state["phase"]
         self.sft_user_samples = int(state.get("sft_user_samples", 0))
@@ -250,7 +265,8 @@ class TrainerService:
             loop.add_signal_handler(sig, self.stop.set)
         offsets = await asyncio.to_thread(self._load)
         assert self.learner is not None and self.episodes is not None
-        run_id = self.catalog.start_run("train", self.cfg.run, self.cfg.model_dump())
+        params = {**self.cfg.model_dump(), "data_version": self.options.version}
+        run_id = self.catalog.start_run("train", self.cfg.run, params)
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True)
         await producer.start()
         self.producer = producer
@@ -259,7 +275,12 @@ class TrainerService:
         screen = trainer_screen(self.settings.home)  # once `arena decontam index` ran: no benchmark twins
         self.sources = {
             name: SampleSource(
-                self.bootstrap, name, group_id=group, offsets=offsets.get(name), claims=claims, screen=screen
+                self.bootstrap,
+                wire(name, self.options.version),
+                group_id=group,
+                offsets=offsets.get(name),
+                claims=claims,
+                screen=screen,
             )
             for name in ("samples.sft", "samples.verified")
         }
@@ -610,6 +631,7 @@ class TrainerService:
             "offsets": view.offsets,
             "rng": view.rng,
             "train": self.cfg.model_dump(),
+            "data_version": self.options.version,
         } | self.learner.state_dict()
 
     def _print(self, phase: Phase, m: dict[str, float]) -> None:

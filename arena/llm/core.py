@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
@@ -20,6 +21,10 @@ from arena.hashing import content_hash
 
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=BaseModel)
+
+
+PROMPT_SEPARATOR = "\n---\n"
+"""Between a role's system prompt and its user template in ``Role.prompt_text`` (and prompt files)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class Role(Generic[In, Out]):
     @property
     def prompt_text(self) -> str:
         """What is versioned: system prompt and template together."""
-        return f"{self.system}\n---\n{self.template}"
+        return f"{self.system}{PROMPT_SEPARATOR}{self.template}"
 
     @property
     def version(self) -> str:
@@ -84,6 +89,47 @@ class Role(Generic[In, Out]):
     def tools(self, inputs: In) -> list[dict[str, Any]] | None:
         """OpenAI tools an agent role offers for ``inputs`` (None for other roles)."""
         return None if self.agent is None else self.agent.tools(inputs)
+
+
+class PromptError(ValueError):
+    """A prompt override a role cannot take (the message names the role and the fix)."""
+
+
+def with_prompt(role: Role[In, Out], text: str) -> Role[In, Out]:
+    """``role`` with its prompt replaced by ``text``: ``Role.prompt_text``'s form (system prompt, a
+    ``---`` line, user template), or a system prompt alone (the template stays).
+
+    The new role's ``version`` is the new text's hash, so lineage names the prompt that made a record.
+    """
+    if role.agent is not None:
+        raise PromptError(
+            f"role {role.name!r} speaks the chat API natively (its conversation is built from the "
+            "record); its prompt cannot be replaced by a file (fix: change its code, or drop the override)"
+        )
+    # A file ends with a newline where a role's text does not: `arena llm prompt ROLE > file`
+    # read back unchanged is the role's own prompt (same version, same cache entries).
+    system, sep, template = text.rstrip("\n").rpartition(PROMPT_SEPARATOR)
+    if not sep:
+        system, template = text.rstrip("\n"), role.template
+    if "{input}" not in template:
+        raise PromptError(
+            f"role {role.name!r}: the user template after the '---' line has no {{input}} placeholder "
+            "(fix: keep {input} where the record goes, or leave out the '---' line to replace the system prompt only)"
+        )
+    return replace(role, system=system, template=template)
+
+
+def read_prompt_files(files: Mapping[str, Path]) -> dict[str, str]:
+    """Role name -> prompt text, read from the files ``llm_prompt_files`` names."""
+    texts: dict[str, str] = {}
+    for role, path in files.items():
+        try:
+            texts[role] = Path(path).expanduser().read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PromptError(
+                f"prompt file of role {role!r}: {exc} (fix: correct llm_prompt_files / ARENA_LLM_PROMPT_FILES)"
+            ) from None
+    return texts
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import logging
 import random
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol
@@ -72,6 +72,8 @@ from arena.llm.core import (
     TransientError,
     Undecidable,
     Usage,
+    read_prompt_files,
+    with_prompt,
 )
 from arena.llm.fitting import fit_inputs
 from arena.llm.outage import EndpointHealth, EndpointState, state_writer
@@ -461,6 +463,7 @@ class Gateway:
         health: EndpointHealth | None = None,
         routes: Callable[[str], RoleRoute] | None = None,
         endpoints: dict[str, Endpoint] | None = None,
+        prompts: Mapping[str, str] | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -486,6 +489,8 @@ class Gateway:
         self._registered: set[str] = set()
         self._register_lock = asyncio.Lock()
         self._owns_catalog = False
+        self.prompts: dict[str, str] = dict(prompts or {})
+        """Role name -> prompt text that replaces the role's own (``with_prompt``)."""
 
     def __repr__(self) -> str:
         return f"Gateway({self.backend!r}, cache={self.cache!r}, max_attempts={self.max_attempts})"
@@ -514,6 +519,7 @@ class Gateway:
             health=backend_health(backend, on_change=state_writer(Path(settings.home))),
             routes=lambda role: route_of(settings, role),
             endpoints=endpoints,
+            prompts=read_prompt_files(settings.llm_prompt_files),
         )
         gateway._owns_catalog = catalog is not None
         return gateway
@@ -553,6 +559,8 @@ class Gateway:
         """The validated output of ``role`` for ``inputs``; raises ``InvalidOutput`` when none came."""
         if not isinstance(inputs, role.input):
             raise TypeError(f"role {role.name!r} takes {role.input.__name__}, got {type(inputs).__name__}")
+        if role.name in self.prompts:
+            role = with_prompt(role, self.prompts[role.name])
         route = self.routes(role.name) if self.routes is not None else None
         sampling = self._sampling(route, sampling)
         endpoint = self._endpoint(route)

@@ -13,6 +13,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+MEASURED_FIELDS = frozenset({"latency_ms"})
+"""Fields that measure a run (wall time) rather than describe its content: two faithful runs over
+the same input differ there and nowhere else (``arena diff`` compares records without them)."""
+
+
 class Record(BaseModel):
     """Base for topic values: strict about unknown fields so drift is caught."""
 
@@ -87,6 +92,9 @@ class Lineage(BaseModel):
     prompt_version: str | None = Field(default=None, description="Prompt version id, for LLM stages.")
     backend: str | None = Field(default=None, description="LLM backend, e.g. 'rules'.")
     model: str | None = Field(default=None, description="Model name, for LLM backends.")
+    version: str = Field(
+        default="main", description="Data version that produced the record (arena.versions)."
+    )
     at: datetime = Field(default_factory=utcnow, description="Production time (UTC).")
 
     def to_headers(self) -> list[tuple[str, bytes]]:
@@ -97,6 +105,7 @@ class Lineage(BaseModel):
             ("arena-prompt-version", self.prompt_version),
             ("arena-backend", self.backend),
             ("arena-model", self.model),
+            ("arena-version", self.version),
             ("arena-time", self.at.isoformat()),
         ]
         return [(k, v.encode()) for k, v in pairs if v]
@@ -114,6 +123,7 @@ class Lineage(BaseModel):
             prompt_version=text.get("arena-prompt-version"),
             backend=text.get("arena-backend"),
             model=text.get("arena-model"),
+            version=text.get("arena-version", "main"),
             at=datetime.fromisoformat(text["arena-time"]) if "arena-time" in text else utcnow(),
         )
 
