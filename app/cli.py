@@ -236,7 +236,9 @@ def worker_cmd(
         if name not in known_tracks:
             raise UserError(f"unknown track {name!r} (fix: use one of {', '.join(known_tracks)})")
     main_workers = list(WORKERS)
-    specs = {spec.name: spec for spec in data_versions(cfg)}
+    # The catalog is read only when versions may be asked for: `--stage NAME` of main starts at once.
+    wanted = version or (not stage and not track) or any("@" in name for name in stage or [])
+    specs = {spec.name: spec for spec in data_versions(cfg)} if wanted else {}
     for name in version or []:
         if name not in specs:
             known = ", ".join(specs) or "none yet: `arena replay STAGE --as NAME` makes one"

@@ -168,6 +168,9 @@ def stages(
         str | None, typer.Option("--track", help="Only this track's stages (tools, sft, envs, eigen).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per stage.")] = False,
+    version: Annotated[
+        str, typer.Option("--version", help="A data version's stages (`arena replay --as`): its own ledger.")
+    ] = "main",
 ) -> None:
     """What each stage made of its inputs: in = produced + rejected + dead_lettered + in_flight.
 
@@ -175,13 +178,27 @@ def stages(
     in one transaction) and the input topics' data records; a stage that does not balance is flagged.
     """
     from app.registry import TRACKS
+    from app.versions import data_version
+    from arena.versions import MAIN, wire, worker_name
     from consumers.ledger import stage_ledgers
 
+    cfg = settings()
     chosen = [t for t in TRACKS if track is None or t.name == track]
     if not chosen:
         raise UserError(f"unknown track {track!r}; known: {', '.join(t.name for t in TRACKS)}")
-    wanted = {stage.name: stage.input for t in chosen for stage in t.stages}
-    ledgers = stage_ledgers(broker(settings()), wanted)
+    runs = None
+    if version != MAIN:
+        spec = data_version(cfg, version)
+        if spec is None:
+            raise UserError(f"no data version {version!r} (fix: `arena data-versions list`)")
+        runs = set(spec.stages)
+    wanted = {
+        worker_name(stage.name, version): wire(stage.input, version)
+        for t in chosen
+        for stage in t.stages
+        if runs is None or stage.name in runs
+    }
+    ledgers = stage_ledgers(broker(cfg), wanted)
     if as_json:
         print(json.dumps([ledger.as_json() for ledger in ledgers], indent=2))
     else:
@@ -273,6 +290,8 @@ def _how(edge: Any, up: bool) -> str:
     if edge.stage == "train":
         return f" [dim]({', '.join(edge.roles)})[/dim]"
     parts = [f"{'via' if up else 'by'} {edge.stage} v{edge.stage_version}"]
+    if edge.data_version != "main":
+        parts.append(f"data version {edge.data_version}")
     if edge.prompts:
         parts.append(", ".join(f"{p.role} v{p.version or '?'} {p.id}" for p in edge.prompts))
     if edge.backend:

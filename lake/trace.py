@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from arena.config import ArenaSettings
+from arena.versions import split_wire
 from lake.catalog import Catalog, LineageEdge, StepSample
 
 MIN_PREFIX = 8
@@ -82,6 +83,9 @@ class TraceEdge(BaseModel):
     child: Annotated[str, Field(description="Node id of the output.")]
     stage: Annotated[str, Field(description="Stage that made the child ('train' for a training step).")]
     stage_version: Annotated[str, Field(description="Version of the stage's code.")] = ""
+    data_version: Annotated[
+        str, Field(description="The data version the child belongs to (main, or one `arena replay` made).")
+    ] = "main"
     prompts: Annotated[list[PromptRef], Field(description="Prompt versions of the LLM roles used.")] = []
     backend: Annotated[str | None, Field(description="LLM backend, e.g. 'rules'.")] = None
     model: Annotated[str | None, Field(description="LLM model name.")] = None
@@ -152,6 +156,7 @@ def resolve_id(catalog: Catalog, record_id: str) -> str:
 
 
 def _kind(topic: str | None, has_parents: bool) -> NodeKind:
+    topic = None if topic is None else split_wire(topic)[1]  # a data version's copy of the topic
     if topic is not None and topic.endswith(".dlq"):
         return "dead_letter"
     if topic is not None and topic.startswith("samples."):
@@ -235,6 +240,7 @@ def _edge(e: LineageEdge, prompts: dict[str, tuple[str, int]]) -> TraceEdge:
         child=e.child_key,
         stage=e.stage,
         stage_version=e.stage_version,
+        data_version=split_wire(e.child_topic)[0],
         prompts=parse_prompts(e.prompt_version, prompts),
         backend=e.backend,
         model=e.model,

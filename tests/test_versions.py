@@ -207,3 +207,16 @@ def test_the_catalog_records_a_version_once_and_drops_only_its_rows(tmp_path: Pa
     assert sorted(a.topic for a in catalog.artifacts()) == ["tasks", wire("tasks", "v22")]
     with pytest.raises(ValueError):
         catalog.drop_version(MAIN)
+
+
+def test_eval_names_the_data_version_the_newest_start_of_a_run_trained_on(tmp_path: Path) -> None:
+    from app.cli import _trained_on
+    from arena.config import ArenaSettings
+
+    cfg = ArenaSettings(home=tmp_path, catalog_url=f"sqlite:///{tmp_path / 'catalog.db'}")
+    catalog = Catalog(cfg.catalog)
+    assert _trained_on(cfg, "r") == "main"  # no start recorded: a run of main
+    catalog.start_run("train", "r", {"data_version": "main"})
+    catalog.start_run("train", "other", {"data_version": "v9"})
+    catalog.start_run("train", "r", {"data_version": "v2"})
+    assert _trained_on(cfg, "r") == "v2" and _trained_on(cfg, "other") == "v9"
