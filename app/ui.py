@@ -18,7 +18,14 @@ CDN) polls the API about once a second:
   ``{topic, reason, force}``): dead letters with their history, and the replay of exactly the
   letters selected (``consumers.dlq``).
 - ``GET /api/lake/tables`` and ``POST /api/lake/query`` ``{sql, limit}``: the lake's views with
-  row counts, and one read-only DuckDB statement (``lake.query``) with its first rows.
+  row counts (the live pipeline's, version main; other data versions' apart), and one read-only
+  DuckDB statement (``lake.query``) with its first rows. Every view holds every data version's rows:
+  its ``_version`` column says whose, so the page's own queries filter ``_version = 'main'``.
+- ``GET /api/versions``: every data version, main first (a pseudo-entry: the live pipeline), then
+  the catalog's (``app.versions.data_versions``) with their specs, each with its progress from the
+  lag sample the graph uses (``consumers.lag.version_progress``: groups, pending, read).
+- ``GET /api/diff?a=&b=`` (``&stage=``, ``&examples=``): two data versions compared stage by stage,
+  as `arena diff --json` prints it (``consumers.version_diff.compare``).
 - ``GET /api/training``: per-run step series of ``trainer.metrics`` (loss, reward, ...), read
   from the topic as the trainer publishes them.
 - ``GET /api/trace/{record_id}``: a record's lineage (``lake.trace``).
@@ -48,7 +55,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 from starlette.applications import Starlette
@@ -62,9 +69,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.ledger_metrics import LedgerCollector
-from app.registry import STAGES
+from app.registry import STAGES, version_workers
 from arena.config import ArenaSettings
+from arena.versions import MAIN, InputRange, VersionNameError, VersionSpec, check_name
 from streams import read_committed
+
+if TYPE_CHECKING:
+    from consumers.version_diff import VersionDiff
 
 log = logging.getLogger("arena.ui")
 
@@ -81,6 +92,9 @@ RATE_WINDOW_S = 30.0
 """Time constant of the records/s averages: bursty stages read steadily instead of mostly 0.0."""
 STAGES_CACHE_S = 5.0
 """The stage ledgers read every input topic and stages.ledger: at most once per this many seconds."""
+VERSIONS_CACHE_S = 5.0
+"""The data versions are read from the catalog at most once per this many seconds."""
+MAX_DIFF_EXAMPLES = 50
 TOKEN_HEADER = "X-Arena-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MIN_TOKEN_CHARS = 16
@@ -185,9 +199,18 @@ class LakeTable(BaseModel):
 
     view: Annotated[str, Field(description="SQL view name (dots as underscores).")]
     topic: Annotated[str, Field(description="Topic the view reads.")]
-    files: Annotated[int, Field(description="Parquet files.")]
-    rows: Annotated[int, Field(description="Rows (from the Parquet footers).")]
-    bytes: Annotated[int, Field(description="Bytes on the store.")]
+    files: Annotated[int, Field(description="Parquet files of the live pipeline (version main).")]
+    rows: Annotated[
+        int, Field(description="Rows of the live pipeline (version main), from the Parquet footers.")
+    ]
+    bytes: Annotated[int, Field(description="Bytes on the store (version main).")]
+    version_rows: Annotated[
+        dict[str, int],
+        Field(
+            description="Rows of each other data version that has this topic in the lake: the view "
+            "holds them too, told apart by its _version column."
+        ),
+    ] = Field(default_factory=dict)
 
 
 class QueryRequest(BaseModel):
@@ -255,6 +278,54 @@ class TrainingView(BaseModel):
     runs: list[TrainingRun]
     metrics: Annotated[list[str], Field(description="Metric names seen, loss and reward first.")]
     invalid: Annotated[int, Field(description="Records of trainer.metrics that did not decode.")]
+
+
+class VersionView(BaseModel):
+    """``GET /api/versions``: one data version, what made it (the catalog's spec) and how far it is."""
+
+    name: Annotated[str, Field(description="The version's name; main is the live pipeline.")]
+    main: Annotated[bool, Field(description="This is the live pipeline (not a catalog entry).")] = False
+    parent: Annotated[str | None, Field(description="The version whose input it replayed.")] = None
+    stage: Annotated[str | None, Field(description="The stage it re-ran.")] = None
+    stages: Annotated[list[str], Field(description="Every stage that runs in it (all of them for main).")] = (
+        Field(default_factory=list)
+    )
+    input_topic: Annotated[str | None, Field(description="The registry topic the replayed stage reads.")] = (
+        None
+    )
+    topics: Annotated[list[str], Field(description="Registry topics it has its own copy of.")] = Field(
+        default_factory=list
+    )
+    ranges: Annotated[list[InputRange], Field(description="What it replayed, per input partition.")] = Field(
+        default_factory=list
+    )
+    records: Annotated[int | None, Field(description="Input records it replayed (None for main).")] = None
+    inherited: Annotated[
+        dict[str, int], Field(description="Records taken over from the parent, per topic.")
+    ] = Field(default_factory=dict)
+    settings: Annotated[dict[str, str], Field(description="Setting overrides (environment values).")] = Field(
+        default_factory=dict
+    )
+    prompts: Annotated[dict[str, str], Field(description="Prompt overrides per role (full text).")] = Field(
+        default_factory=dict
+    )
+    prompt_versions: Annotated[dict[str, str], Field(description="The overridden roles' prompt ids.")] = (
+        Field(default_factory=dict)
+    )
+    llm: Annotated[str, Field(description="The LLM endpoint its stages use (secrets masked).")] = ""
+    created_at: Annotated[datetime | None, Field(description="When `arena replay` made it (UTC).")] = None
+    config_hash: Annotated[str | None, Field(description="Hash of what changes its outputs.")] = None
+    groups: Annotated[int, Field(description="Its consumer groups in the lag sample.")] = 0
+    pending: Annotated[int, Field(description="Data records its groups still have to read.")] = 0
+    pending_capped: Annotated[bool, Field(description="pending is a lower bound.")] = False
+    read: Annotated[int, Field(description="Offsets its groups committed past (markers included).")] = 0
+    state: Annotated[
+        Literal["idle", "running", "drained"],
+        Field(
+            description="idle: none of its groups ran yet; running: records pending; drained: nothing "
+            "pending (a replay is done)."
+        ),
+    ] = "idle"
 
 
 # --- the stage graph --------------------------------------------------------------------------
@@ -361,6 +432,8 @@ class _Sample:
     """Topic name -> ``consumers.record_count.TopicRecords``."""
     topic_rates: dict[str, float | None]
     interval_s: float | None
+    rows: list[Any] = field(default_factory=list)
+    """The ``consumers.lag.LagRow`` lines the sample was made of (per partition)."""
 
 
 def _group_lag(group: str, topic: str, parts: list[Any], worker: str | None) -> GroupLag:
@@ -453,8 +526,28 @@ class LagSampler:
         }
         previous = self._last.at if self._last is not None else None
         return _Sample(
-            at, datetime.now(UTC), groups, topics, rates, at - previous if previous is not None else None
+            at,
+            datetime.now(UTC),
+            groups,
+            topics,
+            rates,
+            at - previous if previous is not None else None,
+            rows,
         )
+
+    def watch(self, topics_by_group: dict[str, list[str]], workers_by_group: dict[str, str]) -> bool:
+        """Sample these groups too from now on (besides every group the cluster knows), even before
+        they ran; True when that changed what is sampled (the next sample is then taken anew).
+
+        The dicts are replaced, never changed in place: a sample being taken in a thread keeps its own.
+        """
+        merged = {**self.topics_by_group, **topics_by_group}
+        if merged == self.topics_by_group:
+            return False
+        self.topics_by_group = merged
+        self.workers_by_group = {**self.workers_by_group, **workers_by_group}
+        self._last = None
+        return True
 
     def close(self) -> None:
         if self._counter is not None:
@@ -508,6 +601,94 @@ def graph_view(edges: list[EdgeDef], sample: _Sample) -> GraphView:
         sampled_at=sample.taken,
         interval_s=sample.interval_s,
     )
+
+
+# --- data versions ----------------------------------------------------------------------------
+
+
+def version_groups(specs: Iterable[VersionSpec]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The consumer groups of the versions' workers (stages and lake sink): their topics, their workers."""
+    topics: dict[str, list[str]] = {}
+    workers: dict[str, str] = {}
+    for spec in specs:
+        for worker in version_workers(spec).values():
+            topics[worker.group] = list(worker.inputs)
+            workers[worker.group] = worker.name
+    return topics, workers
+
+
+def versions_view(specs: Sequence[VersionSpec], rows: Sequence[Any]) -> list[VersionView]:
+    """main, then every catalog version (oldest first), each with its progress from lag ``rows``.
+
+    Progress is ``consumers.lag.version_progress`` (what `arena lag` prints per version): a version
+    none of whose groups ran reads idle, one with nothing pending drained.
+    """
+    from consumers.lag import version_progress
+
+    progress = {p.version: p for p in version_progress(list(rows))}
+    capped = {r.version for r in rows if r.pending_capped}
+    ran = {r.version for r in rows if not r.idle}
+    main = VersionView(name=MAIN, main=True, stages=[stage.name for stage in STAGES])
+    out = [main]
+    for spec in specs:
+        out.append(
+            VersionView(
+                name=spec.name,
+                parent=spec.parent,
+                stage=spec.stage,
+                stages=list(spec.stages),
+                input_topic=spec.input_topic,
+                topics=list(spec.topics),
+                ranges=list(spec.ranges),
+                records=spec.records,
+                inherited=spec.inherited,
+                settings=spec.settings,
+                prompts=spec.prompts,
+                prompt_versions=spec.prompt_versions,
+                llm=spec.llm,
+                created_at=spec.created_at,
+                config_hash=spec.config_hash,
+            )
+        )
+    for view in out:
+        p = progress.get(view.name)
+        if p is not None:
+            view.groups, view.pending, view.read = p.groups, p.pending, p.read
+        view.pending_capped = view.name in capped
+        view.state = "idle" if view.name not in ran else ("running" if view.pending else "drained")
+    return out
+
+
+def version_diff(
+    cfg: ArenaSettings, a: str, b: str, *, stage: str | None = None, examples: int = 3
+) -> VersionDiff:
+    """``consumers.version_diff.compare`` of ``a`` and ``b`` (as `arena diff`), after the checks it does:
+    both names are main or catalog versions, ``stage`` a stage that made something in one of them."""
+    from app.versions import data_versions
+    from consumers.version_diff import compare
+    from lake.store import open_store
+
+    for name in (a, b):
+        try:
+            check_name(name)
+        except VersionNameError as exc:
+            raise UiError(str(exc)) from None
+    specs = {spec.name: spec for spec in data_versions(cfg)}
+    known = [MAIN, *specs]
+    for name in (a, b):
+        if name not in known:
+            raise UiError(
+                f"no data version {name!r} (fix: one of {', '.join(known)}; `arena data-versions list`)"
+            )
+    if stage is not None and stage not in {s.name for s in STAGES}:
+        ran = [s for v in (a, b) if v in specs for s in specs[v].stages] or [s.name for s in STAGES]
+        raise UiError(f"no stage {stage!r} (fix: one of {', '.join(dict.fromkeys(ran))})")
+    result = compare(open_store(cfg), a, b, stage=stage, examples=examples)
+    if stage is not None and not result.stages:
+        raise UiError(
+            f"stage {stage!r} made nothing in {a} or {b} (fix: a stage from `arena data-versions show {b}`)"
+        )
+    return result
 
 
 # --- training curves --------------------------------------------------------------------------
@@ -605,13 +786,19 @@ class TrainingFeed:
 def lake_tables(cfg: ArenaSettings) -> list[LakeTable]:
     """Every view of the lake with its files, rows and bytes (zero for topics not in the lake yet)."""
     from arena.topics import TOPICS
+    from arena.versions import split_wire
     from lake.parquet import lake_listing
     from lake.store import open_store
 
     listed = {item.topic: item for item in lake_listing(open_store(cfg))}
+    others: dict[str, dict[str, int]] = defaultdict(dict)
+    for name, listing in listed.items():
+        version, base = split_wire(name)
+        if version != MAIN:
+            others[base][version] = listing.rows
     out = []
     for spec in TOPICS.values():
-        item = listed.get(spec.name)
+        item = listed.get(spec.name)  # the live pipeline's files: a version's are version.<v>.<topic>
         out.append(
             LakeTable(
                 view=spec.table,
@@ -619,6 +806,7 @@ def lake_tables(cfg: ArenaSettings) -> list[LakeTable]:
                 files=item.files if item else 0,
                 rows=item.rows if item else 0,
                 bytes=item.bytes if item else 0,
+                version_rows=dict(sorted(others[spec.name].items())),
             )
         )
     return sorted(out, key=lambda t: (-t.rows, t.view))
@@ -865,6 +1053,19 @@ class Dashboard:
         self.ledgers = LedgerCollector.for_stages(
             bootstrap, {stage.name: stage.input for stage in STAGES}, cache_s=STAGES_CACHE_S
         )
+        self.versions_cache_s = VERSIONS_CACHE_S
+        self._specs: tuple[float, list[VersionSpec]] | None = None
+        self._specs_lock = threading.Lock()
+
+    def version_specs(self) -> list[VersionSpec]:
+        """The catalog's data versions, read again at most every ``versions_cache_s`` (blocking)."""
+        from app.versions import data_versions
+
+        with self._specs_lock:
+            now = time.monotonic()
+            if self._specs is None or now - self._specs[0] >= self.versions_cache_s:
+                self._specs = (now, data_versions(self.cfg))
+            return self._specs[1]
 
     async def graph(self, _: Request) -> Response:
         return _model(graph_view(self.edges, await self.sampler.sample()))
@@ -898,6 +1099,28 @@ class Dashboard:
         except DlqError as exc:
             raise UiError(str(exc)) from None
         return _model(report)
+
+    async def versions(self, _: Request) -> Response:
+        specs = await asyncio.to_thread(self.version_specs)
+        # a version's groups are sampled from the start, so one whose workers never ran shows its input
+        self.sampler.watch(*version_groups(specs))
+        sample = await self.sampler.sample()
+        return _model(versions_view(specs, sample.rows))
+
+    async def diff(self, request: Request) -> Response:
+        params = request.query_params
+        a, b = params.get("a", "").strip(), params.get("b", "").strip()
+        if not a or not b:
+            raise UiError(
+                "name the two data versions to compare: /api/diff?a=main&b=<version> "
+                "(`arena data-versions list` names them)"
+            )
+        raw = params.get("examples", "3")
+        if not raw.isdigit() or int(raw) > MAX_DIFF_EXAMPLES:
+            raise UiError(f"examples={raw!r}: use a whole number from 0 to {MAX_DIFF_EXAMPLES}")
+        stage = params.get("stage", "").strip() or None
+        result = await asyncio.to_thread(version_diff, self.cfg, a, b, stage=stage, examples=int(raw))
+        return _model(result)
 
     async def tables(self, _: Request) -> Response:
         return _model(await asyncio.to_thread(lake_tables, self.cfg))
@@ -961,6 +1184,8 @@ def create_app(
         Route("/api/dlq/replay", _api(dash.replay), methods=["POST"]),
         Route("/api/lake/tables", _api(dash.tables), methods=["GET"]),
         Route("/api/lake/query", _api(dash.query), methods=["POST"]),
+        Route("/api/versions", _api(dash.versions), methods=["GET"]),
+        Route("/api/diff", _api(dash.diff), methods=["GET"]),
         Route("/api/training", _api(dash.training_curves), methods=["GET"]),
         Route("/api/trace/{record_id:path}", _api(dash.trace), methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

@@ -35,14 +35,21 @@ from app.ui import (
     node_depths,
     run_query,
     serve,
+    version_groups,
+    versions_view,
 )
 from arena.config import ArenaSettings
-from arena.records.common import DeadLetter, DeadLetterKind
-from arena.records.sft import ServerRef, ToolChain
+from arena.records.common import DeadLetter, DeadLetterKind, LedgerEntry, Outcome
+from arena.records.llm import LlmUsage
+from arena.records.sft import ServerRef, Task, ToolChain
 from arena.records.trainer import TrainerMetrics
+from arena.versions import INHERITED_HEADER, MAIN, InputRange, VersionSpec, wire
+from consumers.lag import LagRow
+from consumers.version_diff import compare
+from lake.catalog import Catalog
 from lake.parquet import LakeRow, LakeWriter
 from lake.store import open_store
-from streams.admin import ensure_topics
+from streams.admin import admin_client, ensure_topics
 from tests.cli import arena_env, run_arena
 
 pytestmark = pytest.mark.integration
@@ -506,3 +513,289 @@ def test_trace_of_a_record(client: TestClient, cfg: ArenaSettings) -> None:
     missing = client.get("/api/trace/nothing-like-this-id")
     assert missing.status_code == 400 and missing.json()["error"]
     assert client.get(f"/api/trace/{chain}?depth=0").status_code == 400
+
+
+# --- data versions -------------------------------------------------------------------------------
+
+
+def version_spec(name: str, **changes: Any) -> VersionSpec:
+    """A replay of tasks-from-chains as `arena replay tasks-from-chains --as NAME` records it."""
+    fields: dict[str, Any] = {
+        "name": name,
+        "parent": MAIN,
+        "stage": "tasks-from-chains",
+        "stages": ("tasks-from-chains",),
+        "input_topic": "chains",
+        "topics": ("chains", "tasks"),
+        "ranges": (InputRange(partition=0, start=0, end=2, records=2),),
+        "settings": {"ARENA_SFT__TASKS_PER_CHAIN": "2"},
+        "created_at": datetime(2026, 11, 21, 12, tzinfo=UTC),
+    }
+    return VersionSpec(**{**fields, **changes})
+
+
+def record_versions(cfg: ArenaSettings, *specs: VersionSpec) -> None:
+    catalog = Catalog(cfg.catalog)
+    try:
+        for spec in specs:
+            catalog.record_version(spec)
+    finally:
+        catalog.dispose()
+
+
+def write_version_lake(cfg: ArenaSettings, name: str) -> None:
+    """main and version ``name`` of tasks-from-chains in the lake of ``cfg``.
+
+    main made task-a, task-b, task-c from chain-0..2 and dead-lettered chain-3; ``name`` replayed
+    chain-0 and chain-1 (inherited from main) and chain-3: the same task-a, task-b changed, chain-3
+    rejected by a gate, and fewer LLM tokens.
+    """
+    ts = int(datetime(2026, 11, 21, 12, tzinfo=UTC).timestamp() * 1000)
+    server = ServerRef(server_id="s0", name="server 0", domain="travel", tools=[])
+
+    def rows(topic: str, items: list[tuple[str, bytes, dict[str, str]]]) -> list[LakeRow]:
+        return [
+            LakeRow(key=k, topic=topic, partition=0, offset=i, timestamp_ms=ts, headers=h, value=v)
+            for i, (k, v, h) in enumerate(items)
+        ]
+
+    def chain(i: int) -> bytes:
+        value = ToolChain(
+            chain_id=f"chain-{i}", server=server, tools=["search"], origin="random_walk", task="t"
+        )
+        return value.model_dump_json().encode()
+
+    def task(key: str, text: str, parent: str, version: str) -> tuple[str, bytes, dict[str, str]]:
+        value = Task(task_id=key, server=server, text=text, language="en", mode="server")
+        headers = {"arena-stage": "tasks-from-chains", "arena-source-ids": parent, "arena-version": version}
+        return key, value.model_dump_json().encode(), headers
+
+    def entry(
+        version: str, i: int, outcome: str, **counts: dict[str, int]
+    ) -> tuple[str, bytes, dict[str, str]]:
+        value = LedgerEntry(
+            stage="tasks-from-chains",
+            topic=wire("chains", version),
+            partition=0,
+            offset=i,
+            key=f"chain-{i}",
+            outcome=Outcome(outcome),
+            **counts,
+        )
+        return f"ledger-{version}-{i}", value.model_dump_json().encode(), {}
+
+    def usage(version: str, calls: int, attempts: int, tokens: int) -> tuple[str, bytes, dict[str, str]]:
+        start = datetime(2026, 11, 21, 12, tzinfo=UTC)
+        value = LlmUsage(
+            stage="tasks-from-chains",
+            role="task_synthesis",
+            backend="rules",
+            model="m",
+            pid=1,
+            window_start=start,
+            window_end=start,
+            calls=calls,
+            attempts=attempts,
+            prompt_tokens=tokens // 2,
+            completion_tokens=tokens - tokens // 2,
+        )
+        return f"usage-{version}", value.model_dump_json().encode(), {}
+
+    writer = LakeWriter(open_store(cfg))
+    writer.write("chains", rows("chains", [(f"chain-{i}", chain(i), {}) for i in range(4)]))
+    inherited = {INHERITED_HEADER: MAIN}
+    v_chains = wire("chains", name)
+    writer.write(v_chains, rows(v_chains, [(f"chain-{i}", chain(i), inherited) for i in (0, 1, 3)]))
+    writer.write(
+        "tasks",
+        rows(
+            "tasks",
+            [
+                task("task-a", "book a flight", "chain-0", MAIN),
+                task("task-b", "find a hotel", "chain-1", MAIN),
+                task("task-c", "rent a car", "chain-2", MAIN),
+            ],
+        ),
+    )
+    v_tasks = wire("tasks", name)
+    writer.write(
+        v_tasks,
+        rows(
+            v_tasks,
+            [
+                task("task-a", "book a flight", "chain-0", name),
+                task("task-b2", "find a hotel near the sea", "chain-1", name),
+            ],
+        ),
+    )
+    one = {"tasks": 1}
+    ledger = [
+        entry(MAIN, 0, "emitted", outputs=one),
+        entry(MAIN, 1, "emitted", outputs=one),
+        entry(MAIN, 2, "emitted", outputs=one),
+        entry(MAIN, 3, "dead_letter", dead_letters={"crash": 1}),
+    ]
+    writer.write("stages.ledger", rows("stages.ledger", ledger))
+    v_ledger = wire("stages.ledger", name)
+    ledger = [
+        entry(name, 0, "emitted", outputs=one),
+        entry(name, 1, "emitted", outputs=one),
+        entry(name, 3, "rejected", rejections={"quality": 1}),
+    ]
+    writer.write(v_ledger, rows(v_ledger, ledger))
+    writer.write("llm.usage", rows("llm.usage", [usage(MAIN, 6, 6, 600)]))
+    v_usage = wire("llm.usage", name)
+    writer.write(v_usage, rows(v_usage, [usage(name, 4, 2, 300)]))
+
+
+def lag_row(group: str, topic: str, committed: int | None, lag: int, **more: Any) -> LagRow:
+    end = (committed or 0) + lag
+    return LagRow(
+        group=group, topic=topic, partition=0, committed=committed, end=end, log_end=end, lag=lag,
+        offset_lag=lag, **more,
+    )  # fmt: skip
+
+
+def test_versions_view_has_main_first_then_the_catalog_with_progress_from_lag() -> None:
+    specs = [version_spec("v2"), version_spec("v3", stages=("tasks-from-chains", "trajectories"))]
+    rows = [
+        lag_row("arena-chains", "tools.servers", 10, 0),
+        lag_row("arena-tasks-from-chains", "chains", 7, 3),
+        lag_row("arena-tasks-from-chains@v2", wire("chains", "v2"), 1, 1),
+        lag_row("arena-lake-sink@v2", wire("chains", "v2"), 2, 0),
+        lag_row("arena-tasks-from-chains@v3", wire("chains", "v3"), None, 2, idle=True),
+    ]
+    views = {v.name: v for v in versions_view(specs, rows)}
+    assert list(views) == [MAIN, "v2", "v3"]
+    main, v2, v3 = views.values()
+    assert main.main and "tasks-from-chains" in main.stages and main.parent is None
+    assert (main.groups, main.pending, main.read, main.state) == (2, 3, 17, "running")
+    assert (v2.groups, v2.pending, v2.read, v2.state) == (2, 1, 3, "running")
+    assert (v3.groups, v3.pending, v3.read, v3.state) == (1, 2, 0, "idle")
+    assert v2.stage == "tasks-from-chains" and v2.records == 2 and v2.config_hash == specs[0].config_hash
+    # nothing left to read: the replay is done; no lag rows at all: it never ran
+    done = versions_view(specs[:1], [lag_row("arena-tasks-from-chains@v2", wire("chains", "v2"), 2, 0)])
+    assert done[1].state == "drained" and versions_view(specs[:1], [])[1].state == "idle"
+    # the groups sampled for a version: its stages' and its lake sink's, on its own topics
+    topics, workers = version_groups(specs[:1])
+    assert topics == {
+        "arena-tasks-from-chains@v2": [wire("chains", "v2")],
+        "arena-lake-sink@v2": [wire("chains", "v2"), wire("tasks", "v2")],
+    }
+    assert workers["arena-tasks-from-chains@v2"] == "tasks-from-chains@v2"
+
+
+def test_api_versions_lists_the_catalog_with_each_versions_progress(
+    client: TestClient, cfg: ArenaSettings, broker: str
+) -> None:
+    # names no other test on the session broker uses: its version topics and groups are its own
+    busy, unstarted = f"ui{uuid.uuid4().hex[:8]}", f"ui{uuid.uuid4().hex[:8]}"
+    record_versions(cfg, version_spec(busy), version_spec(unstarted, created_at=datetime.now(UTC)))
+    source = wire("chains", busy)
+    with admin_client(broker) as admin:
+        admin.create_topics(
+            {source: {"num_partitions": 1, "replication_factor": -1, "configs": {}}}, wait_for_metadata=True
+        )
+    produce(broker, source, 3)
+    commit(broker, f"arena-tasks-from-chains@{busy}", {TopicPartition(source, 0): 1})
+
+    resp = client.get("/api/versions")
+    assert resp.status_code == 200, resp.text
+    views = {v["name"]: v for v in resp.json()}
+    assert list(views) == [MAIN, busy, unstarted]  # main first, then the catalog oldest first
+    assert views[MAIN]["main"] is True and "tasks-from-chains" in views[MAIN]["stages"]
+    spec = version_spec(busy)
+    got = views[busy]
+    assert (got["parent"], got["stage"], got["stages"], got["records"]) == (
+        MAIN,
+        "tasks-from-chains",
+        ["tasks-from-chains"],
+        2,
+    )
+    assert got["settings"] == spec.settings and got["config_hash"] == spec.config_hash
+    assert got["ranges"] == [{"partition": 0, "start": 0, "end": 2, "records": 2, "from_lake": 0}]
+    # its stage read 1 of 3; its lake sink never ran and has all 3 to read (watched before it started)
+    assert (got["groups"], got["pending"], got["read"], got["state"]) == (2, 2 + 3, 1, "running")
+    # a version whose topics do not exist yet: no group, nothing read, idle
+    assert (views[unstarted]["groups"], views[unstarted]["read"], views[unstarted]["state"]) == (0, 0, "idle")
+    # the stage's group shows on the graph's group list too, with its worker
+    groups = {g["group"]: g for g in client.get("/api/graph").json()["groups"]}
+    assert groups[f"arena-tasks-from-chains@{busy}"]["worker"] == f"tasks-from-chains@{busy}"
+
+
+def test_api_diff_compares_two_versions_from_the_lake(client: TestClient, cfg: ArenaSettings) -> None:
+    write_version_lake(cfg, "v2")
+    record_versions(cfg, version_spec("v2"))
+
+    resp = client.get("/api/diff", params={"a": MAIN, "b": "v2"})
+    assert resp.status_code == 200, resp.text
+    diff = resp.json()
+    assert (diff["a"], diff["b"]) == (MAIN, "v2")
+    (stage,) = diff["stages"]  # only the stage the version ran
+    assert stage["stage"] == "tasks-from-chains"
+    a, b = stage["a"], stage["b"]
+    assert (a["records_in"], a["produced"], a["rejected"], a["dead_lettered"], a["outputs"]) == (
+        4,
+        3,
+        0,
+        1,
+        3,
+    )
+    assert (b["records_in"], b["produced"], b["rejected"], b["dead_lettered"], b["outputs"]) == (
+        3,
+        2,
+        1,
+        0,
+        2,
+    )
+    assert a["dead_letters_by_kind"] == {"crash": 1} and b["rejections_by_gate"] == {"quality": 1}
+    assert (a["llm_calls"], a["llm_tokens"], a["calls_per_output"], a["tokens_per_output"]) == (
+        6,
+        600,
+        2.0,
+        200.0,
+    )
+    assert (b["llm_requests"], b["tokens_per_output"]) == (2, 150.0)
+    # matched by the upstream chain: chain-2 only in main, chain-0 and chain-1 in both, chain-1 changed
+    assert (stage["only_a"], stage["only_b"], stage["both"], stage["identical"]) == (1, 0, 2, 1)
+    assert stage["examples"] == [
+        {"root": "chain-1", "a": ["find a hotel"], "b": ["find a hotel near the sea"]}
+    ]
+    # the same as `arena diff --json`
+    expected = compare(open_store(cfg), MAIN, "v2").model_dump(mode="json")
+    assert diff == expected
+    assert (
+        client.get("/api/diff?a=main&b=v2&stage=tasks-from-chains&examples=0").json()["stages"][0]["examples"]
+        == []
+    )
+
+    # the lake's tables count the live pipeline's rows; the version's are told apart
+    tables = {t["view"]: t for t in client.get("/api/lake/tables").json()}
+    assert (tables["tasks"]["rows"], tables["tasks"]["version_rows"]) == (3, {"v2": 2})
+    assert (tables["chains"]["rows"], tables["chains"]["version_rows"]) == (4, {"v2": 3})
+    # ... as the page's query box counts them: one view over every version, main by _version
+    sql = "select _version, count(*) as n from tasks group by 1 order by 1"
+    assert client.post("/api/lake/query", json={"sql": sql}).json()["rows"] == [["main", 3], ["v2", 2]]
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("", "name the two data versions to compare"),
+        ("?a=main", "name the two data versions to compare"),
+        ("?b=v2", "name the two data versions to compare"),
+        ("?a=main&b=nope", "no data version 'nope' (fix: one of main, v2"),
+        ("?a=Bad.Name&b=v2", "version name 'Bad.Name' is not allowed"),
+        ("?a=main&b=v2&stage=no-such-stage", "no stage 'no-such-stage' (fix: one of tasks-from-chains)"),
+        ("?a=main&b=v2&stage=chains", "stage 'chains' made nothing in main or v2"),
+        ("?a=main&b=v2&examples=99", "examples='99'"),
+        ("?a=main&b=v2&examples=-1", "examples='-1'"),
+    ],
+)
+def test_api_diff_refuses_unknown_versions_and_stages(
+    client: TestClient, cfg: ArenaSettings, query: str, message: str
+) -> None:
+    record_versions(cfg, version_spec("v2"))
+    resp = client.get(f"/api/diff{query}")
+    assert resp.status_code == 400, resp.text
+    assert message in resp.json()["error"]

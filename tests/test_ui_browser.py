@@ -37,7 +37,17 @@ from arena.config import ArenaSettings
 from arena.records.trainer import TrainerMetrics
 from consumers.ledger import stage_ledgers
 from tests.cli import ARENA, arena_env, end_offsets, read_all
-from tests.test_ui_api import DLQ_SOURCE, commit, produce, produce_dead_letter, replayed_values, write_chains
+from tests.test_ui_api import (
+    DLQ_SOURCE,
+    commit,
+    produce,
+    produce_dead_letter,
+    record_versions,
+    replayed_values,
+    version_spec,
+    write_chains,
+    write_version_lake,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -357,4 +367,71 @@ def test_dead_letters_replay_in_a_real_browser(ui: tuple[str, ArenaSettings], br
         assert replayed_values(broker, failures["a"]) == [raws["a"], raws["a"]]
         assert replayed_values(broker, failures["b"]) == []
         expect(row("a").locator('td[data-col="history"]')).to_contain_text("replay #2 (forced)")
+        assert errors == []
+
+
+def test_data_versions_and_their_comparison_in_a_real_browser(ui: tuple[str, ArenaSettings]) -> None:
+    """The Versions panel lists main and the catalog's versions with their progress, and its form
+    compares two of them as `arena diff` does: figures per stage, upstream matches, examples side by side."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is a dev extra: pip install -e .[dev]"
+    )
+    chromium_path()
+    url, cfg = ui
+    name = f"ui{uuid.uuid4().hex[:8]}"  # no version topics or groups of this name on the session broker
+    write_version_lake(cfg, name)
+    record_versions(cfg, version_spec(name))
+
+    expect = sync_api.expect
+    with browser_page(sync_api, viewport={"width": 1400, "height": 900}) as (page, errors):
+        page.on(
+            "response",
+            lambda resp: errors.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None,
+        )
+        page.goto(url)
+        page.click('nav a[href="#versions"]')
+        rows = page.locator('tr[data-testid="version-row"]')
+        expect(rows).to_have_count(2, timeout=WAIT_MS)
+        expect(rows.first).to_have_attribute("data-version", "main")
+        mine = page.locator(f'tr[data-version="{name}"]')
+        expect(mine).to_have_attribute("data-state", "idle")  # its workers never ran
+        expect(mine.locator('td[data-col="stages"]')).to_have_text("tasks-from-chains")
+        expect(mine.locator('td[data-col="overrides"]')).to_have_text("ARENA_SFT__TASKS_PER_CHAIN")
+        expect(mine.locator('td[data-col="records"]')).to_have_text("2")
+
+        # A defaults to main, B to the newest version; the stages offered are those B ran
+        expect(page.locator("#diff-a")).to_have_value("main")
+        expect(page.locator("#diff-b")).to_have_value(name)
+        expect(page.locator("#diff-stage option")).to_have_text(["all it ran", "tasks-from-chains"])
+        page.click("#run-diff")
+        stage = page.locator('[data-testid="diff-stage"][data-stage="tasks-from-chains"]')
+        expect(stage).to_have_count(1, timeout=WAIT_MS)
+        figures = stage.locator('[data-testid="diff-figures"]')
+        for label, a, b in [
+            ("records in", "4", "3"),
+            ("outputs", "3", "2"),
+            ("rejected: quality", "0", "1"),
+            ("dead letters: crash", "1", "0"),
+            ("tokens / output", "200", "150"),
+        ]:
+            row = figures.locator(f'tr[data-row="{label}"]')
+            expect(row.locator('td[data-side="a"]')).to_have_text(a)
+            expect(row.locator('td[data-side="b"]')).to_have_text(b)
+        expect(stage.locator('[data-testid="diff-match"]')).to_have_text(
+            f"upstream records: 1 only in main, 0 only in {name}, 2 in both (1 with identical outputs)"
+        )
+        example = stage.locator('tr[data-testid="diff-example"]')
+        expect(example).to_have_attribute("data-root", "chain-1")
+        expect(example.locator("td")).to_have_text(["chain-1", "find a hotel", "find a hotel near the sea"])
+
+        # the other way round: A is the version
+        page.select_option("#diff-a", name)
+        page.select_option("#diff-b", "main")
+        page.click("#run-diff")
+        expect(stage).to_have_count(1, timeout=WAIT_MS)
+        expect(stage.locator('tr[data-row="records in"] td[data-side="a"]')).to_have_text("3")
+
+        # the lake's tables count main's rows and say how many more the versions have
+        chains = page.locator('tr[data-view="chains"] td[data-col="rows"]')
+        expect(chains).to_have_text("4 +3 in versions", timeout=WAIT_MS)
         assert errors == []

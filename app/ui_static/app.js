@@ -283,6 +283,152 @@ async function refreshStages() {
   }
 }
 
+// --- data versions ---------------------------------------------------------------------------
+
+let versionRows = []; // the versions drawn last (main first)
+
+function versionState(v) {
+  if (v.state === "idle") return "idle: none of its workers ran yet";
+  if (v.state === "running") return `running: ${v.pending_capped ? "≥" : ""}${v.pending} pending`;
+  return v.main ? "live: nothing pending" : "drained: done";
+}
+
+function versionRow(v) {
+  const overrides = [...Object.keys(v.settings || {}), ...Object.keys(v.prompts || {}).map((r) => `prompt ${r}`)];
+  const created = v.created_at ? new Date(v.created_at).toLocaleString() : "";
+  const num = (col, n) => el("td", { className: "num", "data-col": col }, fmtNum(n));
+  const pending = v.pending_capped ? `≥${v.pending}` : String(v.pending);
+  return el("tr", {
+    "data-version": v.name, "data-testid": "version-row", "data-state": v.state,
+    className: v.state === "running" ? "lagging" : (v.state === "idle" ? "idle" : ""),
+  }, el("td", {}, v.name), el("td", {}, v.parent || ""), el("td", {}, v.stage || (v.main ? "(live)" : "")),
+  el("td", { "data-col": "stages" }, v.main ? "all" : v.stages.join(", ")),
+  num("records", v.records), el("td", { "data-col": "overrides", title: JSON.stringify(v.settings || {}) }, overrides.join(", ") || "–"),
+  el("td", { "data-col": "config" }, v.config_hash || ""), el("td", {}, created),
+  num("groups", v.groups), el("td", { className: "num lag", "data-col": "pending" }, pending),
+  num("read", v.read), el("td", { "data-col": "state" }, versionState(v)));
+}
+
+// Options of a <select>, redrawn only when they changed (a redraw would drop an open menu);
+// the choice is kept when still offered, else `fallback`.
+function setOptions(select, values, labels, fallback) {
+  const now = [...select.options].map((o) => o.value);
+  if (now.join("\n") !== values.join("\n")) {
+    const keep = select.value;
+    select.replaceChildren(...values.map((v, i) => el("option", { value: v }, labels[i])));
+    select.value = values.includes(keep) ? keep : fallback;
+  }
+}
+
+function drawDiffChoices() {
+  const names = versionRows.map((v) => v.name);
+  if (!names.length) return;
+  const newest = names[names.length - 1];
+  setOptions($("diff-a"), names, names, "main");
+  setOptions($("diff-b"), names, names, newest);
+  // The stages a comparison covers: those the non-main side(s) ran, every stage when both are main.
+  const picked = [$("diff-a").value, $("diff-b").value].map((n) => versionRows.find((v) => v.name === n)).filter(Boolean);
+  const replays = picked.filter((v) => !v.main);
+  const stages = [...new Set((replays.length ? replays : picked).flatMap((v) => v.stages))];
+  setOptions($("diff-stage"), ["", ...stages], ["all it ran", ...stages], "");
+}
+
+async function refreshVersions() {
+  try {
+    versionRows = await api("/api/versions");
+  } catch (e) {
+    $("versions-note").textContent = `versions: ${e.message}`;
+    $("versions-note").classList.add("error");
+    return;
+  }
+  $("versions-table").tBodies[0].replaceChildren(...versionRows.map(versionRow));
+  const replays = versionRows.filter((v) => !v.main);
+  const running = replays.filter((v) => v.state === "running").map((v) => v.name);
+  $("versions-note").classList.remove("error");
+  $("versions-note").textContent = !replays.length
+    ? "no data versions yet: `arena replay STAGE --as NAME` makes one"
+    : `${replays.length} data version(s)` + (running.length ? `; replaying: ${running.join(", ")}` : "");
+  drawDiffChoices();
+}
+
+function fmtInterval(i) {
+  if (!i || i.mean === null || i.mean === undefined) return "–";
+  if (i.low === null || i.high === null) return `${i.mean.toFixed(3)} (n=${i.n})`;
+  return `${i.mean.toFixed(3)} [${i.low.toFixed(3)}, ${i.high.toFixed(3)}] (n=${i.n})`;
+}
+
+// The figures of one stage, A and B side by side (the rows `arena diff` prints).
+function diffFigures(d, s) {
+  const rows = [
+    ["records in", s.a.records_in, s.b.records_in],
+    ["produced", s.a.produced, s.b.produced],
+    ["rejected", s.a.rejected, s.b.rejected],
+    ["dead-lettered", s.a.dead_lettered, s.b.dead_lettered],
+    ["outputs", s.a.outputs, s.b.outputs],
+  ];
+  const keys = (x, y) => [...new Set([...Object.keys(x || {}), ...Object.keys(y || {})])].sort();
+  for (const g of keys(s.a.rejections_by_gate, s.b.rejections_by_gate)) {
+    rows.push([`  rejected: ${g}`, s.a.rejections_by_gate[g] || 0, s.b.rejections_by_gate[g] || 0]);
+  }
+  for (const k of keys(s.a.dead_letters_by_kind, s.b.dead_letters_by_kind)) {
+    rows.push([`  dead letters: ${k}`, s.a.dead_letters_by_kind[k] || 0, s.b.dead_letters_by_kind[k] || 0]);
+  }
+  for (const name of keys(s.a.scores, s.b.scores)) {
+    rows.push([`score ${name}`, fmtInterval(s.a.scores[name]), fmtInterval(s.b.scores[name])]);
+  }
+  rows.push(
+    ["LLM calls", s.a.llm_calls, s.b.llm_calls],
+    ["LLM requests", s.a.llm_requests, s.b.llm_requests],
+    ["LLM tokens", s.a.llm_tokens, s.b.llm_tokens],
+    ["calls / output", s.a.calls_per_output, s.b.calls_per_output],
+    ["tokens / output", s.a.tokens_per_output, s.b.tokens_per_output],
+  );
+  return el("table", { className: "diff", "data-testid": "diff-figures" },
+    el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", { className: "num" }, d.a), el("th", { className: "num" }, d.b))),
+    el("tbody", {}, ...rows.map(([label, x, y]) => el("tr", {
+      "data-row": label.trim(), className: fmtNum(x) !== fmtNum(y) ? "changed" : "",
+    }, el("td", { className: label.startsWith(" ") ? "sub" : "" }, label.trim()),
+    el("td", { className: "num", "data-side": "a" }, fmtNum(x)), el("td", { className: "num", "data-side": "b" }, fmtNum(y))))));
+}
+
+function diffExamples(d, s) {
+  if (!s.examples.length) return el("p", { className: "note" }, "no upstream record whose outputs changed");
+  const outs = (list) => el("td", {}, ...(list.length ? list.map((t) => el("div", { className: "output" }, t)) : ["–"]));
+  return el("table", { className: "examples", "data-testid": "diff-examples" },
+    el("thead", {}, el("tr", {}, el("th", {}, "changed: upstream record"), el("th", {}, d.a), el("th", {}, d.b))),
+    el("tbody", {}, ...s.examples.map((x) => el("tr", { "data-root": x.root, "data-testid": "diff-example" },
+      el("td", {}, x.root), outs(x.a), outs(x.b)))));
+}
+
+function diffStage(d, s) {
+  return el("div", { className: "diff-stage", "data-stage": s.stage, "data-testid": "diff-stage" },
+    el("h4", {}, `${s.stage}: ${d.a} vs ${d.b}`),
+    diffFigures(d, s),
+    el("p", { className: "note", "data-testid": "diff-match" },
+      `upstream records: ${s.only_a} only in ${d.a}, ${s.only_b} only in ${d.b}, ${s.both} in both `
+      + `(${s.identical} with identical outputs)`),
+    diffExamples(d, s));
+}
+
+async function runDiff(ev) {
+  ev.preventDefault();
+  const out = $("diff-out");
+  const q = new URLSearchParams({ a: $("diff-a").value, b: $("diff-b").value });
+  if ($("diff-stage").value) q.set("stage", $("diff-stage").value);
+  $("diff-error").textContent = "";
+  $("diff-meta").textContent = "comparing…";
+  out.replaceChildren();
+  try {
+    const d = await api(`/api/diff?${q}`);
+    $("diff-meta").textContent = d.stages.length ? `${d.stages.length} stage(s)`
+      : "nothing to compare: neither version has stage ledger entries in the lake yet";
+    out.replaceChildren(...d.stages.map((s) => diffStage(d, s)));
+  } catch (e) {
+    $("diff-meta").textContent = "";
+    $("diff-error").textContent = e.message;
+  }
+}
+
 // --- dead letters ----------------------------------------------------------------------------
 
 function dlqFilter() {
@@ -406,10 +552,17 @@ async function refreshTables() {
     const tables = await api("/api/lake/tables");
     body.replaceChildren(...tables.map((t) => {
       const link = el("a", { href: "#lake" }, t.view);
-      link.addEventListener("click", () => { $("sql").value = `select * from ${t.view} limit 50`; });
+      // the live pipeline's rows: every view also holds the data versions' (its _version column)
+      link.addEventListener("click", () => {
+        $("sql").value = `select * from ${t.view} where _version = 'main' limit 50`;
+      });
+      const others = Object.entries(t.version_rows || {});
+      const more = others.reduce((n, [, rows]) => n + rows, 0);
       return el("tr", { "data-view": t.view, "data-testid": "lake-table" }, el("td", {}, link),
-        el("td", { className: "num", "data-col": "rows" }, t.rows), el("td", { className: "num" }, t.files),
-        el("td", { className: "num" }, t.bytes));
+        el("td", { className: "num", "data-col": "rows" }, t.rows,
+          more ? el("span", { className: "note", "data-col": "version-rows",
+            title: others.map(([v, rows]) => `${v}: ${rows}`).join(", ") }, ` +${more} in versions`) : ""),
+        el("td", { className: "num" }, t.files), el("td", { className: "num" }, t.bytes));
     }));
   } catch (e) {
     body.replaceChildren(el("tr", {}, el("td", { colspan: 4, className: "error" }, e.message)));
@@ -544,6 +697,8 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("query-form").addEventListener("submit", runQuery);
   $("trace-form").addEventListener("submit", runTrace);
+  $("diff-form").addEventListener("submit", runDiff);
+  for (const id of ["diff-a", "diff-b"]) $(id).addEventListener("change", drawDiffChoices);
   $("dlq-filter").addEventListener("submit", (ev) => { ev.preventDefault(); refreshDlq(); });
   $("dlq-replay-selected").addEventListener("click", replaySelected);
   $("dlq-all").addEventListener("change", () => {
@@ -552,6 +707,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   every(1000, refreshGraph);
   every(5000, refreshStages);
+  every(5000, refreshVersions);
   every(3000, refreshDlq);
   every(10000, refreshTables);
   every(3000, refreshTraining);
