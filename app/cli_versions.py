@@ -109,7 +109,8 @@ def _print_plan(spec: VersionSpec, estimate: dict[str, float], *, dry_run: bool)
         + (f" ({lake} read from the lake: retention had removed them)" if lake else "")
     )
     for r in spec.ranges:
-        console.print(f"    partition {r.partition}: offsets {r.start}..{r.end} ({r.records} records)")
+        noun = "record" if r.records == 1 else "records"
+        console.print(f"    partition {r.partition}: offsets {r.start}..{r.end} ({r.records} {noun})")
     for name, count in spec.inherited.items():
         console.print(
             f"  inherited unchanged from {spec.parent}: {count} records of {name} (written by stages that do not run)"
@@ -120,9 +121,9 @@ def _print_plan(spec: VersionSpec, estimate: dict[str, float], *, dry_run: bool)
         console.print(f"  prompt {role}: {version}")
     if estimate:
         console.print(
-            f"  estimated LLM use: {estimate['calls']:.0f} calls, {estimate['requests']:.0f} requests, "
-            f"{estimate['tokens']:.0f} tokens (the parent's cost per {spec.stage} input, "
-            f"{estimate['parent_inputs']:.0f} inputs, times {spec.records}; cached answers cost no request)"
+            f"  estimated LLM use: {estimate['calls']:.0f} calls, at most {estimate['requests']:.0f} requests "
+            f"and {estimate['tokens']:.0f} tokens (from the parent's cost over its "
+            f"{estimate['parent_inputs']:.0f} {spec.stage} inputs; a cached answer costs no request)"
         )
     else:
         console.print("  estimated LLM use: unknown (the lake has no llm_usage of the parent yet)")

@@ -241,7 +241,10 @@ async def plan(
         replay = await read_replayed(bootstrap, store, source, ranges)
         copies = {wire(replayed.input, name): replay}
         inherited: dict[str, int] = {}
-        for name_of in inherited_topics(stages, replayed.input):
+        # Only a replay of the whole input makes a complete alternative to the parent; one of a range
+        # holds what descends from that range alone (inheriting would re-run every other record).
+        complete = every and until is None
+        for name_of in inherited_topics(stages, replayed.input) if complete else ():
             parent_topic = wire(name_of, parent)
             held = await bounds(bootstrap, parent_topic, topic(name_of).partitions)
             every_record = [(b.partition, 0, b.end) for b in held]
@@ -309,34 +312,57 @@ async def _resolve(
 
 
 def estimate_calls(settings: ArenaSettings, spec: VersionSpec) -> dict[str, float]:
-    """The LLM calls (and requests, tokens) the version's stages are likely to make: what they cost
-    per input record of the replayed stage in the parent (its ``llm_usage`` over its ledger), times
-    the records replayed. Empty when the lake has no usage or ledger of the parent yet."""
+    """The LLM calls (and requests, tokens) the version's stages are likely to make, from what they
+    cost in the parent (``llm_usage``, ledger): empty when the lake has none of the parent yet.
+
+    The replayed stage costs its calls per input record times the records replayed. A stage
+    downstream of it costs, of its calls in the parent, the share that the replayed records fed: all
+    of them when the version inherits the rest (a replay of the whole input), else the replayed
+    share of the records the stage read that the replayed stage made (``tasks`` is also written by
+    ``tasks-from-servers``). Requests are an upper bound: a cached answer costs none.
+    """
     stages = ", ".join(f"'{s}'" for s in spec.stages)
     usage_sql = (
-        "select coalesce(sum(calls), 0), coalesce(sum(attempts), 0), "
-        "coalesce(sum(prompt_tokens + completion_tokens), 0) from llm_usage "
-        f"where _version = '{spec.parent}' and stage in ({stages})"
+        "select stage, coalesce(sum(calls), 0) as calls, coalesce(sum(attempts), 0) as requests, "
+        "coalesce(sum(prompt_tokens + completion_tokens), 0) as tokens from llm_usage "
+        f"where _version = '{spec.parent}' and stage in ({stages}) group by stage"
     )
-    handled_sql = (
-        "select count(*) from stages_ledger "
-        f"where _version = '{spec.parent}' and stage = '{spec.stage}' and outcome != 'not_addressed'"
+    made_sql = (
+        f"select count(*) filter (where stage = '{spec.stage}') as handled, "
+        f"count(*) filter (where stage = '{spec.stage}' and outcome in ('emitted', 'stored')) as produced "
+        f"from stages_ledger where _version = '{spec.parent}' and outcome != 'not_addressed'"
     )
     try:
         query = LakeQuery(open_store(settings))
-        calls, attempts, tokens = (float(v) for v in query.query(usage_sql).to_pylist()[0].values())
-        handled = int(query.query(handled_sql).to_pylist()[0]["count_star()"])
+        usage = {row["stage"]: row for row in query.query(usage_sql).to_pylist()}
+        made = query.query(made_sql).to_pylist()[0]
+        share = _fed_share(query, spec) if not spec.inherited else 1.0
     except LakeQueryError:
         return {}
-    if not handled or not calls:
+    handled = int(made["handled"] or 0)
+    if not handled or not usage:
         return {}
-    per = spec.records / handled
-    return {
-        "calls": round(calls * per, 1),
-        "requests": round(attempts * per, 1),
-        "tokens": round(tokens * per, 1),
-        "parent_inputs": float(handled),
-    }
+    replayed = spec.records / handled
+    totals = {"calls": 0.0, "requests": 0.0, "tokens": 0.0}
+    for stage, row in usage.items():
+        scale = replayed if stage == spec.stage else replayed * share
+        for name in totals:
+            totals[name] += float(row[name]) * scale
+    return {**{k: round(v, 1) for k, v in totals.items()}, "parent_inputs": float(handled)}
+
+
+def _fed_share(query: LakeQuery, spec: VersionSpec) -> float:
+    """Of the records the replayed stage's outputs topics hold in the parent, the share it wrote."""
+    replayed = next(s for s in STAGES if s.name == spec.stage)
+    outputs = [topic(t).table for t in replayed.outputs]
+    if not outputs:
+        return 1.0
+    parts = " union all ".join(f"select _headers from {t} where _version = '{spec.parent}'" for t in outputs)
+    row = query.query(
+        f"select count(*) as total, count(*) filter (where json_extract_string(_headers, '$.\"arena-stage\"') "
+        f"= '{spec.stage}') as mine from ({parts})"
+    ).to_pylist()[0]
+    return float(row["mine"]) / float(row["total"]) if row["total"] else 1.0
 
 
 def create_topics(bootstrap: str, spec: VersionSpec) -> list[str]:

@@ -104,7 +104,11 @@ class StageDiff(BaseModel):
     stage: str
     a: VersionStage
     b: VersionStage
-    only_a: int = Field(0, description="Upstream records with outputs in A only.")
+    only_a: int = Field(
+        0,
+        description="Upstream records with outputs in A only (of those a non-main version took from its "
+        "parent: a replay of part of the input is compared on that part).",
+    )
     only_b: int = Field(0, description="Upstream records with outputs in B only.")
     both: int = Field(0, description="Upstream records with outputs in both.")
     identical: int = Field(0, description="Of those, how many have the very same outputs (keys and values).")
@@ -315,10 +319,12 @@ def _matched(
 ) -> StageDiff:
     by_root_a: dict[str, list[dict[str, Any]]] = defaultdict(list)
     by_root_b: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows_a:
-        by_root_a[_root(row["_key"], parents_a, roots)].append(row)
-    for row in rows_b:
-        by_root_b[_root(row["_key"], parents_b, roots)].append(row)
+    for rows, by_root, parents in ((rows_a, by_root_a, parents_a), (rows_b, by_root_b, parents_b)):
+        for row in rows:
+            root = _root(row["_key"], parents, roots)
+            # A version that replayed part of its parent's input is compared on that part only.
+            if not roots or root in roots:
+                by_root[root].append(row)
     both = sorted(set(by_root_a) & set(by_root_b))
     same = [r for r in both if sorted(map(_identity, by_root_a[r])) == sorted(map(_identity, by_root_b[r]))]
     changed = [r for r in both if r not in set(same)]

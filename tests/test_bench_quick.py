@@ -205,6 +205,18 @@ def _check_real_model(r: dict[str, Any]) -> None:
     assert not r["learned_limit"] or (r["learned_limit"]["learning"] and r["learned_limit"]["ceiling"] == 8)
 
 
+def _check_replay(r: dict[str, Any]) -> None:
+    assert r["ok"] is True and r["records_replayed"] > 0
+    assert 0 < r["calls_saved_share"] < 1
+    assert r["calls_saved_share"] == pytest.approx(
+        r["llm_calls_upstream_saved"] / r["llm_calls_main"], abs=1e-3
+    )
+    assert r["llm_calls_version"] > 0 and 0 <= r["llm_requests_version"] <= r["llm_calls_version"]
+    assert r["outputs"]["main"]["samples.sft"] > 0 and r["outputs"]["version"]["samples.sft"] > 0
+    assert list(r["diff"]) == r["runs"][0]["stages"] and r["runs"][0]["stages"][0] == r["stage"]
+    assert r["ratio"] == pytest.approx(r["replay_s"] / r["from_scratch_s"], rel=0.01)
+
+
 def _keys(*names: str) -> frozenset[str]:
     return frozenset(("quick", *names))
 
@@ -261,6 +273,24 @@ BENCHES = [
         check=_check_vllm_rollouts,
     ),
     Bench(("bench/chaos.py",), _keys("clean", "runs", "ratio", "ok"), 600, check=_check_chaos),
+    Bench(
+        ("bench/replay.py",),
+        _keys(
+            "records_replayed",
+            "replay_s",
+            "from_scratch_s",
+            "ratio",
+            "llm_calls_main",
+            "llm_calls_upstream_saved",
+            "llm_calls_version",
+            "llm_requests_version",
+            "calls_saved_share",
+            "outputs",
+            "ok",
+        ),
+        600,
+        check=_check_replay,
+    ),
     # a real model on CPU: only where the local-llm extra is installed (skipped with the reason on CI)
     Bench(("bench/real_model.py",), _keys("bench"), 900, check=_check_real_model),
     Bench(

@@ -757,7 +757,8 @@ def test_api_diff_compares_two_versions_from_the_lake(client: TestClient, cfg: A
     )
     assert (b["llm_requests"], b["tokens_per_output"]) == (2, 150.0)
     # matched by the upstream chain: chain-2 only in main, chain-0 and chain-1 in both, chain-1 changed
-    assert (stage["only_a"], stage["only_b"], stage["both"], stage["identical"]) == (1, 0, 2, 1)
+    # chain-2 was not replayed: main's task-c is outside the comparison
+    assert (stage["only_a"], stage["only_b"], stage["both"], stage["identical"]) == (0, 0, 2, 1)
     assert stage["examples"] == [
         {"root": "chain-1", "a": ["find a hotel"], "b": ["find a hotel near the sea"]}
     ]

@@ -418,7 +418,7 @@ def test_data_versions_and_their_comparison_in_a_real_browser(ui: tuple[str, Are
             expect(row.locator('td[data-side="a"]')).to_have_text(a)
             expect(row.locator('td[data-side="b"]')).to_have_text(b)
         expect(stage.locator('[data-testid="diff-match"]')).to_have_text(
-            f"upstream records: 1 only in main, 0 only in {name}, 2 in both (1 with identical outputs)"
+            f"upstream records: 0 only in main, 0 only in {name}, 2 in both (1 with identical outputs)"
         )
         example = stage.locator('tr[data-testid="diff-example"]')
         expect(example).to_have_attribute("data-root", "chain-1")
