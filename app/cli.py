@@ -389,6 +389,12 @@ def eval_cmd(
         str | None,
         typer.Option(help="--bench bfcl: categories, comma-separated (default simple,multiple,parallel)."),
     ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            help="--bench tau2: the tasks to score: test (default: never read by synthesis), train or all."
+        ),
+    ] = None,
 ) -> None:
     """pass^k and pass@k of a policy on the held-out qa packages and interactive instances, per domain.
 
@@ -402,6 +408,8 @@ def eval_cmd(
         from app.cli_bench import check_bench_options, print_bench, run_bench
 
         url = check_bench_options(bench, model, domain, category)
+        if split is not None and bench != "tau2":
+            raise UserError("--split goes with --bench tau2 (fix: drop it)")
         n = trials if trials is not None else k
         if n < k:
             raise UserError(f"--trials {n} < --k {k} (fix: pass^k needs at least k trials per item)")
@@ -416,6 +424,7 @@ def eval_cmd(
             limit=limit,
             concurrency=concurrency,
             seed=seed,
+            split=split or "test",
         )
         print_bench(found, as_json)
         return

@@ -62,6 +62,7 @@ def run_bench(
     limit: int | None,
     concurrency: int,
     seed: int,
+    split: str = "test",
 ) -> BenchReport:
     """Run ``bench`` on the model at ``url``; its errors become ``UserError``s naming the fix."""
     from trainer.endpoint_policy import EndpointError
@@ -88,8 +89,18 @@ def run_bench(
 
         assert domain is not None  # check_bench_options
         try:
+            if split not in ("test", "train", "all"):
+                raise UserError(f"--split {split!r}: use test, train or all")
             return run_tau2(
-                cfg, url, domain=domain, k=k, trials=trials, limit=limit, concurrency=concurrency, seed=seed
+                cfg,
+                url,
+                domain=domain,
+                k=k,
+                trials=trials,
+                limit=limit,
+                concurrency=concurrency,
+                seed=seed,
+                split=split,  # type: ignore[arg-type]  # checked above
             )
         except (Tau2BenchError, SandboxUnavailable) as exc:  # unknown domain, no .venv-tau2, no sandbox
             raise UserError(f"--bench tau2: {exc}") from None

@@ -170,10 +170,16 @@ def open_session(store: ObjectStore, pool: Runner, imported: Tau2Import) -> Tau2
     return Tau2Session(pool, imported.domain, db, user_db)
 
 
-def benchmark_tasks(tasks: list[Tau2Task], imported: Tau2Import) -> list[Tau2Task]:
-    """The tasks tau2 evaluates by default: its ``base`` split (all tasks when there is none)."""
+EvalSplit = Literal["test", "train", "all"]
+"""Which of tau2's tasks an evaluation scores: ``test`` (never seen by synthesis), ``train``, or both."""
+
+
+def benchmark_tasks(tasks: list[Tau2Task], imported: Tau2Import, split: EvalSplit = "all") -> list[Tau2Task]:
+    """The tasks tau2 evaluates: its ``base`` split (all tasks when there is none), of ``split`` only
+    (``test``: the tasks synthesis never reads, ``synthesis_tasks``)."""
     base = set(imported.splits.get("base", []))
-    return [t for t in tasks if t.task_id in base] if base else list(tasks)
+    chosen = [t for t in tasks if t.task_id in base] if base else list(tasks)
+    return chosen if split == "all" else [t for t in chosen if t.split == split]
 
 
 def synthesis_tasks(tasks: list[Tau2Task]) -> list[Tau2Task]:

@@ -77,6 +77,13 @@ def test_import_keeps_the_database_in_the_lake_and_records_the_split(
         assert not {t.task_id for t in train} & test_ids  # test tasks never reach synthesis
         assert {t.task_id for t in tasks if t.split == "test"} == test_ids
     assert len(benchmark_tasks(load_tasks(store, telecom), telecom)) == 114  # tau2's base split of 2285
+    for imported in imports.values():  # the evaluation's default split: tasks synthesis never reads
+        tasks = load_tasks(store, imported)
+        test = benchmark_tasks(tasks, imported, "test")
+        train = benchmark_tasks(tasks, imported, "train")
+        assert test and all(t.split == "test" for t in test)
+        assert not {t.task_id for t in test} & {t.task_id for t in synthesis_tasks(tasks)}
+        assert len(test) + len(train) <= len(benchmark_tasks(tasks, imported))
 
 
 def test_the_pack_folder_is_a_valid_manifest_naming_the_import(
@@ -212,6 +219,8 @@ def test_eval_bench_tau2_runs_end_to_end_against_arena_llm_serve(
             seed=0,
         )
     assert report.bench == "tau2" and [g.group for g in report.groups] == [domain]
+    assert (report.split, report.user_simulator) == ("test", "gateway")  # test tasks by default
+    assert report.left_out.get("limit", 0) > 0  # the report says what --limit left out
     assert len(report.tasks) == limit and all(len(t.rewards) == 1 for t in report.tasks)
     assert all(r in (0.0, 1.0) for t in report.tasks for r in t.rewards)
     assert not any(t.errors for t in report.tasks), [t.errors for t in report.tasks]

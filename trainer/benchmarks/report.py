@@ -65,6 +65,15 @@ class BenchReport(BaseModel):
     groups: Annotated[list[GroupScore], Field(description="One per domain/category, sorted, then 'all'.")]
     tasks: Annotated[list[TaskResult], Field(description="Per-task results.")]
     wall_s: Annotated[float, Field(description="Seconds the evaluation took.")] = 0.0
+    split: Annotated[
+        str | None, Field(description="tau2: the split scored (test, train or all); None for BFCL.")
+    ] = None
+    user_simulator: Annotated[
+        str | None, Field(description="tau2: who plays the user (gateway: the settings' LLM; endpoint).")
+    ] = None
+    left_out: Annotated[
+        dict[str, int], Field(description="Tasks of the split not scored, by reason (needs_judge, limit).")
+    ] = Field(default_factory=dict)
 
 
 def group_score(group: str, results: Sequence[TaskResult], *, k: int, trials: int) -> GroupScore:
@@ -104,6 +113,11 @@ def bench_report(
 def bench_table(report: BenchReport) -> Table:
     """The report as a table: one row per group, the do-nothing floor beside the model's figures."""
     table = Table(title=f"{report.bench}: {report.model} (k={report.k}, n={report.trials})")
+    if report.split is not None:
+        left = ", ".join(f"{n} {why}" for why, n in sorted(report.left_out.items())) or "none"
+        table.caption = (
+            f"split {report.split}; user simulator {report.user_simulator}; tasks left out: {left}"
+        )
     for column in ("group", "tasks", *(f"pass^{j}" for j in range(1, report.k + 1)), "pass@k"):
         table.add_column(column, justify="left" if column == "group" else "right")
     table.add_column("mean reward", justify="right")

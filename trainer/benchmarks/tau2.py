@@ -11,7 +11,10 @@ its database loaded once and reset per trial.
 Each trial's trajectory is written as tau2 messages and scored by tau2's own
 ``evaluate_simulation`` (EvaluationType.ALL), in the same session. The do-nothing agent (it only
 greets, calls nothing and stops) is scored the same way once per task. Tasks are tau2's ``base``
-split (what tau2 evaluates); the domain is imported into the lake first when it is not there yet.
+split (what tau2 evaluates), of its test tasks by default (``split``: the tasks synthesis never
+reads); the report says the split, who played the user and which tasks were left out (those
+needing a judge, those past ``limit``). The domain is imported into the lake first when it is not
+there yet.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from environments.tau2_episode import (
 )
 from environments.tau2_import import (
     DOMAINS,
+    EvalSplit,
     Tau2Import,
     benchmark_tasks,
     build_import,
@@ -124,6 +128,7 @@ async def _evaluate(
     concurrency: int,
     seed: int,
     user: Literal["gateway", "endpoint"],
+    split: EvalSplit,
 ) -> BenchReport:
     start = time.monotonic()
     store = open_store(settings)
@@ -134,12 +139,14 @@ async def _evaluate(
     try:
         await pool.start()
         imported = load_import(store, domain) or await build_import(store, pool, domain)
-        tasks = [
-            t
-            for t in benchmark_tasks(load_tasks(store, imported), imported)
-            if not t.verification.needs_judge
-        ]
-        tasks = tasks[:limit]
+        chosen = benchmark_tasks(load_tasks(store, imported), imported, split)
+        tasks = [t for t in chosen if not t.verification.needs_judge]
+        left_out = {"needs_judge": len(chosen) - len(tasks)}
+        if limit is not None and len(tasks) > limit:
+            left_out["limit"] = len(tasks) - limit
+            tasks = tasks[:limit]
+        if not tasks:
+            raise Tau2BenchError(f"the {split} split of {domain} has no task to score (fix: --split all)")
         if user == "endpoint":
             simulator: UserSimulator = GatewayUserSimulator(policy.gateway)
         else:
@@ -179,8 +186,15 @@ async def _evaluate(
         await asyncio.gather(*(worker() for _ in range(min(workers, max(1, jobs.qsize())))))
         for task in tasks:
             results[task.task_id].rewards = [rewards[(task.task_id, i)] for i in range(trials)]
-        return bench_report(
+        report = bench_report(
             "tau2", url, list(results.values()), k=k, trials=trials, wall_s=time.monotonic() - start
+        )
+        return report.model_copy(
+            update={
+                "split": split,
+                "user_simulator": user,
+                "left_out": {k: v for k, v in left_out.items() if v},
+            }
         )
     finally:
         await policy.aclose()
@@ -200,8 +214,12 @@ def run_tau2(
     concurrency: int,
     seed: int,
     user: Literal["gateway", "endpoint"] = "gateway",
+    split: EvalSplit = "test",
 ) -> BenchReport:
-    """pass^k / pass@k of the model at ``url`` on tau2 ``domain``, with the do-nothing floor."""
+    """pass^k / pass@k of the model at ``url`` on tau2 ``domain``, with the do-nothing floor.
+
+    ``split``: tau2's test tasks by default, the ones synthesis never reads (``synthesis_tasks``).
+    """
     if domain not in DOMAINS:
         raise Tau2BenchError(f"--domain {domain!r}: tau2 domains are {', '.join(DOMAINS)}")
     if trials < k:
@@ -218,6 +236,7 @@ def run_tau2(
                 concurrency=concurrency,
                 seed=seed,
                 user=user,
+                split=split,
             )
         )
     except Tau2Unavailable as exc:
