@@ -327,10 +327,21 @@ def train_cmd(
     from trainer.service import NoCheckpoint, TrainerService, TrainOptions
 
     known_version(cfg, version)
+    trained_on = _trained_on(cfg, cfg.train.run, default=None)
+    if trained_on is not None and trained_on != version:
+        raise UserError(
+            f"run {cfg.train.run!r} trains on data version {trained_on!r}, not {version!r}: a run never "
+            f"mixes versions (fix: --run NEW_NAME for a run on {version!r})"
+        )
     options = TrainOptions(
         tiny=tiny, steps=steps, until_drained=until_drained, resume=resume, version=version
     )
-    service = TrainerService(cfg, ready_broker(cfg), options, console)
+    address = ready_broker(cfg)
+    if version != "main":
+        from app.replay import trainer_topics, versioned_topics
+
+        versioned_topics(address, version, trainer_topics())  # a version made before it had them
+    service = TrainerService(cfg, address, options, console)
     try:
         endpoint = serve_process_metrics(cfg.metrics)
     except MetricsPortError as exc:
@@ -496,8 +507,9 @@ def eval_cmd(
             console.print(f"the policy was trained on data version {trained_on}")
 
 
-def _trained_on(cfg: ArenaSettings, run: str) -> str:
-    """The data version training run ``run`` consumed (its newest start's record in the catalog)."""
+def _trained_on(cfg: ArenaSettings, run: str, default: str | None = "main") -> str | None:
+    """The data version training run ``run`` consumed (its newest start's record in the catalog);
+    ``default`` when the catalog has no start of it."""
     from lake.catalog import Catalog
 
     catalog = Catalog(cfg.catalog)
@@ -506,7 +518,7 @@ def _trained_on(cfg: ArenaSettings, run: str) -> str:
     finally:
         catalog.dispose()
     if not starts:
-        return "main"
+        return default
     newest = max(starts, key=lambda r: r.started_at)
     return str(newest.params_dict().get("data_version", "main"))
 

@@ -43,6 +43,10 @@ from streams.runtime import LEDGER_TOPIC, StageDef
 
 USAGE_TOPIC = "llm.usage"
 
+TRAINER_INPUTS = ("samples.sft", "samples.verified")
+"""What `arena train --version` reads: every version has them (empty where no stage of it writes
+them), so the trainer never meets a topic a client auto-created with the broker's default partitions."""
+
 FIXED_SETTINGS = ("home", "broker", "lake_url", "lancedb_uri", "catalog_url", "metrics", "worker_fork")
 """Settings a version cannot override: where the stack is (a version lives in the same one)."""
 
@@ -70,11 +74,16 @@ def downstream(name: str) -> tuple[str, ...]:
 def version_topics(stages: Sequence[str]) -> tuple[str, ...]:
     """Registry topics a version running ``stages`` has its own copy of: what they read and may write,
     their ledger and LLM usage."""
-    names: set[str] = {LEDGER_TOPIC, USAGE_TOPIC}
+    names: set[str] = {LEDGER_TOPIC, USAGE_TOPIC, *trainer_topics()}
     for stage in STAGES:
         if stage.name in stages:
             names |= {stage.input, *stage.may_emit}
     return tuple(t for t in TOPICS if t in names)
+
+
+def trainer_topics() -> list[str]:
+    """The trainer's inputs and their side topics (where it sends samples it cannot use)."""
+    return [t for name in TRAINER_INPUTS for t in (name, topic(name).dlq, topic(name).rejected)]
 
 
 def inherited_topics(stages: Sequence[str], replayed: str) -> tuple[str, ...]:
@@ -367,7 +376,12 @@ def _fed_share(query: LakeQuery, spec: VersionSpec) -> float:
 
 def create_topics(bootstrap: str, spec: VersionSpec) -> list[str]:
     """Create the version's topics (same partitions and configs as the registry's); returns new ones."""
-    return ensure_topics(bootstrap, [replace(topic(t), name=wire(t, spec.name)) for t in spec.topics])
+    return versioned_topics(bootstrap, spec.name, spec.topics)
+
+
+def versioned_topics(bootstrap: str, version: str, names: Sequence[str]) -> list[str]:
+    """Create ``version``'s copies of registry topics ``names`` that are missing; returns new ones."""
+    return ensure_topics(bootstrap, [replace(topic(t), name=wire(t, version)) for t in names])
 
 
 async def execute(settings: ArenaSettings, bootstrap: str, plan: ReplayPlan) -> int:

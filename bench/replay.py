@@ -251,7 +251,9 @@ def run_once(
         _, replayed, replay_wall = arena(
             ["replay", args.stage, "--as", version, "--all", "--set", args.set], env, log, timeout_s=600
         )
-        estimate = re.search(r"estimated LLM use: ([0-9]+) calls", replayed)
+        estimate = re.search(
+            r"estimated LLM use:\s+([0-9]+)\s+calls,\s+at\s+most\s+([0-9]+)\s+requests", replayed
+        )
         copied = re.search(r"([0-9]+) records copied in", replayed)
         progress.advance(task)
 
