@@ -92,39 +92,14 @@ def test_a_replay_with_a_new_prompt_and_gate_runs_only_downstream_into_its_own_v
     edited = tmp_path / "augment.txt"
     edited.write_text("Keep every variant short and concrete.\n" + prompt + "\n")
 
-    dry = run_arena(
-        [
-            "replay",
-            "tasks-from-chains",
-            "--as",
-            "v2",
-            "--all",
-            "--set",
-            "sft.theta_question_quality=0.9",
-            "--prompt",
-            f"augment_task={edited}",
-            "--dry-run",
-        ],
-        home.env,
-    ).stdout
+    v2 = ["replay", "tasks-from-chains", "--as", "v2", "--all", "--set", "sft.theta_question_quality=0.9"]
+    v2 += ["--prompt", f"augment_task={edited}"]
+    dry = run_arena([*v2, "--dry-run"], home.env).stdout
     assert "would replay" in dry and "estimated LLM use:" in dry and "calls" in dry
     assert "inherited unchanged from main" in dry
     run_arena(["data-versions", "show", "v2"], home.env, check=2)  # a dry run makes nothing
 
-    run_arena(
-        [
-            "replay",
-            "tasks-from-chains",
-            "--as",
-            "v2",
-            "--all",
-            "--set",
-            "sft.theta_question_quality=0.9",
-            "--prompt",
-            f"augment_task={edited}",
-        ],
-        home.env,
-    )
+    run_arena(v2, home.env)
     _drain(home, "v2")
 
     assert _main_files(home) == before, "a replay changed main's lake files"
