@@ -63,11 +63,9 @@ def replay(
     from app.replay import plan as make_plan
 
     cfg = settings()
+    overrides = parse_settings(sets or [])  # the user's mistakes first: nothing starts for them
+    texts = parse_prompts(prompts or [])
     address = broker(cfg)
-    overrides = parse_settings(sets or [])
-    from app.replay import downstream
-
-    texts = parse_prompts(prompts or [], downstream(stage) if stage else ())
     found = asyncio.run(
         make_plan(
             cfg,

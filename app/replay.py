@@ -167,7 +167,7 @@ class _environment:
                 os.environ[name] = value
 
 
-def parse_prompts(pairs: Sequence[str], stages: Sequence[str]) -> dict[str, str]:
+def parse_prompts(pairs: Sequence[str]) -> dict[str, str]:
     """``--prompt ROLE=FILE`` as role -> prompt text, checked against the role (``with_prompt``)."""
     from arena.llm.roles.registry import roles
 

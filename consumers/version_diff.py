@@ -277,14 +277,15 @@ def compare(
     parents = {v: {row["_key"]: _parents(row) for t in topics for row in rows[v][t]} for v in ledgers}
     diffs = []
     for name in names:
-        mine = {v: _outputs(rows[v], name, outputs_of[name]) for v in ledgers}
+        by_topic = {v: {t: _outputs(rows[v], name, [t]) for t in outputs_of[name]} for v in ledgers}
+        mine = {v: [row for t in outputs_of[name] for row in by_topic[v][t]] for v in ledgers}
         figures = {}
         for v in ledgers:
             figures[v] = _stage_figures(ledgers[v].get(name, []), usage[v].get(name))
             figures[v].scores = {
                 f"{t}:{score}" if len(outputs_of[name]) > 1 else score: interval
                 for t in outputs_of[name]
-                for score, interval in _scores([r for r in mine[v] if r in rows[v][t]], t).items()
+                for score, interval in _scores(by_topic[v][t], t).items()
             }
         diffs.append(
             _matched(name, figures[a], figures[b], mine[a], mine[b], parents[a], parents[b], roots, examples)
