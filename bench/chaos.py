@@ -50,6 +50,7 @@ from rich.table import Table
 from app.demo import track_workers
 from app.registry import WORKERS
 from app.stack import descendants_of, free_port
+from arena.records.common import MEASURED_FIELDS
 from arena.topics import TOPICS
 from consumers.lag import compute_lag
 from consumers.ledger import read_to_end
@@ -58,7 +59,7 @@ from synthesis.eigen.verification import field_class
 ARENA = str(Path(sys.executable).parent / "arena")
 NOT_COMPARED = {"llm.usage", "trainer.metrics"}
 """Topics whose records depend on the run's processes and timing by design."""
-VOLATILE = {"at", "latency_ms"}
+VOLATILE = {"at", *MEASURED_FIELDS}
 """Value fields left out of the comparison besides those ``volatile`` names: Arena's own record time
 stamps and measured latencies."""
 
