@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from environments.tau2_env import Tau2Session, ToolAnswer
+from environments.tau2_tasks import Tau2Task
 from environments.user_view import ViewTurn
 
 AGENT_INSTRUCTION = (
@@ -92,3 +93,11 @@ async def run_calls(
                 {"role": "tool", "tool_call_id": call_id, "name": name, "content": answer.content}
             )
     return answers
+
+
+async def do_nothing_reward(session: Tau2Session, task: Tau2Task) -> float:
+    """tau2's reward of an agent that greets, calls nothing and stops."""
+    await session.reset(task.raw)
+    history = list((task.raw.get("initial_state") or {}).get("message_history") or [])
+    messages = [*history, {"role": "assistant", "content": GREETING}]
+    return float((await session.tau2_reward(task.raw, messages, "agent_stop"))["reward"])

@@ -52,7 +52,7 @@ from arena.records.sft import SftSample, Side, dialogue_samples
 from environments.environment import argument_error
 from environments.render import ToolCall
 from environments.tau2_env import Tau2Session
-from environments.tau2_episode import GREETING, Episode, run_calls, system_prompt
+from environments.tau2_episode import GREETING, Episode, do_nothing_reward, run_calls, system_prompt
 from environments.tau2_import import Tau2Import, load_tasks, open_session, synthesis_tasks
 from environments.tau2_tasks import Tau2Task, arena_reward
 from environments.user_view import GatewayUserSimulator, UserContext, user_view_messages
@@ -90,6 +90,13 @@ class SynthesisOutcome(BaseModel):
     termination: Annotated[str, Field(description="user_stop, agent_stop or max_steps.")] = ""
     arena_reward: float | None = None
     tau2_reward: float | None = None
+    do_nothing_reward: Annotated[
+        float | None,
+        Field(
+            description="tau2's reward of an agent that only greets (verified only): 1.0 means the task "
+            "needs no action, e.g. a refusal."
+        ),
+    ] = None
     messages: Annotated[int, Field(description="Messages in the agent-side dialogue.")] = 0
     sample_ids: list[str] = Field(default_factory=list, description="samples.sft ids (verified only).")
 
@@ -101,6 +108,13 @@ class SynthesisReport(BaseModel):
     train_tasks: Annotated[int, Field(description="Train-split tasks scorable without a judge.")]
     attempted: Annotated[int, Field(description="Tasks synthesised on.")]
     verified: Annotated[int, Field(description="Dialogues verified.")]
+    verified_do_nothing: Annotated[
+        int,
+        Field(
+            description="Of those, dialogues on tasks a do-nothing agent also passes: they teach less "
+            "than their count says."
+        ),
+    ] = 0
     agreement: Annotated[
         float,
         Field(description="Share of finished dialogues where Arena's reward equals tau2's evaluator's."),
@@ -368,6 +382,7 @@ async def synthesise_task(
     )
     samples = sft_samples(imported, task, dialogue, origin)
     outcome.stage, outcome.sample_ids = "verified", [s.sample_id for s in samples]
+    outcome.do_nothing_reward = await do_nothing_reward(session, task)
     return outcome, samples
 
 
@@ -413,6 +428,9 @@ async def synthesise_domain(
         train_tasks=len(tasks),
         attempted=len(chosen),
         verified=stages.get("verified", 0),
+        verified_do_nothing=sum(
+            1 for o in outcomes if o.stage == "verified" and (o.do_nothing_reward or 0) >= 1.0
+        ),
         agreement=sum(o.arena_reward == o.tau2_reward for o in scored) / max(1, len(scored)),
         by_stage=stages,
         outcomes=outcomes,

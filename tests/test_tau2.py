@@ -179,7 +179,7 @@ def test_gold_action_matching_follows_compare_args() -> None:
 def test_do_nothing_agent_passes_exactly_the_tasks_that_ask_for_nothing(
     lake: tuple[LocalStore, dict[str, Tau2Import]],
 ) -> None:
-    from trainer.benchmarks.tau2 import do_nothing_reward
+    from environments.tau2_episode import do_nothing_reward
 
     store, imports = lake
     imported = imports["airline"]
@@ -285,6 +285,9 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
         assert {o.task_id for o in report.outcomes} <= train  # never a test task
         verified = [o for o in report.outcomes if o.stage == "verified"]
         assert all(o.arena_reward == o.tau2_reward == 1.0 for o in verified)
+        # the count says how many of them a do-nothing agent would pass too (refusals)
+        assert all(o.do_nothing_reward in (0.0, 1.0) for o in verified)
+        assert report.verified_do_nothing == sum(o.do_nothing_reward == 1.0 for o in verified)
         assert len(samples) == 2 * len(verified)
         for sample in samples:  # the reference solution guided the agent; it never reaches training data
             assert sample.source == SOURCE

@@ -31,6 +31,7 @@ from environments.tau2_episode import (
     MAX_AGENT_STEPS,
     MAX_USER_TURNS,
     Episode,
+    do_nothing_reward,
     run_calls,
     system_prompt,
 )
@@ -107,14 +108,6 @@ async def run_episode(
         if "###STOP###" in turn.content:
             return episode.tau2, "agent_stop"
     return episode.tau2, "max_steps"
-
-
-async def do_nothing_reward(session: Tau2Session, task: Tau2Task) -> float:
-    """tau2's reward of an agent that greets, calls nothing and stops."""
-    await session.reset(task.raw)
-    history = list((task.raw.get("initial_state") or {}).get("message_history") or [])
-    messages = [*history, {"role": "assistant", "content": GREETING}]
-    return float((await session.tau2_reward(task.raw, messages, "agent_stop"))["reward"])
 
 
 async def _evaluate(
