@@ -57,8 +57,8 @@ repetitions; ``runs`` has every repetition's):
     every repetition's demo and version drained and main's lake files are byte for byte what they
     were before the replay.
 
-``--quick`` (CI's smoke run, about 2 minutes on 2 cores): one repetition of a reduced demo
-(``QUICK_SIZES``: 3 walks, 1 server task, 4 chain syntheses per server). A full run uses the
+``--quick`` (CI's smoke run, about 80 s on 2 cores): one repetition of the smallest demo
+(``QUICK_SIZES``: 1 walk, 1 server task, 1 chain synthesis per server). A full run uses the
 demo's default sizes, twice.
 """
 
@@ -99,7 +99,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGE = "tasks-from-chains"
 SETTING = "sft.theta_question_quality=0.85"
 """The version's override: a stricter task gate than main's, so the version's outputs differ."""
-QUICK_SIZES = {"ARENA_SFT__WALKS": "3", "ARENA_SFT__SERVER_TASKS": "1", "ARENA_SFT__CHAIN_SYNTHESES": "4"}
+QUICK_SIZES = {"ARENA_SFT__WALKS": "1", "ARENA_SFT__SERVER_TASKS": "1", "ARENA_SFT__CHAIN_SYNTHESES": "1"}
 """The reduced SFT demo of ``tests/test_replay.py`` (drains in about 40 s on 2 cores)."""
 OUTPUT_TOPICS = ("tasks", "trajectories", "trajectories.scored", "samples.sft")
 STEPS = 5

@@ -52,7 +52,7 @@ class Home:
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
     path = tmp_path_factory.mktemp("replay") / "home"
-    env = arena_env(path, ARENA_SFT__WALKS="3", ARENA_SFT__SERVER_TASKS="1", ARENA_SFT__CHAIN_SYNTHESES="4")
+    env = arena_env(path, ARENA_SFT__WALKS="1", ARENA_SFT__SERVER_TASKS="1", ARENA_SFT__CHAIN_SYNTHESES="2")
     try:
         run_arena(["demo", "--tracks", "sft", "--timeout", "600"], env, timeout=900)
         yield Home(path, env, broker_of(path))
