@@ -79,6 +79,7 @@ def up() -> None:
 @app.command()
 def status() -> None:
     """Show what runs where."""
+    from app.stack import live_services
     from app.stack import status as stack_status
     from arena.llm.admission import read_stats, socket_path
     from arena.llm.outage import read_states
@@ -94,6 +95,8 @@ def status() -> None:
     for key, value in cfg.public_view().items():
         if key != "broker":
             table.add_row(key, str(value))
+    for service in live_services(cfg):
+        table.add_row(service.name, f"{service.address} (running, pid {service.pid}; `arena down` stops it)")
     for endpoint in read_states(cfg.home):
         if endpoint.state == "up":
             text = f"{endpoint.endpoint}: serving"

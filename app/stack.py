@@ -417,6 +417,14 @@ def live_service(settings: ArenaSettings, name: str) -> ServiceState | None:
     return state if pid_alive(state.pid) and state.command in cmdline else None
 
 
+def live_services(settings: ArenaSettings) -> list[ServiceState]:
+    """Every recorded service that still runs."""
+    found = (
+        live_service(settings, path.stem) for path in sorted((settings.home / "services").glob("*.json"))
+    )
+    return [state for state in found if state is not None]
+
+
 def stop_services(settings: ArenaSettings, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> list[str]:
     """Stop every recorded service; returns the names of those that were running."""
     stopped = []

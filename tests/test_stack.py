@@ -284,3 +284,31 @@ def test_ensure_topics_unreachable_broker_is_clear() -> None:
     with pytest.raises(BrokerUnreachable, match="arena up"):
         with admin_client(_free_closed_port(), bootstrap_timeout_ms=500):
             pass
+
+
+def test_a_recorded_service_runs_until_down_stops_it(tmp_path: Path) -> None:
+    """The demo's deployed MCP server is such a service: later runs call the URL its records name."""
+    settings = ArenaSettings(home=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)  # arena-test-service"], start_new_session=True
+    )
+    try:
+        state = stack.ServiceState(
+            name="svc",
+            pid=proc.pid,
+            pgid=proc.pid,
+            address="http://127.0.0.1:1/mcp",
+            command="arena-test-service",
+        )
+        stack.record_service(settings, state)
+        deadline = time.monotonic() + 10  # the child names itself once its exec is through
+        while stack.live_service(settings, "svc") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stack.live_service(settings, "svc") == state
+        assert [s.name for s in stack.live_services(settings)] == ["svc"]
+        assert stack.down(settings)  # no broker ran, but the service did
+        assert proc.wait(timeout=15) != 0
+        assert stack.live_services(settings) == [] and stack.live_service(settings, "svc") is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
