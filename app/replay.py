@@ -253,14 +253,14 @@ async def plan(
         # Only a replay of the whole input makes a complete alternative to the parent; one of a range
         # holds what descends from that range alone (inheriting would re-run every other record).
         complete = every and until is None
-        for name_of in inherited_topics(stages, replayed.input) if complete else ():
-            parent_topic = wire(name_of, parent)
-            held = await bounds(bootstrap, parent_topic, topic(name_of).partitions)
+        for shared in inherited_topics(stages, replayed.input) if complete else ():
+            parent_topic = wire(shared, parent)
+            held = await bounds(bootstrap, parent_topic, topic(shared).partitions)
             every_record = [(b.partition, 0, b.end) for b in held]
             found = await read_replayed(bootstrap, store, parent_topic, every_record)
             kept = [r for r in found if written_elsewhere(stages)(r)]
-            copies[wire(name_of, name)] = kept
-            inherited[name_of] = len(kept)
+            copies[wire(shared, name)] = kept
+            inherited[shared] = len(kept)
     except VersionInputError as exc:
         raise UserError(f"{exc} (fix: a narrower range, or let the lake sink catch up)") from None
     prompt_versions = {role: _prompt_version(role, text) for role, text in prompts.items()}
