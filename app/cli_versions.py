@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from app.cli_common import UserError, broker, console, err, settings
+from app.cli_common import UserError, broker, console, err, known_version, settings
 from arena.versions import MAIN, VersionSpec, check_name
 
 versions_app = typer.Typer(
@@ -204,12 +204,8 @@ def diff(
             check_name(name)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    from app.versions import data_versions
-
-    known = {MAIN, *(s.name for s in data_versions(cfg))}
-    for name in (a, b):
-        if name not in known:
-            raise UserError(f"no data version {name!r} (fix: one of {', '.join(sorted(known))})")
+    for name in dict.fromkeys((a, b)):
+        known_version(cfg, name)
     result = compare(open_store(cfg), a, b, stage=stage, examples=examples)
     if stage is not None and not result.stages:
         raise UserError(

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from app.cli_common import UserError
 from app.registry import CLIENTS, STAGES
-from arena.config import ArenaSettings, env_name, redact_url, setting_keys
+from arena.config import ArenaSettings, did_you_mean, env_name, redact_url, setting_keys
 from arena.llm.core import PromptError, with_prompt
 from arena.topics import TOPICS, topic
 from arena.versions import MAIN, VersionNameError, VersionSpec, check_name, wire
@@ -131,9 +131,9 @@ def parse_settings(pairs: Sequence[str]) -> dict[str, str]:
                 f"--set {pair!r} is not KEY=VALUE (fix: e.g. --set sft.theta_question_quality=0.9)"
             )
         if key not in keys:
-            close = [k for k in keys if k.endswith("." + key) or k.split(".")[-1] == key.split(".")[-1]]
-            hint = f" (did you mean {' or '.join(close[:3])}?)" if close else ""
-            raise UserError(f"--set {key}: no such setting{hint} (fix: `arena config` lists every key)")
+            raise UserError(
+                f"--set {key}: no such setting{did_you_mean(key)} (fix: `arena config` lists every key)"
+            )
         if key.split(".")[0] in FIXED_SETTINGS:
             raise UserError(f"--set {key}: a version lives in the same stack; where it is cannot change")
         env[env_name(key)] = value
@@ -253,12 +253,13 @@ async def plan(
         # Only a replay of the whole input makes a complete alternative to the parent; one of a range
         # holds what descends from that range alone (inheriting would re-run every other record).
         complete = every and until is None
+        outside = written_elsewhere(stages)
         for shared in inherited_topics(stages, replayed.input) if complete else ():
             parent_topic = wire(shared, parent)
             held = await bounds(bootstrap, parent_topic, topic(shared).partitions)
             every_record = [(b.partition, 0, b.end) for b in held]
             found = await read_replayed(bootstrap, store, parent_topic, every_record)
-            kept = [r for r in found if written_elsewhere(stages)(r)]
+            kept = [r for r in found if outside(r)]
             copies[wire(shared, name)] = kept
             inherited[shared] = len(kept)
     except VersionInputError as exc:

@@ -1077,6 +1077,11 @@ def _suggest(word: str, choices: list[str]) -> str:
     return f" (did you mean {' or '.join([close[0], *same][:3])}?)"
 
 
+def did_you_mean(key: str) -> str:
+    """`` (did you mean X?)`` for a dotted key that names no setting ('' when nothing is close)."""
+    return _suggest(key, setting_keys())
+
+
 def unknown_env_vars(environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """``(variable, message)`` for each ``ARENA_*`` variable that is no setting and not allow-listed."""
     keys = setting_keys()

@@ -66,16 +66,21 @@ def test_a_replay_of_tasks_from_chains_runs_it_and_everything_downstream_only() 
     assert inherited_topics(stages, "chains") == ("tasks",)
 
 
-def test_the_config_hash_ignores_the_name_and_changes_with_any_override() -> None:
-    base = VersionSpec(
-        name="a",
+def _spec(name: str, topics: tuple[str, ...], ranges: tuple[InputRange, ...]) -> VersionSpec:
+    """A version of tasks-from-chains alone, replaying ``ranges`` of chains."""
+    return VersionSpec(
+        name=name,
         parent=MAIN,
         stage="tasks-from-chains",
         stages=("tasks-from-chains",),
         input_topic="chains",
-        topics=("chains",),
-        ranges=(InputRange(partition=0, start=0, end=3, records=3),),
+        topics=topics,
+        ranges=ranges,
     )
+
+
+def test_the_config_hash_ignores_the_name_and_changes_with_any_override() -> None:
+    base = _spec("a", ("chains",), (InputRange(partition=0, start=0, end=3, records=3),))
     assert base.model_copy(update={"name": "b"}).config_hash == base.config_hash
     changed = base.model_copy(update={"settings": {"ARENA_SFT__THETA_QUESTION_QUALITY": "0.9"}})
     assert changed.config_hash != base.config_hash
@@ -187,15 +192,7 @@ def test_a_lake_row_gives_back_the_record_it_was_made_from(tmp_path: Path) -> No
 
 def test_the_catalog_records_a_version_once_and_drops_only_its_rows(tmp_path: Path) -> None:
     catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.db'}")
-    spec = VersionSpec(
-        name="v2",
-        parent=MAIN,
-        stage="tasks-from-chains",
-        stages=("tasks-from-chains",),
-        input_topic="chains",
-        topics=("chains", "tasks"),
-        ranges=(),
-    )
+    spec = _spec("v2", ("chains", "tasks"), ())
     assert catalog.record_version(spec) and not catalog.record_version(spec)
     assert catalog.data_version("v2") == spec and [s.name for s in catalog.data_versions()] == ["v2"]
     for topic in ("tasks", wire("tasks", "v2"), wire("tasks", "v22")):
