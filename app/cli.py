@@ -114,7 +114,7 @@ def status() -> None:
         table.add_row(
             "llm admission",
             f"{name}: {stats.in_flight}/{limit} in flight, {stats.waiting} waiting, "
-            f"most {stats.max_in_flight}; {stages}",
+            f"most {stats.max_in_flight}, busy {stats.busy_s:.0f}s; {stages}",
         )
     console.print(table)
 

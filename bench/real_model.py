@@ -20,7 +20,8 @@ sized to end within 45 minutes; they are printed as ``caps``): the SFT track on 
 fewer walks, syntheses and server tasks and one augmentation axis; the environment track on one
 built-in knowledge base; the EigenData pack ``customer_service`` with one prompt set, one pilot
 iteration and two instances; prompts fitted into 4096 tokens (prefill dominates on a CPU), but
-the orchestration roles' (prompt engineer, planner, judge: whole prompt sets) into the model's 8192;
+the generators' (a server's tools) and the orchestration roles' (prompt engineer, planner, judge:
+whole prompt sets) into the model's 8192;
 every role kind's ``max_tokens`` capped (``ROLE_CAPS``: a weak model
 fills whatever it is given, and a reply cut at the cap is asked again with twice the budget).
 ``--quick``: the SFT track on one tool doc, one walk, one synthesis, no server tasks.
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -121,7 +123,9 @@ QUICK_SIZES = SIZES | {
 ENV_INSTANCES = 2
 EIGEN_INSTANCES = 2
 ROLE_CAPS: dict[str, dict[str, int]] = {
-    "generator": {"max_tokens": 768},
+    # The generators read a server's whole tool list (fitted, but the contracts alone are long):
+    # at 4096 tokens the chain and task prompts did not fit beside their reply.
+    "generator": {"max_tokens": 768, "context_tokens": 8192},
     "judge": {"max_tokens": 256},
     "emulator": {"max_tokens": 256},
     "agent": {"max_tokens": 384},
@@ -290,12 +294,14 @@ def run_workers(stages: list[str], env: dict[str, str], logs: Path, timeout_s: f
     started = time.monotonic()
     proc = _spawn([*arena_command(), *args], env, log)
     limit: dict[str, Any] = {}
+    busy_at: list[tuple[float, float]] = []  # (seconds since start, the endpoint's busy seconds)
     try:
         with err.status("workers starting") as status:
             while proc.poll() is None:
                 time.sleep(2.0)
                 stats = read_stats(sock, timeout_s=1.0)
                 for name, endpoint in (stats.endpoints if stats else {}).items():
+                    busy_at.append((time.monotonic() - started, endpoint.busy_s))
                     limit = {
                         "endpoint": name,
                         "limit": endpoint.limit,
@@ -303,6 +309,7 @@ def run_workers(stages: list[str], env: dict[str, str], logs: Path, timeout_s: f
                         "learning": endpoint.learning,
                         "max_in_flight": endpoint.max_in_flight,
                         "granted": endpoint.granted,
+                        "busy_s": endpoint.busy_s,
                     }
                 figures = (
                     f"{limit.get('granted', 0)} LLM requests, limit {limit.get('limit', '?')}"
@@ -321,7 +328,22 @@ def run_workers(stages: list[str], env: dict[str, str], logs: Path, timeout_s: f
     found = re.findall(r"drained in ([0-9.]+)s", text)
     wall = float(found[-1]) if found else round(process_s, 1)
     # Not drained in time: still reported (the ledgers' in_flight say what was left).
-    return {"wall_s": wall, "drained": not timed_out, "learned": limit}
+    return {"wall_s": wall, "drained": not timed_out, "learned": limit, "idle": idle_spans(busy_at, wall)}
+
+
+def idle_spans(busy_at: list[tuple[float, float]], wall: float) -> dict[str, Any]:
+    """Where the endpoint waited on Arena, from the busy seconds sampled every 2 s: before the first
+    request, after the last reply, and the longest stretch in between with no request at it."""
+    grew = [t for (_, before), (t, b) in itertools.pairwise(busy_at) if b > before + 0.05]
+    if not grew:
+        return {}
+    first = next(t for t, b in busy_at if b > 0) - 2.0
+    longest = max((b - a for a, b in itertools.pairwise(grew)), default=0.0) - 2.0
+    return {
+        "before_first_request_s": round(max(first, 0.0), 1),
+        "after_last_reply_s": round(max(wall - grew[-1], 0.0), 1),
+        "longest_gap_between_s": round(max(longest, 0.0), 1),
+    }
 
 
 def ledgers(env: dict[str, str], stages: list[str]) -> dict[str, dict[str, Any]]:
@@ -365,6 +387,10 @@ def lake_samples(tracks: list[Track], env: dict[str, str]) -> dict[str, int]:
     }
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
 def run(tracks: list[str], quick: bool, timeout_s: float, keep: bool) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="arena-bench-real-"))
     logs = home / "logs"
@@ -401,7 +427,11 @@ def run(tracks: list[str], quick: bool, timeout_s: float, keep: bool) -> dict[st
         ledger = ledgers(env, stages)
         samples = lake_samples(chosen, env)
         wall = worked["wall_s"]
+        busy = float(worked["learned"].get("busy_s") or 0.0)
         arena_rate = round(completion / wall, 2) if wall else None
+        # The server answers one request at a time, so while Arena has a request at it, it computes:
+        # its own rate on exactly the run's requests is completion tokens / those busy seconds.
+        server_rate_in_run = round(completion / busy, 2) if busy else None
         result: dict[str, Any] = {
             "bench": "real_model",
             "quick": quick,
@@ -416,16 +446,16 @@ def run(tracks: list[str], quick: bool, timeout_s: float, keep: bool) -> dict[st
             "llm_requests": requests,
             "prompt_tokens": prompt,
             "completion_tokens": completion,
-            "server_tokens_per_s": shaped["tokens_per_s"],
+            "server_busy_s": round(busy, 1),
+            "server_tokens_per_s": server_rate_in_run,
+            "server_tokens_per_s_probe": shaped["tokens_per_s"],
             "server_request": shaped,
             "server_tokens_per_s_short": short["tokens_per_s"],
             "arena_tokens_per_s": arena_rate,
-            "ratio_arena_over_server": (
-                round(arena_rate / shaped["tokens_per_s"], 3)
-                if arena_rate and shaped["tokens_per_s"]
-                else None
-            ),
+            "ratio_arena_over_server": _ratio(arena_rate, server_rate_in_run),
+            "ratio_arena_over_probe": _ratio(arena_rate, shaped["tokens_per_s"]),
             "learned_limit": worked["learned"],
+            "server_idle": worked["idle"],
         }
         failed = False
     finally:

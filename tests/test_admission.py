@@ -124,6 +124,28 @@ def test_withdrawn_requests_release_and_declared_capacity() -> None:
         scheduler.submit(2, "A")
 
 
+def test_busy_time_counts_spans_with_a_request_in_flight_once() -> None:
+    clock = [0.0]
+    scheduler = Scheduler(2, clock=lambda: clock[0])
+    scheduler.submit("a", "A")
+    scheduler.submit("b", "B")
+    clock[0] = 1.0
+    assert scheduler.grant() == ["a", "b"]  # busy from 1.0
+    clock[0] = 3.0
+    scheduler.drop("a")  # "b" still in flight: still busy
+    clock[0] = 4.0
+    scheduler.drop("b")  # idle from 4.0: 3 s so far
+    clock[0] = 10.0
+    scheduler.submit("c", "A")
+    assert scheduler.busy_s == 3.0  # waiting is not busy
+    scheduler.grant()
+    clock[0] = 12.5
+    assert scheduler.stats().busy_s == 5.5  # the open span counts
+    scheduler.drop("c")
+    clock[0] = 20.0
+    assert scheduler.busy_s == 5.5
+
+
 def test_stage_priorities_follow_the_pipeline() -> None:
     priorities = stage_priorities()
     assert set(priorities) == {stage.name for stage in STAGES}

@@ -151,6 +151,11 @@ class EndpointStats(BaseModel):
     max_in_flight: int
     granted: int
     waiting: int
+    busy_s: float = Field(
+        default=0.0,
+        description="Seconds with at least one request in flight: how long the endpoint had Arena's "
+        "work (a one-slot server computes all that time; its idle time is the rest).",
+    )
     stages: dict[str, StageStats]
 
 
@@ -181,7 +186,12 @@ class Scheduler:
     caller submits, drops and asks ``grant()`` for the tickets to admit now.
     """
 
-    def __init__(self, capacity: int, lag: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        lag: Mapping[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
@@ -195,6 +205,16 @@ class Scheduler:
         self.in_flight = 0
         self.max_in_flight = 0
         self.granted = 0
+        self._clock = clock
+        """Times the busy spans only (the learner takes the caller's ``now``)."""
+        self._busy_s = 0.0
+        self._busy_since: float | None = None
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds so far with at least one ticket granted and not yet released."""
+        open_span = self._clock() - self._busy_since if self._busy_since is not None else 0.0
+        return self._busy_s + open_span
 
     def declare(self, capacity: int) -> None:
         """Raise the capacity to ``capacity`` if that is more (the largest declared wins)."""
@@ -245,6 +265,9 @@ class Scheduler:
                 self.learner.observe(outcome, admitted_at=admitted_at, now=now, in_flight=self.in_flight)
             entry.in_flight -= 1
             self.in_flight -= 1
+            if self.in_flight == 0 and self._busy_since is not None:
+                self._busy_s += self._clock() - self._busy_since
+                self._busy_since = None
         else:
             del entry.queue[ticket]
         return True
@@ -276,6 +299,8 @@ class Scheduler:
             entry.in_flight += 1
             entry.granted += 1
             entry.max_in_flight = max(entry.max_in_flight, entry.in_flight)
+            if self.in_flight == 0:
+                self._busy_since = self._clock()
             self.in_flight += 1
             self.granted += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -293,6 +318,7 @@ class Scheduler:
             max_in_flight=self.max_in_flight,
             granted=self.granted,
             waiting=self.waiting,
+            busy_s=round(self.busy_s, 3),
             stages={
                 name: StageStats(
                     priority=entry.priority,
