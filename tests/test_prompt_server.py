@@ -8,6 +8,8 @@ drop the endpoint; the records keep it (trajectories call the server there).
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from typing import Any
 
 from arena.records.sft import ServerRef
@@ -49,3 +51,25 @@ def test_the_record_keeps_the_endpoint() -> None:
     assert server.endpoint == ENDPOINTS[0]
     assert ChainSynthesisInput(server=server, max_length=3, variant=0).server.endpoint is None
     assert server.endpoint == ENDPOINTS[0]  # the caller's copy is untouched
+
+
+def test_tool_names_are_an_enum_of_the_servers_tools_for_guided_decoding() -> None:
+    """Under a server that constrains decoding to the schema (llama.cpp's json_object + schema), a
+    weak model then cannot name a tool the server lacks (a 135M model did: `unknown_tool`)."""
+    server = _server(None)
+    names = [t.function.name for t in server.tools]
+    chain = CHAIN_SYNTHESIS.schema_for(ChainSynthesisInput(server=server, max_length=3, variant=0))
+    assert chain["properties"]["chain"]["items"] == {"type": "string", "enum": names}
+    assert chain["properties"]["chain"]["maxItems"] == 3
+    assert chain["$defs"]["Slot"]["properties"]["tool"]["enum"] == names
+    picked = [names[1], names[0], names[1]]
+    task = TASK_FROM_CHAIN.schema_for(ChainTaskInput(server=server, chain=picked, variant=0))
+    assert task["$defs"]["Slot"]["properties"]["tool"]["enum"] == [names[1], names[0]]
+    served = TASK_FROM_SERVER.schema_for(ServerTaskInput(server=server, variant=0))
+    assert served["$defs"]["Slot"]["properties"]["tool"]["enum"] == names
+    # the role's own schema (the cache key's, the reply's validation) is untouched
+    assert "enum" not in CHAIN_SYNTHESIS.output_schema()["properties"]["chain"]["items"]
+    if importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp compiles it to a grammar
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        LlamaGrammar.from_json_schema(json.dumps(chain), verbose=False)

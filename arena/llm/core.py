@@ -42,6 +42,10 @@ class Role(Generic[In, Out]):
     agent: AgentIO[In, Out] | None = None
     """Set for agent roles: they speak the chat API natively (conversation and ``tools`` out,
     ``tool_calls`` back) instead of one JSON object in text."""
+    narrow: Callable[[In, dict[str, Any]], dict[str, Any]] | None = None
+    """The output schema made tighter for one input (e.g. tool names as an ``enum`` of the input's
+    tools): a server that constrains decoding to the schema can then only name what exists. The
+    reply is still validated against ``output``, so narrowing never loosens a check."""
 
     @property
     def prompt_text(self) -> str:
@@ -85,6 +89,11 @@ class Role(Generic[In, Out]):
     def output_schema(self) -> dict[str, Any]:
         """JSON Schema of the output, for guided decoding."""
         return self.output.model_json_schema()
+
+    def schema_for(self, inputs: In) -> dict[str, Any]:
+        """The output schema sent with a call on ``inputs`` (``narrow``-ed where the role says how)."""
+        schema = self.output_schema()
+        return schema if self.narrow is None else self.narrow(inputs, schema)
 
     def tools(self, inputs: In) -> list[dict[str, Any]] | None:
         """OpenAI tools an agent role offers for ``inputs`` (None for other roles)."""

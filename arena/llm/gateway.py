@@ -377,7 +377,7 @@ class _Prompt:
     @classmethod
     def of(cls, call: _Call) -> _Prompt:
         messages, tools = call.role.messages(call.inputs), call.role.tools(call.inputs)
-        return cls(messages, tools, call.role.output_schema(), prompt_tokens(messages, tools))
+        return cls(messages, tools, call.role.schema_for(call.inputs), prompt_tokens(messages, tools))
 
 
 def _feedback(reply: str, error: str) -> list[dict[str, Any]]:

@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import copy
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
 from arena.llm.core import Role
-from arena.records.sft import PromptServer, Slot
+from arena.records.sft import PromptServer, ServerRef, Slot
 from arena.records.tools import NormalizedTool
 
 
@@ -101,6 +102,28 @@ _WHO_KNOWS_WHAT = (
     "consistent (a check-out after its check-in)."
 )
 
+
+def tool_names_schema(
+    schema: dict[str, Any], names: list[str], *, chain: str | None = None, max_items: int | None = None
+) -> dict[str, Any]:
+    """``schema`` with every slot's ``tool`` (and the list field ``chain``, if named) limited to
+    ``names``: under guided decoding a weak model then cannot name a tool the server lacks."""
+    narrowed = copy.deepcopy(schema)
+    slot = narrowed.get("$defs", {}).get("Slot", {}).get("properties", {}).get("tool")
+    if slot is not None and names:
+        slot["enum"] = list(names)
+    field = narrowed.get("properties", {}).get(chain or "")
+    if field is not None and names:
+        field["items"] = {"type": "string", "enum": list(names)}
+        if max_items is not None:
+            field["maxItems"] = max_items
+    return narrowed
+
+
+def _server_tools(server: ServerRef) -> list[str]:
+    return [tool.function.name for tool in server.tools]
+
+
 CHAIN_SYNTHESIS: Role[ChainSynthesisInput, SynthesizedChain] = Role(
     name="chain_synthesis",
     input=ChainSynthesisInput,
@@ -134,6 +157,9 @@ CHAIN_SYNTHESIS: Role[ChainSynthesisInput, SynthesizedChain] = Role(
         '[{"tool": string, "argument": string, "value": string}, ...]} and nothing else.'
     ),
     template="Server and limits:\n{input}\n\nReturn the JSON object with task, chain and slots.",
+    narrow=lambda inputs, schema: tool_names_schema(
+        schema, _server_tools(inputs.server), chain="chain", max_items=inputs.max_length
+    ),
 )
 
 TASK_FROM_CHAIN: Role[ChainTaskInput, TaskDraft] = Role(
@@ -158,6 +184,7 @@ TASK_FROM_CHAIN: Role[ChainTaskInput, TaskDraft] = Role(
         'string, "value": string}, ...]} and nothing else.'
     ),
     template="Server and chain:\n{input}\n\nReturn the JSON object with text and slots.",
+    narrow=lambda inputs, schema: tool_names_schema(schema, list(dict.fromkeys(inputs.chain))),
 )
 
 CHAIN_COHERENCE: Role[CoherenceInput, CoherenceVerdict] = Role(

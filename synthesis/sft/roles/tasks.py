@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from arena.llm.core import Role
 from arena.records.sft import AugmentAxis, PromptServer
 from arena.records.tools import NormalizedTool
-from synthesis.sft.roles.chains import TaskDraft
+from synthesis.sft.roles.chains import TaskDraft, tool_names_schema
 
 __all__ = [
     "AUGMENT_TASK",
@@ -112,6 +112,7 @@ TASK_FROM_SERVER: Role[ServerTaskInput, TaskDraft] = Role(
         'string, "value": string}, ...]} and nothing else.'
     ),
     template="Server:\n{input}\n\nReturn the JSON object with text and slots.",
+    narrow=lambda inputs, schema: tool_names_schema(schema, [t.function.name for t in inputs.server.tools]),
 )
 
 AUGMENT_TASK: Role[AugmentInput, AugmentedTask] = Role(
