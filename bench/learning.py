@@ -117,6 +117,9 @@ class Profile:
     trials: int = 4
     ablation_trials: int = 1
     seed: int = 0
+    policy: str = "tiny"  # "tiny": built here; "smollm2": the pretrained SmolLM2-135M-Instruct (GPU profile)
+    backend: str = "hf"  # rollouts: transformers generate, or vLLM ("auto": vLLM where it and a GPU are)
+    precision: str = "auto"  # bf16 autocast on a GPU that supports it, else fp32
 
 
 PROFILES = {
@@ -145,6 +148,51 @@ PROFILES = {
         ablation_trials=1,
     ),
 }
+
+SMOLLM2: dict[str, Any] = dict(
+    # SmolLM2-135M-Instruct from the local-llm extra (trainer/pretrained.py converts it once): its own
+    # tokenizer and ChatML template, pretrained weights, so the learning rates are a fine-tune's and
+    # the turns are long enough for its wordier replies. Sized for one GPU: on 2 CPU cores one
+    # forward+backward over 4x512 tokens takes about 70 s, so the default run would take days there.
+    policy="smollm2",
+    backend="auto",
+    precision="bf16",
+    sft_batch=16,
+    sft_lr=1e-5,
+    sft_max_steps=400,
+    lr=1e-6,
+    group_size=8,
+    batch_groups=8,
+    grpo_steps=200,
+    grpo_budget_s=1800.0,
+    ablation_steps=20,
+    ablation_budget_s=300.0,
+    max_new_tokens=256,
+    max_seq_len=4096,
+    temperature=1.0,
+)
+"""``--policy smollm2``: these knobs over the chosen profile (``--quick`` keeps its own small budgets)."""
+
+
+def policy_profile(p: Profile, policy: str, quick: bool) -> Profile:
+    """``p`` for ``policy``: the tiny model as profiled, or SmolLM2 with the GPU profile's knobs (a
+    quick run keeps the quick budgets and only swaps the model: a CPU smoke run of the same path)."""
+    if policy == "tiny":
+        return p
+    if quick:
+        return replace(p, policy="smollm2", max_new_tokens=96, max_seq_len=2048)
+    return replace(p, **SMOLLM2)
+
+
+def rollout_backend(p: Profile) -> str:
+    """The trainer's ``backend`` for ``p``: "auto" is vLLM where it is installed and torch sees a GPU."""
+    if p.backend != "auto":
+        return p.backend
+    import importlib.util
+
+    import torch
+
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
 
 # --- subprocesses ---------------------------------------------------------------------------------
@@ -319,6 +367,28 @@ async def publish_all(bootstrap: str, topic: str, records: list[Any]) -> int:
 
 
 # --- model and runs -------------------------------------------------------------------------------
+def pretrained_model(settings: Any, p: Profile) -> tuple[Path, dict[str, Any]]:
+    """The converted folder of the pretrained policy ``p.policy`` and what it is."""
+    from transformers import AutoConfig
+
+    from trainer.pretrained import hf_folder
+
+    folder = hf_folder(p.policy, settings.home)
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    return folder, {
+        "arch": f"{config.model_type} ({p.policy}: pretrained, converted by trainer/pretrained.py)",
+        "hidden_size": int(config.hidden_size),
+        "layers": int(config.num_hidden_layers),
+        "heads": int(config.num_attention_heads),
+        "vocab_size": int(config.vocab_size),
+        "parameters": int(sum(x.numel() for x in model.parameters())),
+        "tokenizer": "the model's own (GGUF), ChatML chat template",
+    }
+
+
 def build_model(settings: Any, folder: Path, sft_texts: list[str], p: Profile) -> dict[str, Any]:
     from lake.store import open_store
     from trainer.tiny import build_tiny, lake_texts
@@ -357,6 +427,8 @@ def train_env(base: dict[str, str], p: Profile, **extra: str) -> dict[str, str]:
         "MICRO_BATCH": 4,
         "STATE_EVERY": 1000,
         "WEIGHTS_EVERY": 1000,
+        "BACKEND": rollout_backend(p),
+        "PRECISION": p.precision,
     }
     env = base | {f"ARENA_TRAIN__{k}": str(v) for k, v in knobs.items()}
     return env | {f"ARENA_TRAIN__{k.upper()}": v for k, v in extra.items()}
@@ -621,13 +693,18 @@ def _after_demo(
         f"samples.sft {in_sft_topic} records -> {sft_steps} SFT steps; {len(heldout)} held-out packages"
     )
 
-    # The tiny model.
+    # The policy: a tiny model built here, or a pretrained one.
     t = time.perf_counter()
-    base_dir = work / f"{tag}-base"
-    texts = [render_text(s.messages, s.tools) for s in env_sft]
-    model_info = build_model(settings, base_dir, texts, p)
+    if p.policy == "tiny":
+        base_dir = work / f"{tag}-base"
+        texts = [render_text(s.messages, s.tools) for s in env_sft]
+        model_info = build_model(settings, base_dir, texts, p)
+    else:
+        base_dir, model_info = pretrained_model(settings, p)
+    model_info["policy"] = p.policy
+    model_info["backend"] = rollout_backend(p)
     timings["build_model_s"] = round(time.perf_counter() - t, 1)
-    console.print(f"tiny model: {model_info['parameters']:,} parameters")
+    console.print(f"{p.policy} model: {model_info['parameters']:,} parameters")
 
     # Rollout limits of the evaluation follow settings.train: match the trainer's.
     settings = settings.model_copy(  # settings are frozen: change a copy
@@ -873,6 +950,27 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def gpu_refusal(p: Profile, quick: bool) -> str | None:
+    """Why the full SmolLM2 profile does not start here (no GPU, or no local-llm extra), or None."""
+    if p.policy == "tiny":
+        return None
+    from arena.llm.local_models import LocalModelError, resolve
+
+    try:
+        resolve(p.policy)
+    except LocalModelError as exc:
+        return f"--policy {p.policy}: {exc}"
+    import torch
+
+    if not quick and not torch.cuda.is_available():
+        return (
+            f"--policy {p.policy} is the GPU profile (bf16, batches of {p.sft_batch}, {p.max_seq_len}-token "
+            "sequences) and torch sees no GPU here (fix: run it on a GPU machine, or add --quick for a "
+            "CPU smoke run of the same path)"
+        )
+    return None
+
+
 def _torch_threads() -> int:
     import torch
 
@@ -890,6 +988,14 @@ def main(argv: list[str] | None = None) -> int:
         "--home", type=Path, help="Reuse this ARENA_HOME (runs the demo there if it has none)."
     )
     parser.add_argument("--keep", action="store_true", help="Keep the temporary home (and stack) afterwards.")
+    parser.add_argument(
+        "--policy",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="tiny: a small Llama built here (CPU); smollm2: the pretrained SmolLM2-135M-Instruct "
+        "(local-llm extra), the GPU profile (bf16, vLLM rollouts where installed); with --quick a CPU "
+        "smoke run of the same path.",
+    )
     parser.add_argument("--sft-steps", type=int, help="Cap on SFT steps.")
     parser.add_argument("--grpo-steps", type=int, help="GRPO steps of the F1 run.")
     parser.add_argument("--grpo-minutes", type=float, help="Time budget of the F1 GRPO run.")
@@ -905,7 +1011,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     name = "quick" if args.quick else "default"
-    p = PROFILES[name]
+    p = policy_profile(PROFILES[name], args.policy, args.quick)
+    refused = gpu_refusal(p, args.quick)
+    if refused:
+        console.print(f"[red]{refused}[/red]")
+        return 2
     updates: dict[str, Any] = {}
     for field, value in (
         ("sft_max_steps", args.sft_steps),
