@@ -199,6 +199,11 @@ def domain_synth(
         "do-nothing agent also passes); Arena's verification and tau2's evaluator agree "
         f"on {report.agreement:.1%} of dialogues"
     )
+    if report.realism_flagged:
+        habits = ", ".join(f"{reason} {n}" for reason, n in report.realism_flagged.items())
+        console.print(
+            f"realism check: {report.realism_flagged_share:.0%} of finished dialogues rejected ({habits})"
+        )
     console.print(
         "published nothing (--dry-run)"
         if address is None

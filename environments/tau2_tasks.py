@@ -170,6 +170,25 @@ _SECOND_PERSON = {
 _YOU_RE = re.compile(r"\b(you are|you're|you were|you have|you've|yourself|yours|your|you)\b", re.IGNORECASE)
 
 
+VERBS_AFTER_SUBJECT = frozenset(
+    "am was think believe guess know feel hope noticed notice see saw found heard realized realise "
+    "realize understand suppose mean worry fear wonder just also really still already do did don't "
+    "didn't can can't could would will should must may might have had need want wanted said "
+    "expected assumed thought".split()
+)
+"""Words a person puts right after "I" or "you" ("I think it is", "you know the line is"): after any
+other word, "you X is" is a lost "your" and "I X is" a template slip."""
+
+_POSSESSIVE_SLIP = re.compile(r"\s+[a-z]+\s+(?:[a-z]+\s+)?(?:is|are|isn't|aren't|was|were|has|keeps)\b")
+"""After a bare "you": a noun phrase, then its verb (a "your" with its r lost)."""
+
+
+def _verb_after(text: str, end: int) -> bool:
+    """Whether the word after position ``end`` is a verb a person puts after "you" ("you think it is")."""
+    word = re.match(r"\s+([a-z']+)", text[end:])
+    return word is None or word.group(1) in VERBS_AFTER_SUBJECT
+
+
 def first_person(text: str) -> str:
     """A scenario paragraph ("You want to cancel your order") as the user says it ("I want to cancel
     my order"): "you" is "I" where it starts a clause, else "me"."""
@@ -180,6 +199,8 @@ def first_person(text: str) -> str:
         key = match.group(0).casefold()
         if key in _SECOND_PERSON:
             new = _SECOND_PERSON[key]
+        elif _POSSESSIVE_SLIP.match(text, match.end()) and not _verb_after(text, match.end()):
+            new = "my"  # "You mobile data is not working": the scenario meant "Your"
         else:
             previous = re.findall(r"[\w']+", before[-20:])
             clause_start = (

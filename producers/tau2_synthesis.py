@@ -10,11 +10,13 @@ the EigenData chain for it is:
    gateway's ``eigen_trajectory_agent`` with the reference solution in its input: it must reach
    those calls through the conversation, with values the user gave or tools returned). Every call
    runs the domain's own code in a ``Tau2Session``.
-2. TrajectoryValidation: deterministic checks (schema: known tools, argument names; grounding:
+2. Realism (``synthesis/eigen/realism.py``): habits a person would not accept -- a look-up before
+   the customer said who they are, a message repeated word for word, an item picked from several
+   without asking, a customer reciting its scenario -- reject the dialogue by name.
+3. TrajectoryValidation: deterministic checks (schema: known tools, argument names; grounding:
    every id-like value of an agent call appeared earlier; policy: every write came right after the
-   customer's yes; realism: no empty or repeated user turns) and the gateway's
-   ``eigen_trajectory_validation`` verdict with the paper's rule.
-3. VerificationFunction: the task's evaluation criteria as Arena's ``Tau2Verification`` on the live
+   customer's yes) and the gateway's ``eigen_trajectory_validation`` verdict with the paper's rule.
+4. VerificationFunction: the task's evaluation criteria as Arena's ``Tau2Verification`` on the live
    session, and tau2's own evaluator on the same trajectory; a dialogue is verified when both give
    1.0 and the validation passed.
 
@@ -26,8 +28,8 @@ conversation). What failed, and where, is in the report.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -59,6 +61,7 @@ from environments.user_view import GatewayUserSimulator, UserContext, user_view_
 from lake.store import ObjectStore
 from sandbox.env_runtime import Runner
 from synthesis.eigen.dialog_synthesis import dialog_issue, dimension_rating
+from synthesis.eigen.realism import realism_findings
 from synthesis.eigen.roles.dialogs import (
     EIGEN_TRAJECTORY_AGENT,
     EIGEN_TRAJECTORY_VALIDATION,
@@ -78,7 +81,7 @@ MAX_USER_TURNS = 16
 MAX_ACTS_PER_TURN = 3
 """User-tool rounds within one user reply (act, see the result, act again)."""
 
-Stage = Literal["dialogue", "validation", "verification", "verified"]
+Stage = Literal["dialogue", "realism", "validation", "verification", "verified"]
 
 
 class SynthesisOutcome(BaseModel):
@@ -97,6 +100,10 @@ class SynthesisOutcome(BaseModel):
             "needs no action, e.g. a refusal."
         ),
     ] = None
+    realism: Annotated[
+        list[str],
+        Field(description="Habits a person would not accept (synthesis/eigen/realism.py); any rejects."),
+    ] = Field(default_factory=list)
     messages: Annotated[int, Field(description="Messages in the agent-side dialogue.")] = 0
     sample_ids: list[str] = Field(default_factory=list, description="samples.sft ids (verified only).")
 
@@ -120,6 +127,18 @@ class SynthesisReport(BaseModel):
         Field(description="Share of finished dialogues where Arena's reward equals tau2's evaluator's."),
     ]
     by_stage: Annotated[dict[str, int], Field(description="Outcomes per stage.")]
+    realism_flagged: Annotated[
+        dict[str, int],
+        Field(
+            description="Finished dialogues the realism check flagged, per habit (one dialogue may show several)."
+        ),
+    ] = Field(default_factory=dict)
+    realism_flagged_share: Annotated[
+        float, Field(description="Share of finished dialogues with at least one realism finding.")
+    ] = 0.0
+    do_nothing_share: Annotated[
+        float, Field(description="verified_do_nothing / verified: the share that teaches little.")
+    ] = 0.0
     outcomes: list[SynthesisOutcome]
     wall_s: float
 
@@ -306,11 +325,12 @@ def dialogue_checks(
                 found["policy"].append(
                     dialog_issue("policy", True, f"{name} ran without the customer's yes", name, index)
                 )
-    for a, b in itertools.pairwise(user_texts):
-        if a and a == b:
-            found["realism"].append(dialog_issue("realism", False, "the user repeats a message", a[:200]))
-    if any(not t.strip() for t in user_texts):
-        found["realism"].append(dialog_issue("realism", False, "an empty user turn"))
+    for finding in realism_findings(chat, writes=writes):
+        found["realism"].append(
+            dialog_issue(
+                "realism", False, f"{finding.reason}: {finding.description}", finding.evidence, finding.turn
+            )
+        )
     totals = {"schema": calls, "grounding": calls, "policy": calls, "goal": 1, "realism": len(user_texts)}
     issues = [i for group in found.values() for i in group]
     return {c: dimension_rating(group, totals[c]) for c, group in found.items()}, issues
@@ -354,6 +374,12 @@ async def synthesise_task(
         tau2_reward=theirs,
         messages=len(chat),
     )
+    flagged = realism_findings(chat, instructions=task.instructions, writes=writes)
+    outcome.realism = list(dict.fromkeys(f.reason for f in flagged))
+    if flagged:
+        outcome.stage = "realism"
+        outcome.reason = "; ".join(f"{f.reason} at message {f.turn}: {f.evidence}" for f in flagged)[:300]
+        return outcome, []
     ratings, issues = dialogue_checks(chat, imported.agent_tools, writes)
     if ours.reward < 1.0:
         failed = "; ".join(
@@ -423,14 +449,18 @@ async def synthesise_domain(
     stages: dict[str, int] = {}
     for o in outcomes:
         stages[o.stage] = stages.get(o.stage, 0) + 1
+    flagged = Counter(reason for o in scored for reason in o.realism)
+    verified = stages.get("verified", 0)
+    do_nothing = sum(1 for o in outcomes if o.stage == "verified" and (o.do_nothing_reward or 0) >= 1.0)
     report = SynthesisReport(
         domain=imported.domain,
         train_tasks=len(tasks),
         attempted=len(chosen),
-        verified=stages.get("verified", 0),
-        verified_do_nothing=sum(
-            1 for o in outcomes if o.stage == "verified" and (o.do_nothing_reward or 0) >= 1.0
-        ),
+        verified=verified,
+        verified_do_nothing=do_nothing,
+        do_nothing_share=round(do_nothing / verified, 4) if verified else 0.0,
+        realism_flagged=dict(sorted(flagged.items())),
+        realism_flagged_share=round(sum(bool(o.realism) for o in scored) / len(scored), 4) if scored else 0.0,
         agreement=sum(o.arena_reward == o.tau2_reward for o in scored) / max(1, len(scored)),
         by_stage=stages,
         outcomes=outcomes,

@@ -14,13 +14,23 @@ missing:
    arguments (a catalogue listing), or one whose arguments the customer said ("my phone number is
    ...", "I am Ivan Khan") or, for ids, earlier tools returned (a profile's order ids) -- else asks the
    customer for the arguments that hold them;
-3. a writing agent step is proposed ("Shall I proceed ...?") and run only once the customer's last
+3. before it acts for the customer or reads their data (in a domain with customer look-ups), it
+   asks who they are -- the identity look-ups' arguments, e.g. e-mail or name and zip -- until a
+   customer message says so (``synthesis.eigen.realism.identifies``);
+4. a writing agent step on one of several listed items the customer has not singled out (three
+   lines, five orders) first looks at each candidate's details (``get_details_by_id``,
+   ``get_order_details``: the customer's phone number or an item's name may single one out), and
+   asks which one when they do not;
+5. a writing agent step is proposed ("Shall I proceed ...?") and run only once the customer's last
    message says yes to that very proposal;
-4. a user step is asked for in words, with the structured hint (``user_action_requests``): its
+6. a user step is asked for in words, with the structured hint (``user_action_requests``): its
    values are settings the agent prescribes (a network mode), not facts to ground;
-5. when every step is done: the facts to tell (``reference_info``), or -- when the solution changes
+7. when every step is done: the facts to tell (``reference_info``), or -- when the solution changes
    nothing and tells nothing -- the look-ups the request allows, then a refusal; and the closing
    question.
+
+It never says the same thing twice word for word: proposals, questions, refusals and closings come
+in several wordings, and the first one not said yet is used.
 
 Besides the facts the reference says to tell, it states only values the dialogue has shown (a
 proposal names the write's arguments once they are grounded), and it never mentions the reference.
@@ -31,10 +41,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from arena.llm.replies import parse_arguments
 from simulator.user_acts import humanize
+from synthesis.eigen.realism import PERSONAL_KEYS, identifies, undecided_choice
 from synthesis.eigen.roles.dialogs import (
     YES_RE,
     AgentStep,
@@ -44,8 +56,38 @@ from synthesis.eigen.roles.dialogs import (
     grounded_values,
 )
 
-CLOSING = "Is there anything else I can help you with?"
-PROPOSAL = "Shall I proceed?"
+CLOSINGS = (
+    "Is there anything else I can help you with?",
+    "Can I help you with anything else?",
+    "Is there something else you need today?",
+)
+CLOSING = CLOSINGS[0]
+PROPOSALS = (
+    "I can now {action}{shown}. Shall I proceed?",
+    "To confirm, I would {action}{shown}. Would you like me to go ahead?",
+    "Before I change anything: {action}{shown}. Do you want me to proceed?",
+    "Back to your request: I can {action}{shown} now. Shall I go ahead?",
+)
+"""A proposal in words that vary: the same one is never said twice word for word."""
+REFUSALS = (
+    "I'm sorry, but I cannot do that under our policy.",
+    "I understand, but our policy does not allow that, so I can't make this change.",
+    "I'm afraid that is still not something I can do: the policy rules it out.",
+)
+ASKS = (
+    "Could you tell me the {wanted}?",
+    "To continue I still need the {wanted}. Could you share it?",
+    "I'm missing the {wanted}. Do you have it at hand?",
+)
+IDENTIFY = (
+    "Before I look into this, could you tell me who you are: your {wanted}?",
+    "First I need to find your account. What is your {wanted}?",
+    "I still need to verify who you are. Could you give me your {wanted}?",
+)
+WHICH = (
+    "I see several {what}: {options}. Which one do you mean?",
+    "There is more than one {what} ({options}). Which one is it?",
+)
 READ_PREFIXES = ("get_", "list_", "find_", "search_", "check_", "lookup_", "show_")
 """How a look-up tool's name starts: the agent may call one without being asked, to find a value."""
 MAX_LOOKUPS_PER_TOOL = 8
@@ -62,6 +104,9 @@ class _Transcript:
         self.outputs: list[tuple[str, Any]] = []  # (tool, its result: JSON when it parses)
         self.last_user = ""
         self.last_assistant = ""
+        self.agent_texts: list[str] = []
+        self.identified = False
+        """Whether a customer message has said who they are (an e-mail, an id, a phone, a name)."""
         for message in inputs.messages[1:]:  # the system message is the policy, not the conversation
             role, content = message.get("role"), str(message.get("content") or "")
             if role == "assistant":
@@ -70,7 +115,9 @@ class _Transcript:
                     self.calls.append((str(fn.get("name")), parse_arguments(fn.get("arguments")) or {}))
                 if content and not message.get("tool_calls"):
                     self.last_assistant = content
+                    self.agent_texts.append(content)
             elif role == "user":
+                self.identified = self.identified or identifies(content)
                 self.last_user = content
                 self.seen.append(content)
                 self.user_texts.append(content)
@@ -198,9 +245,18 @@ def _arguments_text(step: ReferenceStep) -> str:
     return ", ".join(f"{humanize(k)} {json.dumps(v, ensure_ascii=False)}" for k, v in step.arguments.items())
 
 
-def _proposal(step: ReferenceStep) -> str:
+def _proposals(step: ReferenceStep) -> list[str]:
     shown = _arguments_text(step)
-    return f"I can now {humanize(step.name)}" + (f" ({shown})" if shown else "") + f". {PROPOSAL}"
+    return [p.format(action=humanize(step.name), shown=f" ({shown})" if shown else "") for p in PROPOSALS]
+
+
+def _fresh(options: Sequence[str], seen: _Transcript) -> str:
+    """The first of ``options`` the agent has not said yet (the last one, varied, once all are used)."""
+    said = {" ".join(t.casefold().split()) for t in seen.agent_texts}
+    for option in options:
+        if " ".join(option.casefold().split()) not in said:
+            return option
+    return f"{options[-1]} ({len(seen.agent_texts) + 1})"
 
 
 def _lookup(inputs: TrajectoryAgentInput, seen: _Transcript) -> AgentStep | None:
@@ -232,11 +288,118 @@ def _lookup(inputs: TrajectoryAgentInput, seen: _Transcript) -> AgentStep | None
     return None
 
 
-def _ask_for(step: ReferenceStep, missing: list[str]) -> AgentStep:
+def _careful_lookup(inputs: TrajectoryAgentInput, seen: _Transcript) -> AgentStep | None:
+    """``_lookup``, but a look-up of the customer's data waits until they said who they are."""
+    looked = _lookup(inputs, seen)
+    if looked is not None and any(_personal(c.arguments) for c in looked.tool_calls):
+        return _identify(inputs, seen) or looked
+    return looked
+
+
+def _ask_for(step: ReferenceStep, missing: list[str], seen: _Transcript) -> AgentStep:
     names = [humanize(k) for k, v in step.arguments.items() if any(m in grounded_values(v) for m in missing)]
-    wanted = ", ".join(names) or "the details"
+    wanted = ", ".join(names) or "details"
     return AgentStep(
-        think=f"{step.name} needs values not given yet.", message=f"Could you tell me the {wanted}?"
+        think=f"{step.name} needs values not given yet.",
+        message=_fresh([a.format(wanted=wanted) for a in ASKS], seen),
+    )
+
+
+def _personal(arguments: dict[str, Any]) -> list[str]:
+    return [k for k, v in arguments.items() if PERSONAL_KEYS.search(k) and v not in (None, "")]
+
+
+def _identify(inputs: TrajectoryAgentInput, seen: _Transcript) -> AgentStep | None:
+    """Asks who the customer is when the next move would read their data before they said so
+    (asked at most as often as there are wordings: a customer who never says is not asked forever)."""
+    if seen.identified:
+        return None
+    asked = sum(1 for t in seen.agent_texts for form in IDENTIFY if t.startswith(form.split("{")[0]))
+    if asked >= len(IDENTIFY):
+        return None
+    wanted = _identity_fields(inputs)
+    return AgentStep(
+        think="I must know who the customer is before I look at their data.",
+        message=_fresh([form.format(wanted=wanted) for form in IDENTIFY], seen),
+    )
+
+
+IDENTITY_PARAMS = frozenset(
+    {"user_id", "customer_id", "email", "phone_number", "first_name", "last_name", "zip", "full_name", "dob"}
+)
+"""What a customer says to be found: a look-up of a user or customer by these alone identifies them."""
+
+
+def _identity_tools(inputs: TrajectoryAgentInput) -> list[list[str]]:
+    """The required arguments of each look-up that finds a customer (by e-mail, by phone, by name
+    and zip, or by user id: ``find_user_id_by_email``, ``get_customer_by_phone``, ``get_user_details``)."""
+    found: list[list[str]] = []
+    for spec in inputs.tools:
+        fn = spec.get("function", {})
+        name = str(fn.get("name"))
+        required = list((fn.get("parameters") or {}).get("required") or [])
+        who = "user" in name or "customer" in name
+        if name.startswith(("find_", "get_")) and who and required and set(required) <= IDENTITY_PARAMS:
+            found.append(required)
+    return found
+
+
+def _identity_fields(inputs: TrajectoryAgentInput) -> str:
+    """What identifies a customer here, in words: the identity look-ups' arguments, else a user id."""
+    fields = [" and ".join(humanize(p) for p in required) for required in _identity_tools(inputs)]
+    return " or ".join(dict.fromkeys(f for f in fields if f)) or "user id"
+
+
+def _undecided(step: ReferenceStep, chat: list[dict[str, Any]]) -> tuple[str, list[Any]] | None:
+    """(argument, listed items) when the step would act on one of several items the customer has
+    not singled out (``synthesis.eigen.realism.undecided_choice``); None when nothing is ambiguous."""
+    for key, value in step.arguments.items():
+        for candidate in grounded_values(value):
+            options = undecided_choice(chat, candidate)
+            if options:
+                return key, options
+    return None
+
+
+def _candidate_ids(options: list[Any]) -> list[str]:
+    ids: list[str] = []
+    for option in options:
+        if isinstance(option, dict):
+            ids += [str(v) for k, v in option.items() if (k == "id" or k.endswith("_id")) and v]
+        else:
+            ids.append(str(option))
+    return list(dict.fromkeys(ids))
+
+
+def _inspect(
+    inputs: TrajectoryAgentInput, seen: _Transcript, key: str, options: list[Any]
+) -> AgentStep | None:
+    """A look at the next candidate's details (a read tool taking one id: ``get_details_by_id``,
+    ``get_order_details``): what the customer said may single one out."""
+    readers: list[tuple[str, str]] = []
+    for spec in inputs.tools:
+        fn = spec.get("function", {})
+        name = str(fn.get("name"))
+        required = list((fn.get("parameters") or {}).get("required") or [])
+        if name.startswith(READ_PREFIXES) and len(required) == 1 and required[0] in ("id", key):
+            readers.append((name, required[0]))
+    readers.sort(key=lambda r: "detail" not in r[0])
+    for name, param in readers:
+        for candidate in _candidate_ids(options):
+            if (name, {param: candidate}) not in seen.calls:
+                return AgentStep(
+                    think=f"Several match; {name} shows which one is the customer's.",
+                    tool_calls=[AgentToolCall(name=name, arguments={param: candidate})],
+                )
+    return None
+
+
+def _ask_which(key: str, options: list[Any], seen: _Transcript) -> AgentStep:
+    shown = ", ".join(_candidate_ids(options)[:6])
+    what = humanize(key).removesuffix(" id") + "s"
+    return AgentStep(
+        think=f"Several {what} match; the customer must say which.",
+        message=_fresh([w.format(what=what, options=shown) for w in WHICH], seen),
     )
 
 
@@ -256,13 +419,27 @@ def guided_step(inputs: TrajectoryAgentInput) -> AgentStep:
             "me what it shows.",
             user_action_requests=[AgentToolCall(name=step.name, arguments=dict(step.arguments))],
         )
+    if _personal(step.arguments) or _identity_tools(inputs):  # who is asking, before acting for them
+        asked = _identify(inputs, seen)
+        if asked is not None:
+            return asked
     missing = [v for v in grounded_values(step.arguments) if not seen.shows(v)]
     if missing:
-        return _lookup(inputs, seen) or _ask_for(step, missing)
+        return _careful_lookup(inputs, seen) or _ask_for(step, missing, seen)
     if step.writes:
-        proposal = _proposal(step)
-        if seen.last_assistant != proposal or not YES_RE.search(seen.last_user):
-            return AgentStep(think=f"{step.name} changes records: ask first.", message=proposal)
+        choice = _undecided(step, list(inputs.messages))
+        if choice is not None:  # look at each candidate first: one may match what the customer said
+            key, options = choice
+            return (
+                _inspect(inputs, seen, key, options)
+                or _careful_lookup(inputs, seen)
+                or _ask_which(key, options, seen)
+            )
+        proposals = _proposals(step)
+        if seen.last_assistant not in proposals or not YES_RE.search(seen.last_user):
+            return AgentStep(
+                think=f"{step.name} changes records: ask first.", message=_fresh(proposals, seen)
+            )
     return AgentStep(
         think=f"Next: {step.name}.",
         tool_calls=[AgentToolCall(name=step.name, arguments=dict(step.arguments))],
@@ -272,13 +449,22 @@ def guided_step(inputs: TrajectoryAgentInput) -> AgentStep:
 def _closing(inputs: TrajectoryAgentInput, reference: list[ReferenceStep], seen: _Transcript) -> AgentStep:
     """The last message: the facts to tell, or -- when the solution changes nothing -- a refusal."""
     facts = "; ".join(f.strip() for f in inputs.reference_info if f.strip())
+    if seen.calls and seen.calls[-1][0].startswith("transfer"):
+        texts = [
+            "I have transferred you to a human agent, who will take it from here.",
+            "A human agent will continue with you now; I have passed on the details.",
+        ]
+        return AgentStep(think="Transferred.", message=_fresh(texts, seen))
     if facts:
-        text = f"Here is what you asked about: {facts}."
+        texts = [f"Here is what you asked about: {facts}."]
     elif any(r.writes or r.actor == "user" for r in reference):
-        text = "Everything you asked for is taken care of."
+        texts = ["Everything you asked for is taken care of."]
     else:  # nothing to do: read what the request is about first, then decline it
-        looked = _lookup(inputs, seen)
+        looked = (_identify(inputs, seen) if _identity_tools(inputs) else None) or _careful_lookup(
+            inputs, seen
+        )
         if looked is not None:
             return looked
-        text = "I'm sorry, but I cannot do that under our policy."
-    return AgentStep(think="The solution is complete.", message=f"{text} {CLOSING}")
+        texts = list(REFUSALS)
+    options = [f"{text} {closing}" for text in texts for closing in CLOSINGS]
+    return AgentStep(think="The solution is complete.", message=_fresh(options, seen))

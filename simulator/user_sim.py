@@ -59,6 +59,15 @@ from synthesis.envs.text import norm
 
 NUDGE = "Please go ahead."
 CONFIRMATION = "Yes, please go ahead."
+CONFIRMATIONS = (
+    CONFIRMATION,
+    "Yes, that's right, go ahead.",
+    "Sure, please do.",
+    "Okay, yes, please proceed.",
+    "Yes, do it.",
+    "Yep, go ahead with that.",
+)
+"""Ways to say yes: a person does not answer every proposal with the same sentence."""
 THANKS = "Thank you, that is all I needed."
 NO_INFO = "Sorry, I don't have that information."
 GIVE_UP = "I have to go now, thanks anyway."
@@ -177,8 +186,22 @@ def asked_facts(inputs: UserSimInput, last: str) -> list[str]:
 
 
 def _tone(inputs: UserSimInput) -> tuple[str, str]:
+    """(confirmation, thanks) in the persona's tone; a confirmation already said is varied."""
     words = set(re.findall(r"[a-z]+", f"{inputs.persona} {inputs.instructions[:200]}".casefold()))
-    return next((phrases for tone, phrases in TONES.items() if tone in words), (CONFIRMATION, THANKS))
+    confirmation, thanks = next(
+        (phrases for tone, phrases in TONES.items() if tone in words), (CONFIRMATION, THANKS)
+    )
+    said = set(_said(inputs))
+    fresh = [c for c in (confirmation, *CONFIRMATIONS) if norm(c) not in said]
+    return (fresh[0] if fresh else confirmation), thanks
+
+
+def _joined(connective: str, text: str) -> str:
+    """``text`` after a connective ("Also, my name is ...", not "Also, My name is ...")."""
+    first, _, rest = text.partition(" ")
+    if connective and first in ("My", "The", "A", "An", "Our", "We", "It", "This", "That", "There"):
+        text = f"{first.lower()} {rest}" if rest else first.lower()
+    return connective + text
 
 
 def _output(action: UserActionResult) -> str:
@@ -252,7 +275,7 @@ def user_turn(inputs: UserSimInput, rng: random.Random) -> UserTurn:
         if correction is not None:
             follow = CHANGED_MIND + correction
         elif todo:
-            follow = rng.choice(CONNECTIVES) + stated(inputs, *todo[0])
+            follow = _joined(rng.choice(CONNECTIVES), stated(inputs, *todo[0]))
         elif all(a.ok for a in fresh) and "?" in last and _CONFIRM_RE.search(last):
             follow = confirmation
         return UserTurn(message=f"{report(fresh)} {follow}".strip(), signal="continue")
@@ -274,7 +297,7 @@ def user_turn(inputs: UserSimInput, rng: random.Random) -> UserTurn:
             return UserTurn(message=" ".join(answers), signal="continue")
     if todo:
         connective = rng.choice(CONNECTIVES) if _said(inputs) else ""  # nothing to add to yet
-        return UserTurn(message=connective + stated(inputs, *todo[0]), signal="continue")
+        return UserTurn(message=_joined(connective, stated(inputs, *todo[0])), signal="continue")
     if "?" in last and _CONFIRM_RE.search(last):
         return UserTurn(message=confirmation, signal="continue")
     if "?" in last:

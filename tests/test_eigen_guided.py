@@ -13,7 +13,7 @@ import json
 def test_guided_agent_grounds_values_confirms_writes_and_asks_the_user_to_act() -> None:
     """The rules TrajectoryAgent with a reference solution: it asks for a value it has not seen,
     proposes a write and runs it only after a yes, and asks the user to run a user tool."""
-    from simulator.eigen_guided import PROPOSAL, guided_step
+    from simulator.eigen_guided import PROPOSALS, guided_step
     from synthesis.eigen.roles.dialogs import (
         EIGEN_AGENT_NATIVE,
         AgentStep,
@@ -49,14 +49,24 @@ def test_guided_agent_grounds_values_confirms_writes_and_asks_the_user_to_act() 
         return guided_step(restored)
 
     first = step([{"role": "user", "content": "Please cancel my order."}])
-    assert first.message and "order id" in first.message and not first.tool_calls  # never shown: ask
-    said = [{"role": "user", "content": "It is order #W1234."}]
+    assert first.message and "who you are" in first.message and not first.tool_calls  # identify first
+    opened = [
+        {"role": "user", "content": "Please cancel my order."},
+        {"role": "assistant", "content": first.message},
+    ]
+    nameless = step([*opened, {"role": "user", "content": "It is order #W1234."}])
+    assert (
+        nameless.message and nameless.message != first.message and not nameless.tool_calls
+    )  # asked again, not verbatim
+    said = [*opened, {"role": "user", "content": "My user id is jo_li_1234, and it is order #W1234."}]
     proposal = step(said)
-    assert proposal.message and proposal.message.endswith(PROPOSAL)
+    assert proposal.message and proposal.message.endswith("Shall I proceed?") and "#W1234" in proposal.message
     no = step(
         [*said, {"role": "assistant", "content": proposal.message}, {"role": "user", "content": "Wait."}]
     )
-    assert no.message == proposal.message  # no yes, no write
+    forms = [p.split("{")[0] for p in PROPOSALS]
+    assert no.message and no.message != proposal.message and any(no.message.startswith(f) for f in forms)
+    assert not no.tool_calls  # no yes, no write; the proposal again, in other words
     yes = [
         *said,
         {"role": "assistant", "content": proposal.message},
@@ -103,6 +113,11 @@ def test_first_person_turns_a_scenario_into_what_the_user_says() -> None:
         )
         == "It is ok because I was out of town. The agent told me that I can (I don't mind)."
     )
+    # tau2's telecom scenarios say "You mobile data is not working": a lost "r", not "I mobile data"
+    assert (
+        first_person("You mobile data is not working properly.") == "My mobile data is not working properly."
+    )
+    assert first_person("You think it is broken.") == "I think it is broken."
 
 
 def test_lookups_use_what_the_customer_said_and_what_tools_returned() -> None:
@@ -176,8 +191,17 @@ def test_lookups_use_what_the_customer_said_and_what_tools_returned() -> None:
     ]
     profile = json.dumps({"user_id": "ivan_khan_7475", "orders": ["#W11", "#W77"]})
     shown = [*found, *ran("get_user_details", {"user_id": "ivan_khan_7475"}, profile, 1)]
-    third = step(shown)  # the order id is shown now: propose the write
-    assert third.message and "#W77" in third.message and not third.tool_calls
+    third = step(shown)  # two orders, and the customer named neither: ask which
+    assert third.message and "#W11" in third.message and "#W77" in third.message and "?" in third.message
+    named = [
+        *shown,
+        {"role": "assistant", "content": third.message},
+        {"role": "user", "content": "The #W77 one."},
+    ]
+    fourth = step(named)  # named: propose the write
+    assert (
+        fourth.message and "#W77" in fourth.message and "proceed" in fourth.message and not fourth.tool_calls
+    )
 
 
 def test_dialogue_checks_flag_fabricated_ids_and_unconfirmed_writes() -> None:
@@ -208,8 +232,12 @@ def test_dialogue_checks_flag_fabricated_ids_and_unconfirmed_writes() -> None:
             {"role": "tool", "tool_call_id": "c0", "content": "cancelled"},
         ]
 
-    ratings, issues = dialogue_checks(chat("Yes, cancel #W12 please.", "#W12"), tools, {"cancel"})
+    ratings, issues = dialogue_checks(
+        chat("Yes, my user id is jo_li_1234: cancel #W12 please.", "#W12"), tools, {"cancel"}
+    )
     assert not issues and {r.rating for r in ratings.values()} == {"Good"}
     ratings, issues = dialogue_checks(chat("Cancel my order.", "#W99"), tools, {"cancel"})
     assert ratings["grounding"].rating == ratings["policy"].rating == "Poor"
-    assert {i.criterion for i in issues} == {"grounding", "policy"} and all(i.critical for i in issues)
+    critical = {i.criterion for i in issues if i.critical}
+    assert critical == {"grounding", "policy"}  # and the look-up before identification, as realism
+    assert [i.description.split(":")[0] for i in issues if not i.critical] == ["lookup_before_identification"]
