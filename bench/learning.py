@@ -179,8 +179,9 @@ def policy_profile(p: Profile, policy: str, quick: bool) -> Profile:
     quick run keeps the quick budgets and only swaps the model: a CPU smoke run of the same path)."""
     if policy == "tiny":
         return p
-    if quick:
-        return replace(p, policy="smollm2", max_new_tokens=96, max_seq_len=2048)
+    if quick:  # the quick budgets, but a pretrained model's learning rates (the tiny model's 5e-3 wrecks it)
+        knobs = {k: SMOLLM2[k] for k in ("policy", "backend", "precision", "sft_lr", "lr")}
+        return replace(p, **knobs, max_new_tokens=96, max_seq_len=2048)
     return replace(p, **SMOLLM2)
 
 

@@ -604,7 +604,7 @@ def test_rules_user_simulator_reveals_requirements_then_stops() -> None:
         env = orders_env(pool)
         # The opening message stated the first requirement; the second comes next, once.
         reply = await env.user_turn("Sure. Why do you want to cancel it?")
-        assert reply is not None and reply.endswith("The reason is: no longer needed.")
+        assert reply is not None and reply.casefold().endswith("the reason is: no longer needed.")
         confirm = await env.user_turn("Shall I go ahead and cancel order O-1001?")
         assert confirm == CONFIRMATION
         await env.call("cancel_order", {"order_id": "O-1001", "reason": "no longer needed"})
@@ -641,7 +641,7 @@ def test_rules_user_simulator_rules_in_order() -> None:
     opening = ("user", "Cancel order O-1001.")
     # Requirements from the instructions' sentences: the second is still to say.
     turn = user_turn(_sim([opening, ("assistant", "Which order?")]), rng)
-    assert turn.signal == "continue" and turn.message.endswith("The reason is: no longer needed.")
+    assert turn.signal == "continue" and turn.message.casefold().endswith("the reason is: no longer needed.")
     said = [opening, ("assistant", "Why?"), ("user", "The reason is: no longer needed.")]
     # Everything said, the agent asks for something the scenario does not have.
     assert user_turn(_sim([*said, ("assistant", "What is your phone number?")]), rng).signal == "out_of_scope"
