@@ -38,13 +38,19 @@ Figures:
     valid rows in the lake: ``samples.sft`` from ``samples-sft``, ``samples.verified`` from
     ``samples-verified`` and from ``eigen-verified``.
 ``server_tokens_per_s``
-    the server's own single-request decoding rate, measured in the same run right after the
-    workers: one request shaped like the run's average (its mean prompt and completion tokens),
-    nothing else in flight. ``server_tokens_per_s_short``: the same with a short prompt.
+    the server's own rate on exactly the run's requests: completion tokens / the seconds the
+    endpoint had at least one of them (``server_busy_s``, the admission coordinator's count; the
+    server computes one request at a time, so that is its compute time). Where no coordinator
+    answered, the probe's rate (``server_rate_measured_by`` says which).
+``server_tokens_per_s_probe``
+    one request shaped like the run's average (its mean prompt and completion tokens), nothing else
+    in flight, right after the workers; it overstates the server's rate, since prefill grows faster
+    than the prompt. ``server_tokens_per_s_short``: the same with a short prompt.
 ``arena_tokens_per_s``
     completion tokens the workers received / the seconds they took to drain (``wall_s``).
-    ``ratio_arena_over_server``: how close Arena kept the server to its limit (the acceptance
-    asks >= 0.8: the server, not Arena, is the bottleneck).
+    ``ratio_arena_over_server``: how close Arena kept the server to its limit, the busy share of the
+    run (the acceptance asks >= 0.8: the server, not Arena, is the bottleneck);
+    ``ratio_arena_over_probe`` against the probe. ``server_idle``: where the server waited on Arena.
 ``learned_limit``
     the admission's learned in-flight limit for the endpoint at the end (``arena status``); ``{}``
     when no coordinator answered (each process then admits on its own, as ``arena status`` says).
@@ -432,6 +438,9 @@ def run(tracks: list[str], quick: bool, timeout_s: float, keep: bool) -> dict[st
         # The server answers one request at a time, so while Arena has a request at it, it computes:
         # its own rate on exactly the run's requests is completion tokens / those busy seconds.
         server_rate_in_run = round(completion / busy, 2) if busy else None
+        # No coordinator answered (each process admitted on its own): no busy time, so the probe.
+        server_own = server_rate_in_run or shaped["tokens_per_s"]
+        measured_by = "busy time" if server_rate_in_run else "probe (no admission coordinator answered)"
         result: dict[str, Any] = {
             "bench": "real_model",
             "quick": quick,
@@ -447,12 +456,13 @@ def run(tracks: list[str], quick: bool, timeout_s: float, keep: bool) -> dict[st
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "server_busy_s": round(busy, 1),
-            "server_tokens_per_s": server_rate_in_run,
+            "server_tokens_per_s": server_own,
+            "server_rate_measured_by": measured_by,
             "server_tokens_per_s_probe": shaped["tokens_per_s"],
             "server_request": shaped,
             "server_tokens_per_s_short": short["tokens_per_s"],
             "arena_tokens_per_s": arena_rate,
-            "ratio_arena_over_server": _ratio(arena_rate, server_rate_in_run),
+            "ratio_arena_over_server": _ratio(arena_rate, server_own),
             "ratio_arena_over_probe": _ratio(arena_rate, shaped["tokens_per_s"]),
             "learned_limit": worked["learned"],
             "server_idle": worked["idle"],
