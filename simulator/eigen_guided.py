@@ -46,7 +46,7 @@ from typing import Any
 
 from arena.llm.replies import parse_arguments
 from simulator.user_acts import humanize
-from synthesis.eigen.realism import PERSONAL_KEYS, identifies, undecided_choice
+from synthesis.eigen.realism import PERSONAL_KEYS, identifies, item_ids, undecided_choice
 from synthesis.eigen.roles.dialogs import (
     YES_RE,
     AgentStep,
@@ -362,13 +362,7 @@ def _undecided(step: ReferenceStep, chat: list[dict[str, Any]]) -> tuple[str, li
 
 
 def _candidate_ids(options: list[Any]) -> list[str]:
-    ids: list[str] = []
-    for option in options:
-        if isinstance(option, dict):
-            ids += [str(v) for k, v in option.items() if (k == "id" or k.endswith("_id")) and v]
-        else:
-            ids.append(str(option))
-    return list(dict.fromkeys(ids))
+    return list(dict.fromkeys(i for option in options for i in item_ids(option)))
 
 
 def _inspect(

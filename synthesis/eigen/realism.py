@@ -105,7 +105,7 @@ def realism_findings(
         *_before_identification(messages),
         *_repeats(messages, "assistant", "repeated_agent_message"),
         *_repeats(messages, "user", "repeated_user_message"),
-        *_choices(messages, set(writes)),
+        *_choices(chat, messages, set(writes)),
         *_identity_after_refusal(messages),
         *_opening(messages),
         *_recital(messages, instructions),
@@ -203,14 +203,18 @@ def _is_item(item: Any, value: str) -> bool:
     return str(item) == value or (isinstance(item, dict) and value in (str(v) for v in item.values()))
 
 
+def item_ids(item: Any) -> list[str]:
+    """The ids a listed item goes by: itself, or a record's ``id`` / ``*_id`` fields."""
+    if not isinstance(item, dict):
+        return [str(item)]
+    return [
+        str(v) for k, v in item.items() if (k == "id" or k.endswith("_id")) and isinstance(v, str | int) and v
+    ]
+
+
 def _item_leaves(item: Any, results: list[tuple[int, Any]]) -> set[str]:
     """What the dialogue showed of one listed item: its own fields and every record of its ids."""
-    if isinstance(item, dict):
-        ids = [
-            str(v) for k, v in item.items() if (k == "id" or k.endswith("_id")) and isinstance(v, str | int)
-        ]
-    else:
-        ids = [str(item)]
+    ids = item_ids(item)
     leaves = set(_leaves(item)) if isinstance(item, dict) else set()
     for key in (i for i in ids if grounded_values(i)):
         leaves.update(leaf for record in _records_with(key, results) for leaf in _leaves(record))
@@ -300,10 +304,9 @@ def undecided_choice(
     return None
 
 
-def _choices(messages: list[tuple[int, dict[str, Any]]], writes: set[str]) -> Iterator[RealismFinding]:
-    chat: list[dict[str, Any]] = [{}] * (messages[-1][0] + 1 if messages else 1)
-    for index, message in messages:
-        chat[index] = message
+def _choices(
+    chat: Sequence[dict[str, Any]], messages: list[tuple[int, dict[str, Any]]], writes: set[str]
+) -> Iterator[RealismFinding]:
     for index, message in messages:
         if message.get("role") != "assistant":
             continue
