@@ -142,16 +142,35 @@ def domain_synth(
     source: Annotated[str, typer.Argument(help="Where the domain comes from: tau2.")],
     domain: Annotated[str, typer.Argument(help="tau2 domain: airline, retail or telecom.")],
     limit: Annotated[
-        int | None, typer.Option(min=1, help="Synthesise on the first N train tasks only.")
+        int | None,
+        typer.Option(min=0, help="Synthesise on the first N train tasks only (0: none, e.g. with --new)."),
     ] = None,
+    new: Annotated[
+        int,
+        typer.Option(
+            "--new",
+            min=0,
+            help="Also make N new task instances over the domain's database (airline, retail) and "
+            "synthesise on them.",
+        ),
+    ] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the new instances' draws.")] = 0,
     sessions: Annotated[int, typer.Option(min=1, max=64, help="Sandbox sessions in parallel.")] = 2,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Synthesise and report; publish nothing to samples.sft.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """EigenData dialogue synthesis on the domain's train split; verified dialogues to samples.sft."""
+    """EigenData dialogue synthesis on the domain's train split (and new instances over its database);
+    verified dialogues to samples.sft."""
     _check(source, domain)
+    from synthesis.eigen.tau2_instances import INSTANCE_DOMAINS
+
+    if new and domain not in INSTANCE_DOMAINS:
+        raise UserError(
+            f"--new: new instances are drawn from the {' and '.join(INSTANCE_DOMAINS)} databases, and "
+            f"{domain}'s tasks are device troubleshooting (fix: drop --new to synthesise on its train split)"
+        )
     cfg = settings()
     address = None if dry_run else ready_broker(cfg)
 
@@ -177,6 +196,8 @@ def domain_synth(
                     imported,
                     behaviour=user_behaviour(cfg),
                     limit=limit,
+                    new=new,
+                    seed=seed,
                     sessions=sessions,
                 )
         finally:
@@ -199,6 +220,15 @@ def domain_synth(
         "do-nothing agent also passes); Arena's verification and tau2's evaluator agree "
         f"on {report.agreement:.1%} of dialogues"
     )
+    if report.instances is not None:
+        made = report.instances
+        console.print(
+            f"new instances: {made.accepted} of {made.requested} made in {made.attempts} draws "
+            f"({made.refusals} refusals; closest to a test task: cosine {made.max_test_cosine:.2f}), "
+            f"{report.new_verified} verified dialogues on them; kept in {made.lake_path or '(none)'}"
+        )
+        if made.rejected:
+            console.print("draws rejected: " + ", ".join(f"{k} {n}" for k, n in made.rejected.items()))
     if report.realism_flagged:
         habits = ", ".join(f"{reason} {n}" for reason, n in report.realism_flagged.items())
         console.print(

@@ -72,8 +72,11 @@ class Tau2Task(BaseModel):
 
     task_id: Annotated[str, Field(description="tau2's task id.")]
     split: Annotated[
-        Literal["train", "test", "other"],
-        Field(description="From split_tasks.json; test is never synthesised on."),
+        Literal["train", "test", "other", "new"],
+        Field(
+            description="From split_tasks.json (test is never synthesised on); 'new': an instance Arena "
+            "made over the domain's database (synthesis/eigen/tau2_instances.py)."
+        ),
     ]
     instructions: Annotated[str, Field(description="The simulated user's private instructions (rendered).")]
     requirements: list[str] = Field(

@@ -59,6 +59,7 @@ from environments.tau2_import import Tau2Import, load_tasks, open_session, synth
 from environments.tau2_tasks import Tau2Task, arena_reward
 from environments.user_view import GatewayUserSimulator, UserContext, user_view_messages
 from lake.store import ObjectStore
+from producers.tau2_instances import InstanceOutcome, InstanceReport, make_instances
 from sandbox.env_runtime import Runner
 from synthesis.eigen.dialog_synthesis import dialog_issue, dimension_rating
 from synthesis.eigen.realism import realism_findings
@@ -87,7 +88,10 @@ Stage = Literal["dialogue", "realism", "validation", "verification", "verified"]
 class SynthesisOutcome(BaseModel):
     """One task's synthesis: how far it got and why it stopped there."""
 
-    task_id: Annotated[str, Field(description="tau2 task id (train split).")]
+    task_id: Annotated[str, Field(description="tau2 task id (train split) or new instance id.")]
+    split: Annotated[
+        Literal["train", "new"], Field(description="train: a tau2 train task; new: an instance Arena made.")
+    ] = "train"
     stage: Annotated[Stage, Field(description="verified, or the stage that rejected the dialogue.")]
     reason: Annotated[str, Field(description="Why it was rejected ('' when verified).")] = ""
     termination: Annotated[str, Field(description="user_stop, agent_stop or max_steps.")] = ""
@@ -127,6 +131,14 @@ class SynthesisReport(BaseModel):
         Field(description="Share of finished dialogues where Arena's reward equals tau2's evaluator's."),
     ]
     by_stage: Annotated[dict[str, int], Field(description="Outcomes per stage.")]
+    new_requested: Annotated[int, Field(description="New instances asked for (--new).")] = 0
+    new_instances: Annotated[
+        int, Field(description="New instances made: gold replay 1.0 by both evaluators, novel.")
+    ] = 0
+    new_verified: Annotated[int, Field(description="Verified dialogues on new instances.")] = 0
+    instances: Annotated[
+        InstanceReport | None, Field(description="How the new instances were made (--new).")
+    ] = None
     realism_flagged: Annotated[
         dict[str, int],
         Field(
@@ -339,14 +351,23 @@ def dialogue_checks(
 # --------------------------------------------------------------------------- one task, a domain
 
 
+NEW_SOURCE = f"{SOURCE}-new"
+"""``samples.sft`` source of dialogues on new instances (train-derived ones are ``SOURCE``)."""
+
+
 def sft_samples(imported: Tau2Import, task: Tau2Task, dialogue: _Dialogue, origin: str) -> list[SftSample]:
-    """The agent-side and user-side training conversations of a verified dialogue."""
+    """The agent-side and user-side training conversations of a verified dialogue (the source says
+    whether the task was tau2's or a new instance)."""
     agent = [{"role": "system", "content": system_prompt(imported.policy)}, *dialogue.episode.chat[1:]]
     user = user_view_messages(
         task.instructions, task.requirements, imported.user_tools, dialogue.episode.turns, "stop"
     )
     sides: list[Side] = [("agent", agent, imported.agent_tools), ("user", user, imported.user_tools)]
-    return dialogue_samples(sides, source=SOURCE, origin=origin)
+    return dialogue_samples(sides, source=NEW_SOURCE if task.split == "new" else SOURCE, origin=origin)
+
+
+def _split(task: Tau2Task) -> Literal["train", "new"]:
+    return "new" if task.split == "new" else "train"
 
 
 async def synthesise_task(
@@ -358,7 +379,10 @@ async def synthesise_task(
         dialogue = await synthesise_dialog(session, imported, task, gateway, behaviour)
     except (InvalidOutput, RuntimeError) as exc:
         return SynthesisOutcome(
-            task_id=task.task_id, stage="dialogue", reason=f"{type(exc).__name__}: {exc}"[:300]
+            task_id=task.task_id,
+            split=_split(task),
+            stage="dialogue",
+            reason=f"{type(exc).__name__}: {exc}"[:300],
         ), []
     chat = dialogue.episode.chat
     gold = await session.gold(task.raw)
@@ -368,6 +392,7 @@ async def synthesise_task(
     )
     outcome = SynthesisOutcome(
         task_id=task.task_id,
+        split=_split(task),
         stage="verification",
         termination=dialogue.termination,
         arena_reward=ours.reward,
@@ -420,13 +445,25 @@ async def synthesise_domain(
     *,
     behaviour: UserBehaviour | None = None,
     limit: int | None = None,
+    new: int = 0,
+    seed: int = 0,
     sessions: int = 1,
     on_task: Callable[[SynthesisOutcome], None] | None = None,
+    on_instance: Callable[[InstanceOutcome], None] | None = None,
 ) -> tuple[SynthesisReport, list[SftSample]]:
-    """EigenData synthesis on the train split of ``imported`` (its first ``limit`` scorable tasks)."""
+    """EigenData synthesis on the train split of ``imported`` (its first ``limit`` scorable tasks),
+    and on ``new`` instances made over its database first (``producers/tau2_instances.py``)."""
     start = time.monotonic()
-    tasks = [t for t in synthesis_tasks(load_tasks(store, imported)) if not t.verification.needs_judge]
+    everything = load_tasks(store, imported)
+    tasks = [t for t in synthesis_tasks(everything) if not t.verification.needs_judge]
     chosen = tasks[:limit]
+    instances: InstanceReport | None = None
+    if new:
+        async with open_session(store, pool, imported) as session:
+            made, instances = await make_instances(
+                store, session, gateway, imported, everything, new, seed=seed, on_attempt=on_instance
+            )
+        chosen = [*chosen, *made]
     queue: asyncio.Queue[Tau2Task] = asyncio.Queue()
     for t in chosen:
         queue.put_nowait(t)
@@ -463,6 +500,10 @@ async def synthesise_domain(
         realism_flagged_share=round(sum(bool(o.realism) for o in scored) / len(scored), 4) if scored else 0.0,
         agreement=sum(o.arena_reward == o.tau2_reward for o in scored) / max(1, len(scored)),
         by_stage=stages,
+        new_requested=new,
+        new_instances=instances.accepted if instances is not None else 0,
+        new_verified=sum(o.stage == "verified" and o.split == "new" for o in outcomes),
+        instances=instances,
         outcomes=outcomes,
         wall_s=time.monotonic() - start,
     )

@@ -9,6 +9,7 @@ here a sample per domain keeps the file fast.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,8 +241,10 @@ def test_cli_names_unknown_domains_and_missing_installs(tmp_path: Path) -> None:
     assert TAU2_VENV.name == ".venv-tau2"
 
 
-SYNTH_LIMIT = {"airline": 4, "retail": 6, "telecom": 8}
+SYNTH_LIMIT = {"airline": 4, "retail": 4, "telecom": 8}
 """Train tasks synthesised on per domain here (`arena domain synth tau2 D` takes the whole split)."""
+SYNTH_NEW = {"retail": 2}
+"""New instances made over the database and synthesised on (`--new`; airline's: the CLI test)."""
 
 
 def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_served_model(
@@ -250,10 +253,12 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
     """EigenData in every imported domain, over the OpenAI client path against `arena llm serve`
     with real-model reply quirks (<think> decoys, fenced JSON, Hermes tool-call text): the user
     simulator acts with its own tools (telecom), dialogues are validated and verified, and Arena's
-    verification agrees with tau2's evaluator on every finished dialogue."""
+    verification agrees with tau2's evaluator on every finished dialogue. In retail, new instances
+    drawn from the database are made first (their gold replays score 1.0 with both evaluators) and
+    synthesised on too."""
     from arena.config import ArenaSettings
     from lake.catalog import open_gateway
-    from producers.tau2_synthesis import SOURCE, synthesise_domain
+    from producers.tau2_synthesis import NEW_SOURCE, SOURCE, synthesise_domain
     from synthesis.eigen.roles.dialogs import REFERENCE_NOTE
     from tests.fixtures import free_ports
     from tests.fixtures.llm_serve import llm_server
@@ -271,7 +276,9 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
             try:
                 async with SandboxPool(POOL) as pool:
                     return {
-                        d: await synthesise_domain(store, pool, gateway, imports[d], limit=n, sessions=2)
+                        d: await synthesise_domain(
+                            store, pool, gateway, imports[d], limit=n, new=SYNTH_NEW.get(d, 0), sessions=2
+                        )
                         for d, n in SYNTH_LIMIT.items()
                     }
             finally:
@@ -282,15 +289,32 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
         train = {t.task_id for t in synthesis_tasks(load_tasks(store, imports[domain]))}
         assert report.verified >= 1, (domain, report.by_stage, [o.reason for o in report.outcomes])
         assert report.agreement == 1.0, domain
-        assert {o.task_id for o in report.outcomes} <= train  # never a test task
+        assert {o.task_id for o in report.outcomes if o.split == "train"} <= train  # never a test task
+        made = report.instances
+        if domain in SYNTH_NEW:
+            assert made is not None and made.accepted == report.new_instances == SYNTH_NEW[domain], made
+            kept = [o for o in made.outcomes if o.stage == "accepted"]
+            assert all(o.arena_reward == o.tau2_reward == 1.0 and o.novelty for o in kept)
+            assert all(o.novelty.duplicate_of == "" for o in kept if o.novelty)
+            new_ids = {o.task_id for o in kept}
+            assert {o.task_id for o in report.outcomes if o.split == "new"} == new_ids
+            stored = json.loads(store.get(made.lake_path))  # the lake keeps the new instances, split new
+            assert {t["task_id"] for t in stored} == new_ids and {t["split"] for t in stored} == {"new"}
+            assert report.new_verified == sum(
+                o.stage == "verified" and o.split == "new" for o in report.outcomes
+            )
+        else:
+            assert made is None and report.new_instances == 0
         verified = [o for o in report.outcomes if o.stage == "verified"]
         assert all(o.arena_reward == o.tau2_reward == 1.0 for o in verified)
         # the count says how many of them a do-nothing agent would pass too (refusals)
         assert all(o.do_nothing_reward in (0.0, 1.0) for o in verified)
         assert report.verified_do_nothing == sum(o.do_nothing_reward == 1.0 for o in verified)
         assert len(samples) == 2 * len(verified)
+        sources = {o.task_id: SOURCE if o.split == "train" else NEW_SOURCE for o in report.outcomes}
+        by_sample = {i: sources[o.task_id] for o in report.outcomes for i in o.sample_ids}
         for sample in samples:  # the reference solution guided the agent; it never reaches training data
-            assert sample.source == SOURCE
+            assert sample.source == by_sample[sample.sample_id]
             assert "reference_solution" not in str(sample.messages) and REFERENCE_NOTE not in str(
                 sample.messages
             )
@@ -305,9 +329,9 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
 
 
 def test_cli_synth_publishes_verified_dialogues_to_samples_sft(tmp_path: Path, broker: str) -> None:
-    """`arena domain synth tau2 airline`: the import, synthesis and both sides of each verified
-    dialogue on the broker's samples.sft, keyed by sample id."""
-    import json
+    """`arena domain synth tau2 airline --new 2`: the import, new instances over the database,
+    synthesis and both sides of each verified dialogue on the broker's samples.sft, keyed by sample
+    id; telecom has no --new, and says why."""
 
     from tests.cli import arena_env, read_all, run_arena
     from tests.fixtures import free_ports
@@ -321,8 +345,15 @@ def test_cli_synth_publishes_verified_dialogues_to_samples_sft(tmp_path: Path, b
             ARENA_LLM=f"openai{url.removeprefix('http')}?model=rules-v1",
             ARENA_SANDBOX__POOL_SIZE="2",
         )
-        out = run_arena(["domain", "synth", "tau2", "airline", "--limit", "3", "--json"], env, timeout=600)
+        out = run_arena(
+            ["domain", "synth", "tau2", "airline", "--limit", "1", "--new", "2", "--json"], env, timeout=600
+        )
+        refused = run_arena(["domain", "synth", "tau2", "telecom", "--new", "2"], env, check=None)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "--new" in refused.stderr and "fix:" in refused.stderr
     report = json.loads(out.stdout)
+    assert report["new_requested"] == 2 and report["instances"]["accepted"] == report["new_instances"] == 2
+    assert report["new_verified"] >= 1, [o["reason"] for o in report["outcomes"]]
     ids = {i for o in report["outcomes"] for i in o["sample_ids"]}
     assert report["verified"] >= 1 and len(ids) == 2 * report["verified"], report["by_stage"]
     published = {r.key.decode(): json.loads(r.value) for r in read_all(broker, "samples.sft")}

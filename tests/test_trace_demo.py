@@ -52,7 +52,10 @@ def test_trace_of_a_sample_shows_every_hop_and_its_tool_doc(demo_run: Demo) -> N
     assert [stages.get(n["id"]) for n in path[:3]] == ["samples-sft", "trajectories-scored", "trajectories"]
 
     raw, server = path[-1], path[-2]
-    assert raw["kind"] == "source" and report["sources"] == [raw["id"]]
+    # A sample whose content another tool doc also produced (a test of this group republishes the
+    # docs) has one source per doc: the path followed here ends at one of them.
+    assert raw["kind"] == "source" and raw["id"] in report["sources"]
+    assert all(report["nodes"][s]["kind"] == "source" for s in report["sources"])
     (doc,) = lake_json(f"select source, server from tools_raw where _key = '{raw['id']}'", demo_run.env)
     assert (raw["file"], raw["server"]) == (doc["source"], doc["server"]) and doc["source"] and doc["server"]
     assert (server["file"], server["server"]) == (doc["source"], doc["server"])  # the server it formed

@@ -21,7 +21,6 @@ lake holds of the synthesis topics (``SCANNED_TOPICS``) and lists what would be 
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -29,11 +28,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
+from arena.overlap import NGRAM, ngrams
+
 if TYPE_CHECKING:
     from lake.store import ObjectStore
 
-NGRAM = 5
-"""Words per n-gram: BFCL questions are short (a sentence or two), so shorter than the usual 13."""
 THRESHOLD = 0.5
 """Share of the smaller text's n-grams the two must have in common to be near-duplicates."""
 INDEX_FILE = Path("decontam") / "benchmarks.json"
@@ -43,8 +42,6 @@ SCANNED_TOPICS = ("tasks", "samples.sft", "samples.verified", "eigen.intents", "
 """Topics holding synthesized tasks: ASTRA's SFT tasks and samples, its environment samples, EigenData's
 intents and tasks."""
 TAU2_DOMAINS = ("airline", "retail", "telecom")
-
-_WORD = re.compile(r"[a-z0-9]+")
 
 
 class BenchmarkItem(BaseModel):
@@ -85,16 +82,6 @@ class DecontamReport(BaseModel):
     benchmarks: Annotated[dict[str, int], Field(description="Benchmark -> items checked against.")]
     scanned: Annotated[dict[str, int], Field(description="Topic -> records scanned.")]
     flagged: Annotated[list[Contamination], Field(description="Near-duplicates found.")]
-
-
-def ngrams(text: str, n: int = NGRAM) -> frozenset[str]:
-    """The word n-grams of ``text`` (lower-cased alphanumeric words); all its words when fewer than n."""
-    words = _WORD.findall(text.lower())
-    if not words:
-        return frozenset()
-    if len(words) < n:
-        return frozenset({" ".join(words)})
-    return frozenset(" ".join(words[i : i + n]) for i in range(len(words) - n + 1))
 
 
 class NgramIndex:
