@@ -1,7 +1,8 @@
 """Rules ``eigen_tau2_instance``: picks one of the draw's options and writes the customer's side.
 
 An allowed request is picked most of the time, a refusal now and then (the policy-violation share
-of EigenData's pool); the reason for call is the option's request behind one of several openings,
+of EigenData's pool), the kind of request first (a customer with five orders has five
+cancellations to offer, and one payment change); the reason for call is the option's request behind one of several openings,
 so that two instances on one request still read differently; the task instructions give the
 customer a temperament.
 """
@@ -38,7 +39,8 @@ def write_instance(inputs: BaseModel, rng: random.Random) -> InstanceScenario:
     allowed = [i for i, o in enumerate(options) if o.verdict == "allowed"]
     refused = [i for i, o in enumerate(options) if o.verdict == "refuse"]
     pool = refused if refused and (not allowed or rng.random() < REFUSE_SHARE) else allowed
-    chosen = rng.choice(pool)
+    kind = rng.choice(sorted({options[i].kind for i in pool}))  # a kind first: rarer kinds get their share
+    chosen = rng.choice([i for i in pool if options[i].kind == kind])
     return InstanceScenario(
         option=chosen,
         reason_for_call=rng.choice(OPENINGS) + options[chosen].request,

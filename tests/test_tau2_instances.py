@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 from typing import Any
 
 import pytest
@@ -140,6 +141,9 @@ def test_every_option_of_a_draw_names_records_of_the_database(domain: str) -> No
         assert draw.options
         for option in draw.options:
             kinds.add(option.kind)
+            assert not re.search(r"\b(\w+) \1\b", option.request, re.IGNORECASE), (
+                option.request
+            )  # 'brand Brand A'
             ids = {
                 v for c in option.calls for k, v in c.arguments.items() if k in ("order_id", "reservation_id")
             }

@@ -58,8 +58,17 @@ def _plural(n: int, word: str) -> str:
 # --------------------------------------------------------------------------- retail
 
 
+def _option_text(key: str, value: Any) -> str:
+    """One product option as a person says it: 'color red', but 'Brand A' (not 'brand Brand A') and
+    'bagless' (not 'bagged/bagless bagless')."""
+    text = str(value)
+    if key.lower() in text.lower() or text.lower() in key.lower().split("/"):
+        return text
+    return f"{key} {text}"
+
+
 def _options_text(options: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in options.items())
+    return ", ".join(_option_text(k, v) for k, v in options.items())
 
 
 def _item_text(item: dict[str, Any]) -> str:
@@ -83,7 +92,7 @@ def _other_variant(db: Db, item: dict[str, Any], rng: random.Random) -> dict[str
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in new.items() if old.get(k) != v)
+    return ", ".join(_option_text(k, v) for k, v in new.items() if old.get(k) != v)
 
 
 def _retail_order_options(
