@@ -13,7 +13,7 @@ import pytest
 from arena.llm.admission import LocalAdmission
 from arena.llm.backends import BackendError
 from arena.llm.backends.openai import OpenAIBackend
-from arena.llm.core import CompletionRequest, InvalidOutput, Sampling, TransientError
+from arena.llm.core import CompletionRequest, InvalidOutput, Sampling, TransientError, decodable
 from arena.llm.gateway import Gateway
 from tests.fixtures import free_ports
 from tests.fixtures.openai_server import (
@@ -244,7 +244,7 @@ def test_request_carries_messages_sampling_and_json_schema(server: OpenAIServer)
     assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (0.3, 0.9, 77, 11)
     assert body["response_format"] == {
         "type": "json_schema",
-        "json_schema": {"name": "test_ask", "schema": Reply.model_json_schema(), "strict": True},
+        "json_schema": {"name": "test_ask", "schema": decodable(Reply.model_json_schema()), "strict": True},
     }
     assert stats.authorization == [f"Bearer {API_KEY}"]
 
@@ -337,7 +337,7 @@ def test_a_500_naming_the_response_format_is_a_shape_not_an_outage(
     assert stats.statuses == [500, 200, 200, 200]
     formats = [b["response_format"] for b in stats.bodies]
     assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object", "json_object"]
-    assert formats[1]["schema"] == ASK.output_schema()  # the schema still constrains decoding
+    assert formats[1]["schema"] == decodable(ASK.output_schema())  # the schema still constrains decoding
     assert caplog.text.count("refused response_format json_schema") == 1
     assert "HTTP 500" in caplog.text and "'text' or 'json_object'" in caplog.text
 

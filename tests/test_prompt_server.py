@@ -73,3 +73,32 @@ def test_tool_names_are_an_enum_of_the_servers_tools_for_guided_decoding() -> No
         from llama_cpp.llama_grammar import LlamaGrammar
 
         LlamaGrammar.from_json_schema(json.dumps(chain), verbose=False)
+
+
+def test_a_bounded_score_is_a_few_values_for_guided_decoding() -> None:
+    """A JSON-schema grammar bounds neither a number's range nor its digits: SmolLM2-135M filled
+    `score_task`'s max_tokens with one score's decimals. Under guided decoding a bounded number is
+    an enum of 21 values, each valid for the role's model (which still validates the reply)."""
+    from arena.llm.core import decodable
+    from synthesis.sft.roles.tasks import SCORE_TASK, TaskScoreInput, TaskScores
+
+    server = _server(None)
+    schema = SCORE_TASK.schema_for(TaskScoreInput(task="Weather in Oslo?", tools=server.tools))
+    values = schema["properties"]["question_quality"]["enum"]
+    assert values[:3] == [0.0, 0.05, 0.1] and values[-1] == 1.0 and len(values) == 21
+    assert "minimum" not in schema["properties"]["question_quality"]
+    for value in values:
+        TaskScores(question_quality=value, scenario_realism=value, tool_necessity=value, rationale="ok")
+    assert SCORE_TASK.output_schema()["properties"]["question_quality"]["maximum"] == 1  # the role's own
+    # exclusive bounds leave their end out; an unbounded number and an integer range stay as they are
+    assert decodable({"type": "number", "exclusiveMinimum": 0, "maximum": 2})["enum"][0] == 0.1
+    assert decodable({"type": "number", "minimum": 0}) == {"type": "number", "minimum": 0}
+    assert decodable({"type": "integer", "minimum": 1, "maximum": 5}) == {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 5,
+    }
+    if importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp compiles it to a grammar
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)

@@ -91,13 +91,55 @@ class Role(Generic[In, Out]):
         return self.output.model_json_schema()
 
     def schema_for(self, inputs: In) -> dict[str, Any]:
-        """The output schema sent with a call on ``inputs`` (``narrow``-ed where the role says how)."""
+        """The output schema sent with a call on ``inputs``: ``narrow``-ed where the role says how,
+        bounded numbers as a few values (``decodable``)."""
         schema = self.output_schema()
-        return schema if self.narrow is None else self.narrow(inputs, schema)
+        return decodable(schema if self.narrow is None else self.narrow(inputs, schema))
 
     def tools(self, inputs: In) -> list[dict[str, Any]] | None:
         """OpenAI tools an agent role offers for ``inputs`` (None for other roles)."""
         return None if self.agent is None else self.agent.tools(inputs)
+
+
+NUMBER_STEPS = 20
+"""A bounded ``number`` in a decoding schema becomes this many + 1 evenly spaced values."""
+
+
+def decodable(schema: Any) -> Any:
+    """``schema`` with every ``number`` that has a minimum and a maximum turned into an ``enum`` of
+    ``NUMBER_STEPS + 1`` evenly spaced values in that range.
+
+    A JSON-schema grammar (llama.cpp's, xgrammar's) bounds neither a number's range nor its digits,
+    so a small model can spend its whole ``max_tokens`` on one score's decimals (SmolLM2-135M did,
+    on ``score_task``). Each value is valid for the role's model, which still validates the reply.
+    """
+    if isinstance(schema, list):
+        return [decodable(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: decodable(value) for key, value in schema.items()}
+    low, high = (
+        out.get("minimum", out.get("exclusiveMinimum")),
+        out.get("maximum", out.get("exclusiveMaximum")),
+    )
+    if (
+        out.get("type") == "number"
+        and isinstance(low, int | float)
+        and isinstance(high, int | float)
+        and high > low
+    ):
+        values = [round(low + (high - low) * i / NUMBER_STEPS, 6) for i in range(NUMBER_STEPS + 1)]
+        if "exclusiveMinimum" in out:
+            values = values[1:]
+        if "exclusiveMaximum" in out:
+            values = values[:-1]
+        out = {
+            k: v
+            for k, v in out.items()
+            if k not in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+        }
+        out["enum"] = values
+    return out
 
 
 class PromptError(ValueError):
