@@ -46,7 +46,7 @@ from typing import Any
 
 from arena.llm.replies import parse_arguments
 from simulator.user_acts import humanize
-from synthesis.eigen.realism import PERSONAL_KEYS, identifies, item_ids, undecided_choice
+from synthesis.eigen.realism import PERSONAL_KEYS, identifies, item_ids, picked_without_asking
 from synthesis.eigen.roles.dialogs import (
     YES_RE,
     AgentStep,
@@ -352,12 +352,11 @@ def _identity_fields(inputs: TrajectoryAgentInput) -> str:
 
 def _undecided(step: ReferenceStep, chat: list[dict[str, Any]]) -> tuple[str, list[Any]] | None:
     """(argument, listed items) when the step would act on one of several items the customer has
-    not singled out (``synthesis.eigen.realism.undecided_choice``); None when nothing is ambiguous."""
+    not singled out (``synthesis.eigen.realism.picked_without_asking``); None when nothing is ambiguous."""
     for key, value in step.arguments.items():
-        for candidate in grounded_values(value):
-            options = undecided_choice(chat, candidate)
-            if options:
-                return key, options
+        picked = picked_without_asking(chat, value)
+        if picked is not None and picked[1]:
+            return key, picked[1]
     return None
 
 

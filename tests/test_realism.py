@@ -12,7 +12,7 @@ import pytest
 from synthesis.eigen.realism import realism_findings
 
 SYSTEM = {"role": "system", "content": "policy"}
-WRITES = {"cancel_pending_order", "suspend_line", "enable_roaming"}
+WRITES = {"cancel_pending_order", "suspend_line", "enable_roaming", "update_reservation_passengers"}
 
 
 def agent(text: str) -> dict[str, Any]:
@@ -173,6 +173,37 @@ def test_asking_which_item_or_the_customer_naming_it_is_no_finding() -> None:
         call("enable_roaming", customer_id="C1001", line_id="L1002"),
     ]
     assert "choice_without_asking" not in reasons(described)  # the customer's own number names it
+
+
+def test_a_write_that_restates_every_listed_item_picks_none() -> None:
+    """Replacing one passenger sends the whole list (the other passengers unchanged): no choice made,
+    though the kept passenger's date of birth is one of two listed that the customer never named."""
+    people = [
+        {"first_name": "Ann", "last_name": "Lee", "dob": "1980-01-01"},
+        {"first_name": "Lei", "last_name": "Rossi", "dob": "1990-02-02"},
+    ]
+    chat = [
+        SYSTEM,
+        agent("Hi! How can I help you today?"),
+        user("On my reservation ABC123 I want to replace Lei Rossi with Dan Reyes, born 1999-01-06."),
+        agent("Could you tell me your user id?"),
+        user("My user id is ann_lee_1."),
+        call("get_reservation_details", reservation_id="ABC123"),
+        result({"reservation_id": "ABC123", "passengers": people}),
+        call(
+            "update_reservation_passengers",
+            reservation_id="ABC123",
+            passengers=[people[0], {"first_name": "Dan", "last_name": "Reyes", "dob": "1999-01-06"}],
+        ),
+    ]
+    assert "choice_without_asking" not in reasons(chat)
+    one_of_two = [
+        *chat[:-1],
+        call("update_reservation_passengers", reservation_id="ABC123", passengers=[people[0]]),
+    ]
+    assert "choice_without_asking" in reasons(
+        one_of_two
+    )  # picking one of them still needs the customer's word
 
 
 def test_a_person_may_say_i_think_it_is() -> None:

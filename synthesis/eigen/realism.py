@@ -304,6 +304,24 @@ def undecided_choice(
     return None
 
 
+def rewrites_all(argument: Any, listed: list[Any]) -> bool:
+    """The argument is a list at least as long as the items listed: the write restates all of them
+    (a reservation's passengers, one replaced), so it picks none of them."""
+    return isinstance(argument, list) and len(argument) >= len(listed)
+
+
+def picked_without_asking(
+    chat: Sequence[dict[str, Any]], argument: Any, before: int | None = None
+) -> tuple[str, list[Any]] | None:
+    """(value, listed items) when a write's ``argument`` picks one of several items the customer has
+    not singled out (``undecided_choice``); None when it picks none or the choice was made."""
+    for value in grounded_values(argument):
+        listed = undecided_choice(chat, value, before=before)
+        if listed is not None and not rewrites_all(argument, listed):
+            return value, listed
+    return None
+
+
 def _choices(
     chat: Sequence[dict[str, Any]], messages: list[tuple[int, dict[str, Any]]], writes: set[str]
 ) -> Iterator[RealismFinding]:
@@ -313,9 +331,10 @@ def _choices(
         for name, arguments in _calls(message):
             if name not in writes:
                 continue
-            for value in grounded_values(arguments):
-                listed = undecided_choice(chat, value, before=index)
-                if listed is not None:
+            for argument in arguments.values():
+                picked = picked_without_asking(chat, argument, before=index)
+                if picked is not None:
+                    value, listed = picked
                     yield _finding(
                         "choice_without_asking", f"{name}: {value}, one of {len(listed)} listed", index
                     )
