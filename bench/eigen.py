@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACK = "customer_service"
+QUICK_SEEDS = 2
+"""Seeds of a ``--quick`` run: one per prompt set (the default 2), each through the five stages."""
 GATES = {  # gate -> the stage that applies it
     "task_validation": "eigen-tasks",
     "trajectory_validation": "eigen-dialogs-validated",
@@ -562,11 +564,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 4 seeds, concurrency 2, no warm-up; not a measurement",
+        help=f"a smoke run: {QUICK_SEEDS} seeds, concurrency 2, no warm-up; not a measurement",
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.concurrency, args.warmup, args.repeat = 4, 2, 0, 1
+        args.seeds, args.concurrency, args.warmup, args.repeat = QUICK_SEEDS, 2, 0, 1
     if args.demo_config:
         args.error_prone, args.policy_pressure = 0.1, 0.1
     if args.seeds < 1 or not 1 <= args.concurrency <= 64 or not 1 <= args.pool_size <= 64:

@@ -71,8 +71,8 @@ that adds 0.25 s per request in front of arena llm serve". In-flight figures are
 
 ``--quick`` (CI's smoke mode, about 2-4 minutes on 2 cores): the SFT track only (unless
 ``--tracks`` says otherwise) on one sample tool doc without the MCP servers, with fewer walks,
-chain syntheses and server tasks per server (``QUICK_SFT_SIZES``, unless set in the environment),
-latency 0.05 s (unless ``--latency``). It proves the bench works; it is not the measurement.
+chain syntheses, server tasks and augmentation axes per server (``QUICK_SFT_SIZES``, unless set
+in the environment), latency 0.05 s (unless ``--latency``). It proves the bench works; it is not the measurement.
 """
 
 from __future__ import annotations
@@ -108,8 +108,14 @@ MODEL = "rules-v1"
 SINK = "lake-sink"
 QUICK_LATENCY_S = 0.05
 QUICK_TOOL_DOCS = ("good/weather_openai.json",)
-QUICK_SFT_SIZES = {"ARENA_SFT__WALKS": "3", "ARENA_SFT__CHAIN_SYNTHESES": "2", "ARENA_SFT__SERVER_TASKS": "1"}
-"""SFT-track sizes of a quick run (fewer tasks, so fewer trajectories to run and score)."""
+QUICK_SFT_SIZES = {
+    "ARENA_SFT__WALKS": "1",
+    "ARENA_SFT__CHAIN_SYNTHESES": "1",
+    "ARENA_SFT__SERVER_TASKS": "1",
+    "ARENA_SFT__AUGMENT_AXES": '["diversity"]',
+}
+"""SFT-track sizes of a quick run (fewer tasks, so fewer trajectories to run and score): one chain
+task and one server task, each with one augmented variant; every SFT stage still runs."""
 SAMPLES_TOLERANCE = 0.10
 DROPPED_ENV = frozenset(
     {

@@ -58,7 +58,7 @@ repetitions; ``runs`` has every repetition's):
     were before the replay.
 
 ``--quick`` (CI's smoke run, about 80 s on 2 cores): one repetition of the smallest demo
-(``QUICK_SIZES``: 1 walk, 1 server task, 1 chain synthesis per server). A full run uses the
+(``QUICK_SIZES``: 1 walk, 1 server task, 1 chain synthesis per server, 1 augmentation axis). A full run uses the
 demo's default sizes, twice.
 """
 
@@ -99,8 +99,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGE = "tasks-from-chains"
 SETTING = "sft.theta_question_quality=0.85"
 """The version's override: a stricter task gate than main's, so the version's outputs differ."""
-QUICK_SIZES = {"ARENA_SFT__WALKS": "1", "ARENA_SFT__SERVER_TASKS": "1", "ARENA_SFT__CHAIN_SYNTHESES": "1"}
-"""The reduced SFT demo of ``tests/test_replay.py`` (drains in about 40 s on 2 cores)."""
+QUICK_SIZES = {
+    "ARENA_SFT__WALKS": "1",
+    "ARENA_SFT__SERVER_TASKS": "1",
+    "ARENA_SFT__CHAIN_SYNTHESES": "1",
+    "ARENA_SFT__AUGMENT_AXES": '["diversity"]',
+}
+"""The reduced SFT demo of ``tests/test_replay.py``, one augmentation axis instead of three (every
+original task and one variant: half the tasks, trajectories and scorings)."""
 OUTPUT_TOPICS = ("tasks", "trajectories", "trajectories.scored", "samples.sft")
 STEPS = 5
 """Progress steps per repetition: demo, replay, drain, lake, diff."""

@@ -1035,13 +1035,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run (P 2, G 2, 1 step, no warm-up, 16 tokens, 2 turns, 5 SFT steps; all three "
+        help="a smoke run (P 2, G 2, 1 step, no warm-up, 16 tokens, 2 turns, 2 SFT steps; all three "
         "sides, or Arena's only without TRL): not a measurement",
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.group, args.steps, args.warmup = 2, 2, 1, 0
-        args.max_new_tokens, args.max_turns, args.sft_steps = 16, 2, 5
+        args.max_new_tokens, args.max_turns, args.sft_steps = 16, 2, 2
     if args.prompts < 1 or args.group < 2 or args.steps < 1 or args.warmup < 0:
         parser.error("--prompts >= 1, --group >= 2, --steps >= 1, --warmup >= 0")
     if args.max_new_tokens < 1 or args.max_turns < 1 or args.sft_steps < 0 or args.threads < 1:

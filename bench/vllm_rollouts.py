@@ -30,8 +30,9 @@ reward, and two checks of the vLLM path:
   engine closer to the new weights than the old ones are.
 
 Prints one JSON object on stdout; progress goes to stderr. ``--quick`` (what CI runs) prepares 2
-prompts in a temporary folder and runs 1 step on the backends the machine has: ``hf`` on the CPU
-where there is no GPU, so CI checks the script and the hf path, never vLLM.
+prompts in a temporary folder (3 SFT steps, 2 turns of 16 tokens) and runs 1 step on the backends
+the machine has: ``hf`` on the CPU where there is no GPU, so CI checks the script and the hf path,
+never vLLM.
 """
 
 from __future__ import annotations
@@ -407,7 +408,8 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     with tempfile.TemporaryDirectory(prefix="arena-vllm-quick-") as tmp:
-        args.work, args.prompts, args.sft_steps = tmp, 2, 10
+        args.work, args.prompts, args.sft_steps = tmp, 2, 3
+        args.max_turns, args.max_new_tokens = 2, 16  # a tool call and the turn after its result
         args.group, args.steps, args.warmup, args.pool = 2, 1, 0, 4
         prepared = prepare(args)
         gpu = torch.cuda.is_available()

@@ -126,10 +126,13 @@ def _check_env_track(r: dict[str, Any]) -> None:
 
 
 def _check_eigen(r: dict[str, Any]) -> None:
-    assert r["params"]["seeds"] == 4 and r["baseline"]["seeds"] == r["candidate"]["seeds"] == 4
+    from bench.eigen import QUICK_SEEDS
+
+    seeds = QUICK_SEEDS
+    assert r["params"]["seeds"] == seeds and r["baseline"]["seeds"] == r["candidate"]["seeds"] == seeds
     assert r["determinism"]["same_outcomes"] and r["determinism"]["same_accepted_dialogues"]
     assert set(r["gates"]) >= {"task_validation", "trajectory_validation", "verification", "dead_letter"}
-    assert sum(r["outcomes"].values()) == 4
+    assert sum(r["outcomes"].values()) == seeds
 
 
 def _check_trainer(r: dict[str, Any]) -> None:

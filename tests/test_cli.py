@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -155,26 +156,49 @@ def _stop_all_with_sigterm(services: list[tuple[tuple[str, ...], subprocess.Pope
     assert not failures, failures
 
 
+def run_arena_concurrently(
+    runs: list[tuple[list[str], dict[str, str]]],
+) -> list[subprocess.CompletedProcess[str]]:
+    """``arena ARGS`` for every (args, env) at once, unchecked; the results in the order given.
+
+    For independent commands that each start a process, wait on the stack and fail early: their
+    waits overlap (the stack's lock serialises starting it)."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        return list(pool.map(lambda run: run_arena(run[0], run[1], check=None), runs))
+
+
 def test_train_eval_export_user_errors(tmp_path: Path) -> None:
     env = arena_env(tmp_path / "home")
     with stack_stopped_after(env):
-        assert_user_error(run_arena(["train"], env, check=None), "ARENA_TRAIN__MODEL", "--tiny")
-        assert_user_error(run_arena(["train", "--tiny", "--resume"], env, check=None), "no training state")
-        assert_user_error(run_arena(["train", "--run", "a b"], env, check=None), "--run 'a b'")
-        bad_model = env | {"ARENA_TRAIN__MODEL": str(tmp_path)}
-        assert_user_error(run_arena(["train"], bad_model, check=None), "no config.json", str(tmp_path))
         once = ["train", "--tiny", "--until-drained", "--steps", "1"]
+        expected: list[tuple[list[str], dict[str, str], tuple[str, ...]]] = [
+            (["train"], env, ("ARENA_TRAIN__MODEL", "--tiny")),
+            (["train", "--tiny", "--resume"], env, ("no training state",)),
+            (["train", "--run", "a b"], env, ("--run 'a b'",)),
+            (["train"], env | {"ARENA_TRAIN__MODEL": str(tmp_path)}, ("no config.json", str(tmp_path))),
+        ]
         if importlib.util.find_spec("vllm") is None:  # the gpu extra is not installed here
-            no_vllm = run_arena(once, env | {"ARENA_TRAIN__BACKEND": "vllm"}, check=None)
-            assert_user_error(no_vllm, "vllm cannot be imported", "ARENA_TRAIN__BACKEND=hf")
+            no_vllm = ("vllm cannot be imported", "ARENA_TRAIN__BACKEND=hf")
+            expected.append((once, env | {"ARENA_TRAIN__BACKEND": "vllm"}, no_vllm))
         if not torch.cuda.is_available():
-            no_gpu = run_arena(once, env | {"ARENA_TRAIN__DEVICE": "cuda"}, check=None)
-            assert_user_error(no_gpu, "torch sees no GPU", "device auto or cpu")
-    assert_user_error(run_arena(["eval"], env, check=None), "has no weights yet")
-    assert_user_error(run_arena(["eval", "--k", "4", "--trials", "2"], env, check=None), "--trials 2 < --k 4")
-    assert_user_error(run_arena(["eval", "--user", "robot"], env, check=None), "--user 'robot'")
-    assert_user_error(run_arena(["eval", "--model", str(tmp_path)], env, check=None), "no config.json")
-    assert_user_error(run_arena(["export", "verl", str(tmp_path / "out")], env, check=None), "no verified")
+            expected.append(
+                (once, env | {"ARENA_TRAIN__DEVICE": "cuda"}, ("torch sees no GPU", "device auto or cpu"))
+            )
+        for proc, (_, _, needles) in zip(
+            run_arena_concurrently([(args, e) for args, e, _ in expected]), expected, strict=True
+        ):
+            assert_user_error(proc, *needles)
+    after_down: list[tuple[list[str], tuple[str, ...]]] = [
+        (["eval"], ("has no weights yet",)),
+        (["eval", "--k", "4", "--trials", "2"], ("--trials 2 < --k 4",)),
+        (["eval", "--user", "robot"], ("--user 'robot'",)),
+        (["eval", "--model", str(tmp_path)], ("no config.json",)),
+        (["export", "verl", str(tmp_path / "out")], ("no verified",)),
+    ]
+    for proc, (_, needles) in zip(
+        run_arena_concurrently([(args, env) for args, _ in after_down]), after_down, strict=True
+    ):
+        assert_user_error(proc, *needles)
 
 
 def test_publish_domain_and_eigen_user_errors(tmp_path: Path) -> None:

@@ -520,7 +520,9 @@ def test_a_replay_reruns_only_the_stage_that_failed(tmp_path: Path) -> None:
     gains one not_addressed entry. With the cause unfixed the replay fails again; a plain replay then
     sends nothing, and once the cause is fixed `--force` does."""
     home = tmp_path / "home"
-    env = arena_env(home, COLUMNS="250")
+    # The readers' outputs only need to exist: one server task without augmented variants, one walk.
+    small = {"ARENA_SFT__SERVER_TASKS": "1", "ARENA_SFT__AUGMENT_AXES": "[]", "ARENA_SFT__WALKS": "1"}
+    env = arena_env(home, COLUMNS="250", **small)
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "weather_openai.json").write_bytes(
