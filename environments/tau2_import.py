@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from environments.tau2_env import TAU2_VENV, DomainInfo, Tau2Session, db_json_text, tau2_data_dir
-from environments.tau2_tasks import Tau2Task, user_instructions, user_requirements, verification_of
+from environments.tau2_tasks import Tau2Task, mapped_task
 from lake.store import ObjectStore
 from sandbox.env_runtime import Runner
 
@@ -107,17 +107,7 @@ async def build_import(store: ObjectStore, pool: Runner, domain: str) -> Tau2Imp
     db, user_db, raw_tasks, splits = read_domain_files(domain)
     async with Tau2Session(pool, domain, db, user_db) as session:
         info: DomainInfo = await session.describe()
-    tasks = [
-        Tau2Task(
-            task_id=str(raw["id"]),
-            split=split_of(str(raw["id"]), splits),
-            instructions=user_instructions(raw),
-            requirements=user_requirements(raw),
-            verification=verification_of(raw),
-            raw=raw,
-        )
-        for raw in raw_tasks
-    ]
+    tasks = [mapped_task(raw, split_of(str(raw["id"]), splits)) for raw in raw_tasks]
     tasks_bytes = json.dumps([t.model_dump(mode="json") for t in tasks]).encode()
     imported = Tau2Import(
         domain=domain,

@@ -230,6 +230,18 @@ def user_requirements(task: dict[str, Any]) -> list[str]:
     ]
 
 
+def mapped_task(raw: dict[str, Any], split: Literal["train", "test", "other", "new"]) -> Tau2Task:
+    """A tau2 task dict as Arena maps it: the user's instructions and requirements, the verification."""
+    return Tau2Task(
+        task_id=str(raw["id"]),
+        split=split,
+        instructions=user_instructions(raw),
+        requirements=user_requirements(raw),
+        verification=verification_of(raw),
+        raw=raw,
+    )
+
+
 def tool_calls_of(messages: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(name, arguments) of every assistant and user tool call of a tau2 trajectory, in order."""
     return [

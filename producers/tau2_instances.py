@@ -33,7 +33,7 @@ from arena.llm.core import InvalidOutput
 from arena.llm.gateway import Gateway
 from environments.tau2_env import Tau2Session
 from environments.tau2_import import LAKE_PREFIX, Tau2Import, load_databases, synthesis_tasks
-from environments.tau2_tasks import Tau2Task, replay, user_instructions, user_requirements, verification_of
+from environments.tau2_tasks import Tau2Task, mapped_task, replay
 from lake.store import ObjectStore
 from synthesis.eigen.roles.tau2_instances import EIGEN_TAU2_INSTANCE, InstanceDraw, Tau2InstanceInput
 from synthesis.eigen.tau2_instances import Novelty, NoveltyIndex, draw_instance, instance_task
@@ -85,18 +85,6 @@ class InstanceReport(BaseModel):
     wall_s: float
 
 
-def new_task(raw: dict[str, object]) -> Tau2Task:
-    """A written instance as an imported task of split ``new``."""
-    return Tau2Task(
-        task_id=str(raw["id"]),
-        split="new",
-        instructions=user_instructions(raw),
-        requirements=user_requirements(raw),
-        verification=verification_of(raw),
-        raw=raw,
-    )
-
-
 async def _verify(session: Tau2Session, task: Tau2Task, verdict: str, outcome: InstanceOutcome) -> bool:
     """Run the verification function on the gold: errors, a write that changes nothing, the replay."""
     initial = await session.reset(task.raw)
@@ -138,7 +126,7 @@ async def _attempt(
         outcome.reason = f"no such option: {scenario.option} of {len(draw.options)}"
         return outcome, None
     option = draw.options[scenario.option]
-    task = new_task(instance_task(draw, scenario))
+    task = mapped_task(instance_task(draw, scenario), "new")
     outcome.task_id, outcome.kind, outcome.verdict = task.task_id, option.kind, option.verdict
     if not await _verify(session, task, option.verdict, outcome):
         return outcome, None

@@ -20,7 +20,13 @@ except Tau2Unavailable as exc:
     pytest.skip(f"{exc} -- scripts/test.sh builds it", allow_module_level=True)
 
 from environments.tau2_import import read_domain_files, split_of
-from environments.tau2_tasks import Tau2Task, user_instructions, user_requirements, verification_of
+from environments.tau2_tasks import (
+    Tau2Task,
+    mapped_task,
+    user_instructions,
+    user_requirements,
+    verification_of,
+)
 from simulator.tau2_instances import write_instance
 from synthesis.eigen.roles.tau2_instances import InstanceScenario, Tau2InstanceInput
 from synthesis.eigen.tau2_instances import (
@@ -159,17 +165,7 @@ def test_every_option_of_a_draw_names_records_of_the_database(domain: str) -> No
 
 def _tasks(domain: str) -> list[Tau2Task]:
     _, _, raw, splits = read_domain_files(domain)
-    return [
-        Tau2Task(
-            task_id=str(t["id"]),
-            split=split_of(str(t["id"]), splits),
-            instructions=user_instructions(t),
-            requirements=user_requirements(t),
-            verification=verification_of(t),
-            raw=t,
-        )
-        for t in raw
-    ]
+    return [mapped_task(t, split_of(str(t["id"]), splits)) for t in raw]
 
 
 def test_the_rules_writer_keeps_the_request_and_the_task_is_tau2_shaped() -> None:

@@ -194,9 +194,14 @@ def _retail_order_options(
     return options
 
 
-def _retail_draw(db: Db, rng: random.Random) -> InstanceDraw | None:
+def _customer(db: Db, owned: str, rng: random.Random) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A customer drawn from ``db`` and the records of collection ``owned`` they hold."""
     user = db["users"][rng.choice(sorted(db["users"]))]
-    orders = [db["orders"][o] for o in user["orders"] if o in db["orders"]]
+    return user, [db[owned][key] for key in user[owned] if key in db[owned]]
+
+
+def _retail_draw(db: Db, rng: random.Random) -> InstanceDraw | None:
+    user, orders = _customer(db, "orders", rng)
     options = [opt for order in orders for opt in _retail_order_options(db, user, order, rng)]
     if not options:
         return None
@@ -352,8 +357,7 @@ def _airline_reservation_options(
 
 
 def _airline_draw(db: Db, rng: random.Random) -> InstanceDraw | None:
-    user = db["users"][rng.choice(sorted(db["users"]))]
-    reservations = [db["reservations"][r] for r in user["reservations"] if r in db["reservations"]]
+    user, reservations = _customer(db, "reservations", rng)
     options = [opt for r in reservations for opt in _airline_reservation_options(db, user, r, rng)]
     if not options:
         return None
