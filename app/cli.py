@@ -326,8 +326,13 @@ def train_cmd(
         except ValidationError:
             raise UserError(f"--run {run!r}: use letters, digits, '_', '.', '-' (at most 64)") from None
     # Imported once the options are known to be good: the trainer loads torch (seconds).
-    from trainer.policy import BackendUnavailable
+    from trainer.policy import BackendUnavailable, check_backend
     from trainer.service import NoCheckpoint, TrainerService, TrainOptions
+
+    try:  # before the stack starts: a device or backend this machine lacks is a setting to fix
+        check_backend(cfg.train.device, cfg.train.backend)
+    except BackendUnavailable as exc:
+        raise UserError(str(exc)) from None
 
     known_version(cfg, version)
     trained_on = _trained_on(cfg, cfg.train.run, default=None)

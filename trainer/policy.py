@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -102,6 +103,26 @@ Precision = Literal["fp32", "bf16"]
 
 class BackendUnavailable(ValueError):
     """The configured device or rollout backend cannot start on this machine (a setting to fix)."""
+
+
+def import_vllm() -> Any:
+    """The vllm module (the gpu extra), or ``BackendUnavailable`` naming the fix."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"ARENA_TRAIN__BACKEND=vllm but vllm cannot be imported: {exc} (fix: install vllm, the gpu extra, "
+            "on a machine with a GPU, or ARENA_TRAIN__BACKEND=hf)"
+        ) from exc
+    return vllm
+
+
+def check_backend(device: str, backend: str) -> None:
+    """Fail now, before any stack starts or model loads, when the device or the rollout backend
+    cannot run on this machine (``BackendUnavailable``)."""
+    resolve_device(device)
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        import_vllm()
 
 
 def resolve_device(setting: str) -> str:
@@ -380,14 +401,7 @@ class VllmBackend:
         # load_weights sends a function to the engine's worker processes (local, ours): newer vLLM
         # only pickles callables when this is set, and reads it when the engine starts.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        try:
-            import vllm  # the [gpu] extra
-        except ImportError as exc:
-            raise BackendUnavailable(
-                f"ARENA_TRAIN__BACKEND=vllm but vllm cannot be imported: {exc} (fix: install vllm, the gpu extra, "
-                "on a machine with a GPU, or ARENA_TRAIN__BACKEND=hf)"
-            ) from exc
-
+        vllm = import_vllm()
         self._vllm = vllm
         self.llm = vllm.LLM(model=model_path, **engine_kwargs)
         if stop_ids is None:
