@@ -215,7 +215,9 @@ def domain_synth(
         return
     stages = ", ".join(f"{stage} {n}" for stage, n in sorted(report.by_stage.items()))
     console.print(
-        f"tau2 {domain}: {report.attempted} of {report.train_tasks} train tasks in {report.wall_s:.1f}s; "
+        f"tau2 {domain}: {report.attempted - report.new_instances} of {report.train_tasks} train tasks"
+        + (f" and {report.new_instances} new instances" if report.new_requested else "")
+        + f" in {report.wall_s:.1f}s; "
         f"{report.verified} verified dialogues ({stages}; {report.verified_do_nothing} of them on tasks a "
         "do-nothing agent also passes); Arena's verification and tau2's evaluator agree "
         f"on {report.agreement:.1%} of dialogues"

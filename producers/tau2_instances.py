@@ -19,6 +19,7 @@ instances go to the lake as one JSON file (``tau2/<domain>/instances/<sha256>.js
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import random
@@ -130,14 +131,14 @@ async def _attempt(
     outcome.task_id, outcome.kind, outcome.verdict = task.task_id, option.kind, option.verdict
     if not await _verify(session, task, option.verdict, outcome):
         return outcome, None
-    outcome.novelty = novelty.check(task.raw)
+    outcome.novelty = await asyncio.to_thread(novelty.check, task.raw)  # embeds: CPU, off the loop
     if outcome.novelty.duplicate_of:
         n = outcome.novelty
         outcome.stage = "novelty"
         outcome.reason = f"near-duplicate ({n.by}): {n.split} task {n.duplicate_of}"
         return outcome, None
     outcome.stage = "accepted"
-    novelty.add(task)
+    await asyncio.to_thread(novelty.add, task)
     return outcome, task
 
 
@@ -163,9 +164,9 @@ async def make_instances(
 ) -> tuple[list[Tau2Task], InstanceReport]:
     """Up to ``count`` new verified, novel instances over ``imported``'s database (``session`` open on it)."""
     start = time.monotonic()
-    db = json.loads(load_databases(store, imported)[0])
+    db = await asyncio.to_thread(lambda: json.loads(load_databases(store, imported)[0]))
     examples = [t.instructions for t in synthesis_tasks(tasks)[:EXAMPLES]]
-    novelty = NoveltyIndex(tasks, set(imported.write_tools))
+    novelty = await asyncio.to_thread(NoveltyIndex, tasks, set(imported.write_tools))
     accepted: list[Tau2Task] = []
     outcomes: list[InstanceOutcome] = []
     for attempt in range(MAX_ATTEMPTS_PER_INSTANCE * count):

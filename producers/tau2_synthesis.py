@@ -117,7 +117,7 @@ class SynthesisReport(BaseModel):
 
     domain: str
     train_tasks: Annotated[int, Field(description="Train-split tasks scorable without a judge.")]
-    attempted: Annotated[int, Field(description="Tasks synthesised on.")]
+    attempted: Annotated[int, Field(description="Tasks synthesised on: train tasks and new instances.")]
     verified: Annotated[int, Field(description="Dialogues verified.")]
     verified_do_nothing: Annotated[
         int,

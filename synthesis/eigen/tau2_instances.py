@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import numpy as np
@@ -268,9 +269,8 @@ def _airline_cancelled(db: Db, reservation: dict[str, Any]) -> bool:
 
 def _cancel_verdict(db: Db, reservation: dict[str, Any], reason: str) -> tuple[bool, str]:
     """Whether the policy lets the agent cancel, and the rule that decides."""
-    booked = reservation["created_at"]
-    day_before = f"{AIRLINE_NOW[:8]}{int(AIRLINE_NOW[8:10]) - 1:02d}{AIRLINE_NOW[10:]}"
-    if booked >= day_before:
+    day_before = datetime.fromisoformat(AIRLINE_NOW) - timedelta(hours=24)
+    if datetime.fromisoformat(reservation["created_at"]) >= day_before:
         return True, "booked within the last 24 hours"
     if _airline_cancelled(db, reservation):
         return True, "the airline cancelled a flight"
