@@ -103,6 +103,8 @@ def _retail_order_options(
     items = order["items"]
     read = _call("get_order_details", order_id=oid)
     paid = order["payment_history"][0]["payment_method_id"] if order["payment_history"] else None
+    if paid not in user["payment_methods"]:  # no payment, or by a method no longer in the profile
+        paid = None
     methods = user["payment_methods"]
     listed = " and ".join(_item_text(i) for i in items[:3])
     options: list[InstanceOption] = []
