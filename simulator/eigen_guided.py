@@ -355,7 +355,7 @@ def _undecided(step: ReferenceStep, chat: list[dict[str, Any]]) -> tuple[str, li
     not singled out (``synthesis.eigen.realism.picked_without_asking``); None when nothing is ambiguous."""
     for key, value in step.arguments.items():
         picked = picked_without_asking(chat, value)
-        if picked is not None and picked[1]:
+        if picked is not None:
             return key, picked[1]
     return None
 

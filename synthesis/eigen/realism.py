@@ -317,7 +317,7 @@ def picked_without_asking(
     not singled out (``undecided_choice``); None when it picks none or the choice was made."""
     for value in grounded_values(argument):
         listed = undecided_choice(chat, value, before=before)
-        if listed is not None and not rewrites_all(argument, listed):
+        if listed and not rewrites_all(argument, listed):
             return value, listed
     return None
 
