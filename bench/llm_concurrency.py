@@ -213,6 +213,11 @@ ROLE_STAGE: dict[str, str] = {
 }
 """Role -> the stage that mainly calls it (the server counts requests per role, not per stage)."""
 
+OFF_STREAM: dict[str, str] = {
+    "eigen_tau2_instance": "arena domain synth tau2 D --new N (producers/tau2_instances.py)",
+}
+"""Roles no stage calls, and what does: this bench's pipeline never requests them."""
+
 ALSO_CALLED_BY: dict[str, tuple[str, ...]] = {
     "task_from_chain": ("chains",),  # joint (task, chain) synthesis
     "augment_task": ("tasks-from-servers",),
