@@ -175,6 +175,8 @@ def domain_synth(
     address = None if dry_run else ready_broker(cfg)
 
     async def go() -> SynthesisReport:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
         from arena.llm.roles.user_sim import user_behaviour
         from environments.tau2_import import build_import, load_import
         from lake.catalog import open_gateway
@@ -186,20 +188,28 @@ def domain_synth(
 
         store = open_store(cfg)
         gateway = open_gateway(cfg)
+        bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err, transient=True
+        )
+        made = bar.add_task("new instances", total=new, visible=bool(new))
+        done = bar.add_task("dialogues", total=None)
         try:
-            async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
-                imported = load_import(store, domain) or await build_import(store, pool, domain)
-                report, samples = await synthesise_domain(
-                    store,
-                    pool,
-                    gateway,
-                    imported,
-                    behaviour=user_behaviour(cfg),
-                    limit=limit,
-                    new=new,
-                    seed=seed,
-                    sessions=sessions,
-                )
+            with bar:
+                async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
+                    imported = load_import(store, domain) or await build_import(store, pool, domain)
+                    report, samples = await synthesise_domain(
+                        store,
+                        pool,
+                        gateway,
+                        imported,
+                        behaviour=user_behaviour(cfg),
+                        limit=limit,
+                        new=new,
+                        seed=seed,
+                        sessions=sessions,
+                        on_task=lambda _: bar.advance(done),
+                        on_instance=lambda o: bar.advance(made, int(o.stage == "accepted")),
+                    )
         finally:
             await gateway.aclose()
         if address is not None and samples:
