@@ -10,6 +10,9 @@ import re
 NGRAM = 5
 """Words per n-gram: BFCL questions are short (a sentence or two), so shorter than the usual 13."""
 
+NEAR_DUPLICATE = 0.5
+"""Containment at or above which two texts are near-duplicates."""
+
 _WORD = re.compile(r"[a-z0-9]+")
 
 

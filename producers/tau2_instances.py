@@ -131,14 +131,13 @@ async def _attempt(
     outcome.task_id, outcome.kind, outcome.verdict = task.task_id, option.kind, option.verdict
     if not await _verify(session, task, option.verdict, outcome):
         return outcome, None
-    outcome.novelty = await asyncio.to_thread(novelty.check, task.raw)  # embeds: CPU, off the loop
+    outcome.novelty = await asyncio.to_thread(novelty.admit, task)  # embeds: CPU, off the loop
     if outcome.novelty.duplicate_of:
         n = outcome.novelty
         outcome.stage = "novelty"
         outcome.reason = f"near-duplicate ({n.by}): {n.split} task {n.duplicate_of}"
         return outcome, None
     outcome.stage = "accepted"
-    await asyncio.to_thread(novelty.add, task)
     return outcome, task
 
 

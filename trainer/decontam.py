@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from arena.overlap import NGRAM, ngrams
+from arena.overlap import NEAR_DUPLICATE, NGRAM, ngrams
 
 if TYPE_CHECKING:
     from lake.store import ObjectStore
 
-THRESHOLD = 0.5
+THRESHOLD = NEAR_DUPLICATE
 """Share of the smaller text's n-grams the two must have in common to be near-duplicates."""
 INDEX_FILE = Path("decontam") / "benchmarks.json"
 """Where ``arena decontam index`` writes the benchmark items, under ``$ARENA_HOME``."""

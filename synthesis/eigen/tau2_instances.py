@@ -31,15 +31,13 @@ from pydantic import BaseModel, Field
 
 from arena.embed import embed_texts
 from arena.hashing import content_hash
-from arena.overlap import containment, ngrams
+from arena.overlap import NEAR_DUPLICATE, containment, ngrams
 from arena.records.eigen import GoalCall
 from environments.tau2_tasks import Tau2Task, user_instructions
 from synthesis.eigen.roles.tau2_instances import InstanceDraw, InstanceOption, InstanceScenario
 
 INSTANCE_DOMAINS = ("airline", "retail")
 """Domains whose database the random pool can draw requests from."""
-NGRAM_THRESHOLD = 0.5
-"""5-gram containment at or above which a scenario near-duplicates a task (as decontamination)."""
 COSINE_THRESHOLD = 0.9
 """Embedding cosine at or above which a scenario near-duplicates a task."""
 AIRLINE_NOW = "2024-05-15T15:00:00"
@@ -455,10 +453,11 @@ class NoveltyIndex:
         texts = [user_instructions(t.raw) for t in tasks]
         self.grams = [ngrams(text) for text in texts]
         self.vectors = embed_texts(texts)
-        self.signatures = {s: i for s, i in ((write_signature(t.raw, writes), t.task_id) for t in tasks) if s}
+        self.signatures = {s: i for i, t in enumerate(tasks) if (s := write_signature(t.raw, writes))}
+        """Write signature -> index of the first task that makes those writes."""
 
-    def check(self, task: dict[str, Any]) -> Novelty:
-        """Near-duplicate or not, with the closest figures."""
+    def _measure(self, task: dict[str, Any]) -> tuple[frozenset[str], np.ndarray, Novelty]:
+        """The scenario's n-grams and embedding, and how close it comes to the tasks held."""
         text = user_instructions(task)
         grams = ngrams(text)
         overlaps = [containment(grams, other) for other in self.grams]
@@ -473,8 +472,8 @@ class NoveltyIndex:
         signature = write_signature(task, self.writes)
         found: tuple[int, str] | None = None
         if signature and signature in self.signatures:
-            found = (self.ids.index(self.signatures[signature]), "writes")
-        elif novelty.ngram >= NGRAM_THRESHOLD:
+            found = (self.signatures[signature], "writes")
+        elif novelty.ngram >= NEAR_DUPLICATE:
             found = (overlaps.index(max(overlaps)), "ngram")
         elif novelty.cosine >= COSINE_THRESHOLD:
             found = (int(np.argmax(cosines)), "embedding")
@@ -484,15 +483,21 @@ class NoveltyIndex:
                 self.splits[found[0]],
                 found[1],
             )
-        return novelty
+        return grams, vector, novelty
 
-    def add(self, task: Tau2Task) -> None:
-        """Count an accepted instance: a later one must not repeat it either."""
-        text = user_instructions(task.raw)
-        self.ids.append(task.task_id)
-        self.splits.append(task.split)
-        self.grams.append(ngrams(text))
-        self.vectors = np.vstack([self.vectors, embed_texts([text])])
-        signature = write_signature(task.raw, self.writes)
-        if signature:
-            self.signatures.setdefault(signature, task.task_id)
+    def check(self, task: dict[str, Any]) -> Novelty:
+        """Near-duplicate or not, with the closest figures (the index is left as it is)."""
+        return self._measure(task)[2]
+
+    def admit(self, task: Tau2Task) -> Novelty:
+        """``check``, and a novel instance joins the index: a later one must not repeat it either."""
+        grams, vector, novelty = self._measure(task.raw)
+        if not novelty.duplicate_of:
+            signature = write_signature(task.raw, self.writes)
+            if signature:
+                self.signatures.setdefault(signature, len(self.ids))
+            self.ids.append(task.task_id)
+            self.splits.append(task.split)
+            self.grams.append(grams)
+            self.vectors = np.vstack([self.vectors, vector[None, :]])
+        return novelty
