@@ -398,7 +398,7 @@ def eval_cmd(
         str | None,
         typer.Option(
             help="A public benchmark instead of the held-out packages: 'bfcl' or 'tau2' (needs an "
-            "endpoint --model; --limit: items per category/domain)."
+            "endpoint --model, or for tau2 a checkpoint folder; --limit: items per category/domain)."
         ),
     ] = None,
     domain: Annotated[

@@ -27,16 +27,25 @@ BENCHES = ("bfcl", "tau2")
 
 
 def check_bench_options(bench: str, model: str | None, domain: str | None, category: str | None) -> str:
-    """The endpoint URL to evaluate; ``UserError`` for options that do not fit the benchmark."""
-    from trainer.endpoint_policy import EndpointError, check_endpoint_url
+    """The endpoint URL (or, for tau2, the local checkpoint folder) to evaluate; ``UserError`` for
+    options that do not fit the benchmark."""
+    from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
 
     if bench not in BENCHES:
         raise UserError(f"--bench {bench!r}: use one of {', '.join(BENCHES)}")
     if model is None:
+        local = " or a checkpoint folder" if bench == "tau2" else ""
         raise UserError(
-            f"--bench {bench} evaluates a served model (fix: --model openai://host:port/v1?model=NAME, "
+            f"--bench {bench} evaluates a served model{local} (fix: --model openai://host:port/v1?model=NAME, "
             "e.g. `arena llm serve` or vLLM)"
         )
+    if bench == "tau2" and not is_endpoint(model):
+        if not (Path(model) / "config.json").is_file():
+            raise UserError(
+                f"--model {model}: not an endpoint URL nor a checkpoint folder with a config.json "
+                "(fix: --model openai://host:port/v1?model=NAME, or a folder `arena train` or `arena export` wrote)"
+            )
+        return model
     try:
         check_endpoint_url(model)
     except EndpointError as exc:

@@ -162,7 +162,7 @@ def domain_synth(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """EigenData dialogue synthesis on the domain's train split (and new instances over its database);
-    verified dialogues to samples.sft."""
+    verified dialogues to samples.sft, their tasks as tau2 environments to samples.verified."""
     _check(source, domain)
     from synthesis.eigen.tau2_instances import INSTANCE_DOMAINS
 
@@ -197,7 +197,7 @@ def domain_synth(
             with bar:
                 async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
                     imported = load_import(store, domain) or await build_import(store, pool, domain)
-                    report, samples = await synthesise_domain(
+                    report, samples, envs = await synthesise_domain(
                         store,
                         pool,
                         gateway,
@@ -215,7 +215,8 @@ def domain_synth(
         if address is not None and samples:
             await publish(
                 address,
-                [Emit("samples.sft", s.sample_id, s, tuple(filter(None, [s.origin_id]))) for s in samples],
+                [Emit("samples.sft", s.sample_id, s, tuple(filter(None, [s.origin_id]))) for s in samples]
+                + [Emit("samples.verified", e.sample_id, e, ()) for e in envs],
             )
         return report
 
@@ -249,5 +250,6 @@ def domain_synth(
     console.print(
         "published nothing (--dry-run)"
         if address is None
-        else f"{2 * report.verified} samples (agent and user side) to samples.sft"
+        else f"{2 * report.verified} samples (agent and user side) to samples.sft, "
+        f"{report.verified} tau2 environments to samples.verified"
     )

@@ -1,4 +1,5 @@
-"""`arena reward score FILE.jsonl`: rescore trajectories offline with the trainer's F1 reward."""
+"""`arena reward score FILE.jsonl`: rescore trajectories offline with the trainer's F1 reward;
+`arena reward tau2 FILE.jsonl`: rescore the trainer's tau2 rollouts with tau2's own evaluator."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pydantic import ValidationError
 
 from app.cli_common import UserError, err
 
-reward_app = typer.Typer(no_args_is_help=True, help="The F1 reward of tool-use trajectories.")
+reward_app = typer.Typer(
+    no_args_is_help=True, help="Rescore trajectories: the F1 reward, or tau2's evaluator on tau2 rollouts."
+)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -89,4 +92,115 @@ def score(
     sys.stdout.flush()
     if bad:
         err.print(f"{bad} malformed line(s) skipped (fix: each line needs 'subtasks' and 'messages')")
+        raise typer.Exit(1)
+
+
+def tau2_rollout(text: str) -> tuple[Any, float] | None:
+    """(the ``Tau2Rollout``, the reward the trainer recorded) of one rollout line, None for a line of
+    another kind (QA: ``arena reward score``); raises ``ValueError`` naming what is wrong with it."""
+    from environments.tau2_environment import Tau2Rollout
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    if value.get("kind") != "tau2":
+        return None
+    if not isinstance(value.get("tau2"), dict):
+        raise ValueError("field tau2: the trainer's tau2 lines carry the rollout as a 'tau2' object")
+    try:
+        return Tau2Rollout.model_validate(value["tau2"]), float(value.get("reward", 0.0))
+    except ValidationError as exc:
+        raise ValueError(_problem(exc)) from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"field reward: {exc}") from None
+
+
+@reward_app.command("tau2")
+def tau2(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            help="A trainer run's rollouts file (trainer/<run>/rollouts/step-N.jsonl from the lake), or "
+            "any JSONL of its tau2 lines ('-' reads standard input).",
+        ),
+    ],
+) -> None:
+    """Rescore tau2 rollouts with tau2's own evaluator, on the databases they ran on (from the lake).
+
+    Prints one JSON line per tau2 rollout: the reward the trainer recorded, tau2's, and whether they
+    agree; then a summary on stderr. Lines of other kinds are skipped; a malformed one is reported.
+    """
+    import asyncio
+
+    from app.cli_common import settings
+
+    if str(path) != "-" and not path.is_file():
+        raise UserError(f"no such file: {path} (fix: give a rollouts JSONL file, or - for standard input)")
+    rollouts: list[tuple[int, Any, float]] = []
+    bad = 0
+    for number, text in _lines(path):
+        try:
+            found = tau2_rollout(text)
+        except ValueError as exc:
+            bad += 1
+            err.print(f"[red]error[/red] {path}:{number}: {exc}", markup=True, highlight=False)
+            continue
+        if found is not None:
+            rollouts.append((number, *found))
+    cfg = settings()
+
+    async def go() -> list[dict[str, Any]]:
+        from environments.tau2_env import Tau2Session
+        from environments.tau2_environment import load_spec_databases, rescore
+        from lake.store import open_store
+        from sandbox import SandboxPool
+
+        store = open_store(cfg)
+        out: list[dict[str, Any]] = []
+        by_db: dict[tuple[str, str], list[tuple[int, Any, float]]] = {}
+        for item in rollouts:
+            by_db.setdefault((item[1].domain, item[1].db.sha256), []).append(item)
+        async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": 1})) as pool:
+            for items in by_db.values():
+                try:
+                    databases = load_spec_databases(store, items[0][1])
+                except (FileNotFoundError, ValueError) as exc:
+                    raise UserError(
+                        f"{path}: the {items[0][1].domain} database of line {items[0][0]} is not in this "
+                        f"lake ({exc}) (fix: point ARENA_HOME or ARENA_LAKE at the run's lake)"
+                    ) from None
+                async with Tau2Session(pool, items[0][1].domain, *databases) as session:
+                    for number, rollout, recorded in items:
+                        theirs = await rescore(session, rollout)
+                        out.append(
+                            {
+                                "line": number,
+                                "sample_id": rollout.sample_id,
+                                "reward": recorded,
+                                "tau2": theirs,
+                                "agree": theirs == recorded,
+                            }
+                        )
+        return sorted(out, key=lambda r: r["line"])
+
+    from environments.tau2_env import Tau2Unavailable
+    from sandbox.pool import SandboxUnavailable
+
+    try:
+        results = asyncio.run(go()) if rollouts else []
+    except (Tau2Unavailable, SandboxUnavailable) as exc:
+        raise UserError(str(exc)) from None
+    for result in results:
+        sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    agree = sum(r["agree"] for r in results)
+    err.print(
+        f"{agree} of {len(results)} tau2 rollouts: tau2's evaluator gives the reward the trainer recorded"
+    )
+    if bad:
+        err.print(f"{bad} malformed line(s) skipped")
+    if bad or agree < len(results):
         raise typer.Exit(1)

@@ -691,36 +691,3 @@ class InteractiveEnvironment:
             return 0.0, {"pass": 0.0, "verify_error": 1.0}
         value = 1.0 if verdict.passed else 0.0
         return value, {"pass": value, "verify_reward": verdict.reward, **verdict.components}
-
-
-# --------------------------------------------------------------------------- factory
-
-
-def environment_for(
-    sample: VerifiedSample,
-    runner: Runner,
-    *,
-    package: EnvPackage | None = None,
-    extras: Mapping[str, EnvPackage] | None = None,
-    tools: Sequence[dict[str, Any]] | None = None,
-    gateway: Gateway | None = None,
-    user: UserSimulator | None = None,
-    mode: RewardMode = "f1",
-    sampling: Sampling | None = None,
-    timeout_s: float | None = None,
-    behaviour: UserBehaviour | None = None,
-) -> QaEnvironment | InteractiveEnvironment:
-    """A fresh environment instance for ``sample`` (qa: needs its package; interactive: a user
-    simulator, or a gateway whose ``user_simulator`` role plays the user; ``user`` wins)."""
-    if sample.kind == "qa":
-        if package is None:
-            raise ValueError(f"qa sample {sample.sample_id} needs its EnvPackage ({sample.env_ref})")
-        return QaEnvironment(sample, package, runner, extras, tools=tools, mode=mode, timeout_s=timeout_s)
-    simulator = user if user is not None else gateway
-    if simulator is None:
-        raise ValueError(
-            f"interactive sample {sample.sample_id} needs a user simulator (or an LLM gateway) for its user"
-        )
-    return InteractiveEnvironment(
-        sample, runner, simulator, sampling=sampling, timeout_s=timeout_s, behaviour=behaviour
-    )

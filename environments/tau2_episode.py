@@ -12,9 +12,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from arena.llm.roles.user_sim import UserActionResult
 from environments.tau2_env import Tau2Session, ToolAnswer
 from environments.tau2_tasks import Tau2Task
-from environments.user_view import ViewTurn
+from environments.user_view import UserContext, UserSimulator, ViewTurn
 
 AGENT_INSTRUCTION = (
     "You are a customer service agent that helps the user according to the <policy> provided below.\n"
@@ -28,6 +29,8 @@ GREETING = "Hi! How can I help you today?"
 MAX_AGENT_STEPS = 30
 """Agent turns (tool rounds and messages) per trial before it is cut (tau2: max_steps)."""
 MAX_USER_TURNS = 12
+MAX_USER_ACTS = 3
+"""User-tool rounds within one user reply (act, see the result, act again)."""
 
 
 def system_prompt(policy: str) -> str:
@@ -93,6 +96,37 @@ async def run_calls(
                 {"role": "tool", "tool_call_id": call_id, "name": name, "content": answer.content}
             )
     return answers
+
+
+async def user_move(
+    session: Tau2Session,
+    episode: Episode,
+    user: UserSimulator,
+    context: UserContext,
+    seen: list[UserActionResult],
+) -> tuple[str, str, list[UserActionResult]]:
+    """The user's reply, running its own tool calls first as often as it asks (``MAX_USER_ACTS``):
+    (text, signal, the calls it ran with what each returned). ``seen``: its earlier calls."""
+    ran: list[UserActionResult] = []
+    for _ in range(MAX_USER_ACTS):
+        move = await user.reply(context.model_copy(update={"own_actions": [*seen, *ran]}))
+        if move.actions:
+            calls = [(a.name, dict(a.arguments)) for a in move.actions]
+            answers = await run_calls(session, episode, calls, "user", None)
+            ran += [
+                UserActionResult(
+                    name=name,
+                    arguments=arguments,
+                    ok=not answer.error,
+                    output=answer.content,
+                    turn=context.turn,
+                )
+                for (name, arguments), answer in zip(calls, answers, strict=True)
+            ]
+            if not move.message:
+                continue  # the user reports what its app showed on the next reply
+        return move.message, move.signal, ran
+    return "", "stop", ran
 
 
 async def do_nothing_reward(session: Tau2Session, task: Tau2Task) -> float:

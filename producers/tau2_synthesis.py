@@ -22,7 +22,10 @@ the EigenData chain for it is:
 
 A verified dialogue becomes two ``samples.sft`` records: the agent side (tau2's agent system
 prompt, the domain's agent tools; the reference never appears) and the user side (the user-view
-conversation). What failed, and where, is in the report.
+conversation); and its task becomes one ``samples.verified`` record of kind ``tau2``, opening with
+the dialogue's first user message: an RL environment that runs the domain in a sandbox session
+with Arena's simulated user, rewarded by the task's verification
+(``environments/tau2_environment.py``). What failed, and where, is in the report.
 """
 
 from __future__ import annotations
@@ -50,11 +53,20 @@ from arena.records.eigen import (
     Persona,
     UserIntent,
 )
+from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample, Side, dialogue_samples
 from environments.environment import argument_error
 from environments.render import ToolCall
 from environments.tau2_env import Tau2Session
-from environments.tau2_episode import GREETING, Episode, do_nothing_reward, run_calls, system_prompt
+from environments.tau2_environment import tau2_sample
+from environments.tau2_episode import (
+    GREETING,
+    Episode,
+    do_nothing_reward,
+    run_calls,
+    system_prompt,
+    user_move,
+)
 from environments.tau2_import import Tau2Import, load_tasks, open_session, synthesis_tasks
 from environments.tau2_tasks import Tau2Task, arena_reward
 from environments.user_view import GatewayUserSimulator, UserContext, user_view_messages
@@ -79,8 +91,6 @@ SOURCE = "eigen-tau2"
 MAX_AGENT_STEPS = 60
 """Agent moves per dialogue (a reference of ten calls takes about thirty with asks and proposals)."""
 MAX_USER_TURNS = 16
-MAX_ACTS_PER_TURN = 3
-"""User-tool rounds within one user reply (act, see the result, act again)."""
 
 Stage = Literal["dialogue", "realism", "validation", "verification", "verified"]
 
@@ -110,6 +120,9 @@ class SynthesisOutcome(BaseModel):
     ] = Field(default_factory=list)
     messages: Annotated[int, Field(description="Messages in the agent-side dialogue.")] = 0
     sample_ids: list[str] = Field(default_factory=list, description="samples.sft ids (verified only).")
+    env_sample_id: Annotated[
+        str, Field(description="The samples.verified (kind tau2) id of the task (verified only).")
+    ] = ""
 
 
 class SynthesisReport(BaseModel):
@@ -204,35 +217,6 @@ def intent_of(imported: Tau2Import, task: Tau2Task, writes: set[str]) -> UserInt
     )
 
 
-async def _user_move(
-    session: Tau2Session,
-    dialogue: _Dialogue,
-    user: GatewayUserSimulator,
-    context: UserContext,
-) -> tuple[str, str]:
-    """The user's reply (running its own tool calls first, as often as it asks): (text, signal)."""
-    for _ in range(MAX_ACTS_PER_TURN):
-        move = await user.reply(context.model_copy(update={"own_actions": list(dialogue.own)}))
-        if move.actions:
-            calls = [(a.name, dict(a.arguments)) for a in move.actions]
-            answers = await run_calls(session, dialogue.episode, calls, "user", None)
-            for (name, arguments), answer in zip(calls, answers, strict=True):
-                done = UserActionResult(
-                    name=name,
-                    arguments=arguments,
-                    ok=not answer.error,
-                    output=answer.content,
-                    turn=context.turn,
-                )
-                dialogue.own.append(done)  # what the user saw; the agent sees it as an app event
-                shown = done.model_dump(exclude={"turn"})
-                dialogue.events.append(AppEvent(**shown, after_message=len(dialogue.episode.chat)))
-            if not move.message:
-                continue  # the user reports what its app showed on the next reply
-        return move.message, move.signal
-    return "", "stop"
-
-
 async def synthesise_dialog(
     session: Tau2Session,
     imported: Tau2Import,
@@ -267,7 +251,10 @@ async def synthesise_dialog(
                 turn=user_turns,
                 max_turns=MAX_USER_TURNS,
             )
-            text, signal = await _user_move(session, dialogue, user, context)
+            text, signal, ran = await user_move(session, episode, user, context, dialogue.own)
+            dialogue.own += ran  # what the user saw; the agent sees it as an app event
+            shown = [AppEvent(**a.model_dump(exclude={"turn"}), after_message=len(episode.chat)) for a in ran]
+            dialogue.events += shown
             episode.say("user", text or ("###STOP###" if signal != "continue" else ""))
             episode.turns[-1].actions = [
                 ToolCall(name=a.name, arguments=a.arguments) for a in dialogue.own if a.turn == user_turns
@@ -370,9 +357,22 @@ def _split(task: Tau2Task) -> Literal["train", "new"]:
     return "new" if task.split == "new" else "train"
 
 
+@dataclass
+class Synthesised:
+    """What a verified dialogue yields: training conversations, and its task as an RL environment."""
+
+    sft: list[SftSample] = field(default_factory=list)
+    env: VerifiedSample | None = None
+
+
+def _opening(dialogue: _Dialogue) -> str:
+    """The user's first message of the dialogue (what the environment's prompt opens with)."""
+    return next((t.text for t in dialogue.episode.turns if t.role == "user"), "")
+
+
 async def synthesise_task(
     session: Tau2Session, imported: Tau2Import, task: Tau2Task, gateway: Gateway, behaviour: UserBehaviour
-) -> tuple[SynthesisOutcome, list[SftSample]]:
+) -> tuple[SynthesisOutcome, Synthesised]:
     """The chain on one train task: dialogue, validation, verification."""
     writes = set(imported.write_tools)
     try:
@@ -383,7 +383,7 @@ async def synthesise_task(
             split=_split(task),
             stage="dialogue",
             reason=f"{type(exc).__name__}: {exc}"[:300],
-        ), []
+        ), Synthesised()
     chat = dialogue.episode.chat
     gold = await session.gold(task.raw)
     ours = await arena_reward(session, task, dialogue.episode.tau2, gold)
@@ -404,7 +404,7 @@ async def synthesise_task(
     if flagged:
         outcome.stage = "realism"
         outcome.reason = "; ".join(f"{f.reason} at message {f.turn}: {f.evidence}" for f in flagged)[:300]
-        return outcome, []
+        return outcome, Synthesised()
     ratings, issues = dialogue_checks(chat, imported.agent_tools, writes)
     if ours.reward < 1.0:
         failed = "; ".join(
@@ -419,22 +419,24 @@ async def synthesise_task(
         verdict = (await gateway.call(EIGEN_TRAJECTORY_VALIDATION, validation)).output
     except InvalidOutput as exc:
         outcome.stage, outcome.reason = "validation", f"no verdict: {exc}"[:300]
-        return outcome, []
+        return outcome, Synthesised()
     if verdict.validation_result != "PASS":
         outcome.stage, outcome.reason = "validation", str(verdict.failure_reason or "FAIL")
-        return outcome, []
+        return outcome, Synthesised()
     if ours.reward < 1.0 or theirs < 1.0:
         outcome.reason = f"reward: Arena {ours.reward}, tau2 {theirs}"
-        return outcome, []
+        return outcome, Synthesised()
     origin = content_hash(
         {"domain": imported.domain, "db": imported.db.sha256, "task": task.task_id, "chat": chat},
         prefix="t2s-",
         length=24,
     )
     samples = sft_samples(imported, task, dialogue, origin)
+    env = tau2_sample(imported, task, _opening(dialogue), origin=origin)
     outcome.stage, outcome.sample_ids = "verified", [s.sample_id for s in samples]
+    outcome.env_sample_id = env.sample_id
     outcome.do_nothing_reward = await do_nothing_reward(session, task)
-    return outcome, samples
+    return outcome, Synthesised(sft=samples, env=env)
 
 
 async def synthesise_domain(
@@ -450,9 +452,10 @@ async def synthesise_domain(
     sessions: int = 1,
     on_task: Callable[[SynthesisOutcome], None] | None = None,
     on_instance: Callable[[InstanceOutcome], None] | None = None,
-) -> tuple[SynthesisReport, list[SftSample]]:
+) -> tuple[SynthesisReport, list[SftSample], list[VerifiedSample]]:
     """EigenData synthesis on the train split of ``imported`` (its first ``limit`` scorable tasks),
-    and on ``new`` instances made over its database first (``producers/tau2_instances.py``)."""
+    and on ``new`` instances made over its database first (``producers/tau2_instances.py``): the
+    report, the verified dialogues' ``samples.sft`` records and their tasks' ``samples.verified`` ones."""
     start = time.monotonic()
     everything = load_tasks(store, imported)
     tasks = [t for t in synthesis_tasks(everything) if not t.verification.needs_judge]
@@ -467,7 +470,7 @@ async def synthesise_domain(
     queue: asyncio.Queue[Tau2Task] = asyncio.Queue()
     for t in chosen:
         queue.put_nowait(t)
-    results: dict[str, tuple[SynthesisOutcome, list[SftSample]]] = {}
+    results: dict[str, tuple[SynthesisOutcome, Synthesised]] = {}
 
     async def worker() -> None:
         async with open_session(store, pool, imported) as session:
@@ -481,7 +484,8 @@ async def synthesise_domain(
 
     await asyncio.gather(*(worker() for _ in range(max(1, min(sessions, len(chosen))))))
     outcomes = [results[t.task_id][0] for t in chosen]
-    samples = [s for t in chosen for s in results[t.task_id][1]]
+    samples = [s for t in chosen for s in results[t.task_id][1].sft]
+    envs = [e for t in chosen if (e := results[t.task_id][1].env) is not None]
     scored = [o for o in outcomes if o.arena_reward is not None and o.tau2_reward is not None]
     stages: dict[str, int] = {}
     for o in outcomes:
@@ -507,4 +511,4 @@ async def synthesise_domain(
         outcomes=outcomes,
         wall_s=time.monotonic() - start,
     )
-    return report, samples
+    return report, samples, envs

@@ -24,7 +24,8 @@ from arena.config import SandboxSettings
 from arena.llm.gateway import Gateway
 from arena.llm.roles.user_sim import DialogueMessage, UserAction, UserSimInput, UserTurn
 from arena.records.envs import EnvJob, EnvPackage, SubQA, VerifiedSample
-from environments.environment import InteractiveEnvironment, InteractiveSpec, QaEnvironment, environment_for
+from environments.environment import InteractiveEnvironment, InteractiveSpec, QaEnvironment
+from environments.factory import environment_for
 from environments.render import ToolCall
 from environments.rewards import ToolResult
 from environments.user_view import ParsedUserTurn, UserContext

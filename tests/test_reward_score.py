@@ -90,6 +90,29 @@ def test_cli_scores_each_valid_line_in_order_and_names_bad_ones(tmp_path: Path) 
     assert "no such file" in missing.stderr
 
 
+def test_cli_tau2_names_bad_lines_and_skips_qa_ones(tmp_path: Path) -> None:
+    """`arena reward tau2` reads the trainer's rollouts file: QA lines are `arena reward score`'s,
+    a tau2 line without its rollout or with a broken one is named with its line number."""
+    lines = [
+        json.dumps({"subtasks": SUBTASKS, "messages": HONEST}),
+        "{truncated",
+        json.dumps({"kind": "tau2", "reward": 1.0}),
+        json.dumps({"kind": "tau2", "reward": 1.0, "tau2": {"sample_id": "vs-1"}}),
+    ]
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out = run_arena(["reward", "tau2", str(path)], arena_env(tmp_path / "home"), check=1)
+    assert out.stdout == ""
+    assert f"{path}:2: not JSON" in out.stderr
+    assert f"{path}:3: field tau2" in out.stderr
+    assert f"{path}:4: field domain" in out.stderr
+    assert "3 malformed line(s)" in out.stderr and "Traceback" not in out.stderr
+    missing = run_arena(
+        ["reward", "tau2", str(tmp_path / "nope.jsonl")], arena_env(tmp_path / "home"), check=2
+    )
+    assert "no such file" in missing.stderr
+
+
 def test_rescoring_a_sandboxed_conversation() -> None:
     """The reference conversation, run in the real sandbox against a tool that echoes guesses in its
     errors, plus one guessing call: rescored offline, the guess solves nothing and costs precision."""

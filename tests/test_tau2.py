@@ -271,7 +271,7 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
             {"home": str(tmp_path), "llm": llm, "sandbox": POOL.model_dump()}
         )
 
-        async def go() -> dict[str, tuple[object, list[object]]]:
+        async def go() -> dict[str, tuple[object, list[object], list[object]]]:
             gateway = open_gateway(settings)
             try:
                 async with SandboxPool(POOL) as pool:
@@ -285,7 +285,7 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
                 await gateway.aclose()
 
         results = asyncio.run(go())
-    for domain, (report, samples) in results.items():
+    for domain, (report, samples, envs) in results.items():
         train = {t.task_id for t in synthesis_tasks(load_tasks(store, imports[domain]))}
         assert report.verified >= 1, (domain, report.by_stage, [o.reason for o in report.outcomes])
         assert report.agreement == 1.0, domain
@@ -322,6 +322,9 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
         assert all(
             s.messages[0]["role"] == "system" and "<policy>" in s.messages[0]["content"] for s in agent
         )
+        # each verified dialogue's task is an RL environment opening with the dialogue's first user message
+        assert [e.sample_id for e in envs] == [o.env_sample_id for o in verified]
+        assert {e.kind for e in envs} <= {"tau2"} and all(e.prompt[-1]["role"] == "user" for e in envs)
         if domain == "telecom":  # dual control: the user ran its own tools in a verified dialogue
             assert any(
                 "I did" in str(m.get("content")) for s in agent for m in s.messages if m["role"] == "user"
@@ -359,3 +362,6 @@ def test_cli_synth_publishes_verified_dialogues_to_samples_sft(tmp_path: Path, b
     published = {r.key.decode(): json.loads(r.value) for r in read_all(broker, "samples.sft")}
     assert ids <= set(published)
     assert {published[i]["role_target"] for i in ids} == {"agent", "user"}
+    envs = {r.key.decode(): json.loads(r.value) for r in read_all(broker, "samples.verified")}
+    assert set(envs) == {o["env_sample_id"] for o in report["outcomes"] if o["stage"] == "verified"}
+    assert {e["kind"] for e in envs.values()} == {"tau2"}

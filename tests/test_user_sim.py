@@ -26,7 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from arena.config import ArenaSettings
 from arena.records.envs import VerifiedSample
 from arena.records.sft import SftSample
-from environments.environment import InteractiveEnvironment, environment_for
+from environments.environment import InteractiveEnvironment
+from environments.factory import environment_for
 from environments.render import IM_END, ToolCall, encode_segment, render, render_text
 from environments.user_view import (
     STOP,

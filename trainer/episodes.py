@@ -3,8 +3,9 @@
 For a ``qa`` sample the environment is its package from the catalog plus
 irrelevant tools mixed in from other verified packages (each runs against its
 own package, so every offered tool is executable); for an ``interactive``
-sample it is the instance's state machine with the user simulator in the
-loop: the gateway's ``user_simulator`` role, or the frozen SFT-tuned policy once
+sample it is the instance's state machine, and for a ``tau2`` sample the tau2
+domain's own code in a session (``environments.tau2_environment``), each with
+the user simulator in the loop: the gateway's ``user_simulator`` role, or the frozen SFT-tuned policy once
 the service has set one (``use_user_simulator``). Each trajectory runs in its
 own environment instance, which holds one sandbox session from its first
 tool call until its rollout ends (``rollout`` closes it). All rollouts of a
@@ -21,19 +22,24 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from arena.config import ArenaSettings
 from arena.llm.roles.user_sim import user_behaviour
 from arena.records.envs import EnvPackage, VerifiedSample
 from arena.records.tools import tool_name
-from environments.environment import Environment, environment_for
+from environments.environment import Environment
+from environments.factory import environment_for
+from environments.tau2_environment import Tau2Environment, Tau2EnvSpec, load_spec_databases
 from environments.user_view import GatewayUserSimulator, UserSimulator
 from lake.env_packages import EnvPackageStore
+from lake.store import ObjectStore, open_store
 from sandbox import SandboxPool
 from trainer.batching import Group
 from trainer.learner import Learner
 from trainer.mixing import ToolMixer, pool_from_store
 from trainer.rollout import RolloutJob, Trajectory, derive_seed, group_of, rollout_batch
-from trainer.rollout_log import rollout_line
+from trainer.rollout_log import rollout_line, tau2_rollout_line
 
 
 class Episodes:
@@ -50,8 +56,10 @@ class Episodes:
         self._gateway: Any = None
         self._user: UserSimulator | None = None
         self._packages: dict[str, EnvPackage] = {}
+        self._databases: dict[tuple[str, str | None], tuple[str, str | None]] = {}
+        self._store: ObjectStore | None = None
         self.recorded: list[dict[str, Any]] = []
-        """QA trajectories rolled out since the last ``take_recorded`` (``trainer.rollout_log`` lines)."""
+        """QA and tau2 trajectories rolled out since the last ``take_recorded`` (``trainer.rollout_log`` lines)."""
 
     async def start(self) -> None:
         self.pool = SandboxPool(self.settings.sandbox)
@@ -109,10 +117,35 @@ class Episodes:
             self._packages[env_id] = found[0]
         return self._packages[env_id]
 
+    def _tau2_databases(self, sample: VerifiedSample) -> tuple[str, str | None] | str:
+        """The databases a tau2 sample runs on, read from the lake once per content hash."""
+        try:
+            spec = Tau2EnvSpec.model_validate(sample.reward_spec)
+        except ValidationError as exc:
+            return f"tau2 sample {sample.sample_id}: its reward_spec is not a Tau2EnvSpec ({exc.error_count()} errors)"
+        key = (spec.db.sha256, spec.user_db.sha256 if spec.user_db else None)
+        if key not in self._databases:
+            if self._store is None:
+                self._store = open_store(self.settings)
+            try:
+                self._databases[key] = load_spec_databases(self._store, spec)
+            except (KeyError, FileNotFoundError, ValueError) as exc:
+                return f"tau2 databases of {sample.env_ref} are not in the lake: {exc}"
+        return self._databases[key]
+
     def _prepare(self, sample: VerifiedSample, mixer: ToolMixer | None) -> dict[str, Any] | str:
         """Keyword arguments for ``environment_for``, or why the sample cannot be rolled out."""
         if sample.kind == "interactive":
             return {"user": self.user_simulator(), "behaviour": user_behaviour(self.settings)}
+        if sample.kind == "tau2":
+            databases = self._tau2_databases(sample)
+            if isinstance(databases, str):
+                return databases
+            return {
+                "user": self.user_simulator(),
+                "behaviour": user_behaviour(self.settings),
+                "tau2_databases": databases,
+            }
         package = self._package(sample.env_ref)
         if package is None:
             return f"package {sample.env_ref} is not in the catalog"
@@ -150,15 +183,16 @@ class Episodes:
                 skipped[sample.sample_id] = kwargs
             else:
                 prepared.append((sample, kwargs))
+        made: dict[int, Environment] = {}  # job index -> its environment (a tau2 one records its trajectory)
         jobs = [
             RolloutJob(
                 sample,
-                _env_factory(sample, pool, cfg.reward, kwargs),
+                _env_factory(sample, pool, cfg.reward, kwargs, made, k * cfg.group_size + i),
                 derive_seed(
                     derive_seed(self.settings.seed, "step", step, round_, sample.sample_id), "group", i
                 ),
             )
-            for sample, kwargs in prepared
+            for k, (sample, kwargs) in enumerate(prepared)
             for i in range(cfg.group_size)
         ]
         trajectories = await rollout_batch(
@@ -175,7 +209,8 @@ class Episodes:
         groups = []
         for k, (sample, kwargs) in enumerate(prepared):
             mine = trajectories[k * cfg.group_size : (k + 1) * cfg.group_size]
-            self._record(sample, kwargs, mine, step=step, round_=round_)
+            envs = [made[j] for j in range(k * cfg.group_size, (k + 1) * cfg.group_size)]
+            self._record(sample, kwargs, mine, envs, step=step, round_=round_)
             behaviour = step - 1 if behaviour_step is None else behaviour_step
             groups.append(group_of(sample.sample_id, mine, born_step=step, behaviour_step=behaviour))
         return groups, skipped
@@ -185,11 +220,20 @@ class Episodes:
         sample: VerifiedSample,
         env_kwargs: dict[str, Any],
         trajectories: list[Trajectory],
+        envs: list[Environment],
         *,
         step: int,
         round_: int,
     ) -> None:
-        """Keep a QA group's trajectories as ``arena reward score`` lines (``take_recorded``)."""
+        """Keep a QA group's trajectories as ``arena reward score`` lines, a tau2 group's as
+        ``arena reward tau2`` lines (``take_recorded``)."""
+        if sample.kind == "tau2":
+            self.recorded += [
+                tau2_rollout_line(t, env.rollout(), step=step, round_=round_, index=i)
+                for i, (t, env) in enumerate(zip(trajectories, envs, strict=True))
+                if isinstance(env, Tau2Environment)
+            ]
+            return
         if sample.kind != "qa":
             return
         package = env_kwargs["package"]
@@ -201,13 +245,24 @@ class Episodes:
         ]
 
     def take_recorded(self) -> list[dict[str, Any]]:
-        """The recorded QA trajectories since the last call, in rollout order (then forgotten)."""
+        """The recorded QA and tau2 trajectories since the last call, in rollout order (then forgotten)."""
         taken, self.recorded = self.recorded, []
         return taken
 
 
 def _env_factory(
-    sample: VerifiedSample, pool: SandboxPool, reward: Any, env_kwargs: dict[str, Any]
+    sample: VerifiedSample,
+    pool: SandboxPool,
+    reward: Any,
+    env_kwargs: dict[str, Any],
+    made: dict[int, Environment],
+    index: int,
 ) -> Callable[[], Environment]:
-    """A fresh environment per rollout (``environment_for`` with the sample's prepared package)."""
-    return lambda: environment_for(sample, pool, mode=reward, **env_kwargs)
+    """A fresh environment per rollout (``environment_for`` with the sample's prepared package),
+    kept in ``made[index]`` for what it recorded."""
+
+    def make() -> Environment:
+        made[index] = environment_for(sample, pool, mode=reward, **env_kwargs)
+        return made[index]
+
+    return make

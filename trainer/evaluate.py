@@ -554,7 +554,7 @@ EvalRun = Callable[[list[EvalCase], Callable[[], None]], Awaitable[EvalReport]]
 def _eval_local(settings: ArenaSettings, model_path: str, plan: _EvalPlan) -> EvalReport:
     """A local checkpoint: token-level rollouts (``trainer.rollout``) on its backend."""
     cfg = settings.train
-    backend, tokenizer = _backend(settings, model_path)
+    backend, tokenizer = load_backend(settings, model_path)
 
     def policy_user() -> UserSimulator:
         return _policy_user(backend, tokenizer, settings, plan.seed)
@@ -668,7 +668,8 @@ def _policy_user(
     )
 
 
-def _backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, Any]:
+def load_backend(settings: ArenaSettings, model_path: str) -> tuple[RolloutBackend, Any]:
+    """A local checkpoint's rollout backend (transformers, or vLLM per ``settings.train.backend``) and tokenizer."""
     from trainer.policy import (
         HfBackend,
         VllmBackend,

@@ -1,4 +1,5 @@
-"""Recorded rollouts: every QA trajectory the trainer scored, as a line ``arena reward score`` reads.
+"""Recorded rollouts: every QA trajectory the trainer scored, as a line ``arena reward score`` reads,
+and every tau2 trajectory, as a line ``arena reward tau2`` rescores with tau2's own evaluator.
 
 A GRPO step writes ``trainer/<run>/rollouts/step-NNNNNNNN.jsonl`` in the lake (one atomic put, so a
 step redone after a crash overwrites it with the same trajectories): per trajectory the sub-tasks,
@@ -14,6 +15,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from arena.records.envs import VerifiedSample
+from environments.tau2_environment import Tau2Rollout
 from lake.store import ObjectStore
 from trainer.checkpoint import step_name
 from trainer.rollout import Trajectory
@@ -39,6 +41,24 @@ def rollout_line(
         "messages": trajectory.messages,
         "mixed_tools": sorted(mixed_tools),
         "emitted_calls": trajectory.tool_calls,
+        "reward": trajectory.reward,
+        "reward_parts": trajectory.reward_parts,
+    }
+
+
+def tau2_rollout_line(
+    trajectory: Trajectory, rollout: Tau2Rollout, *, step: int, round_: int, index: int
+) -> dict[str, Any]:
+    """One tau2 trajectory as an ``arena reward tau2`` input line: the tau2 messages (the user's own
+    tool calls included), how it ended, and the reward the service trained on."""
+    return {
+        "kind": "tau2",
+        "sample_id": trajectory.sample_id,
+        "step": step,
+        "round": round_,
+        "trajectory": index,
+        "tau2": rollout.model_dump(mode="json"),
+        "messages": trajectory.messages,
         "reward": trajectory.reward,
         "reward_parts": trajectory.reward_parts,
     }

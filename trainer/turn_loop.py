@@ -210,7 +210,7 @@ class TurnLoop:
         self.invalid_calls += len(turn.invalid)
         if turn.emitted:
             return State.TOOLS
-        if self.sample.kind == "interactive":
+        if self.sample.has_user:
             return State.USER
         self.budget.close()
         return self._done("no_tool_call")

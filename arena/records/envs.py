@@ -247,15 +247,29 @@ class VerifiedSample(Record):
 
     sample_id: Annotated[str, Field(description="Content hash of the sample.")]
     kind: Annotated[
-        Literal["qa", "interactive"],
-        Field(description="QA environment (F1 reward over jobs) or interactive (verification function)."),
+        Literal["qa", "interactive", "tau2"],
+        Field(
+            description="QA environment (F1 reward over jobs), interactive (a pack instance's verification "
+            "function) or tau2 (a tau2 task in the domain's own code, its evaluation criteria as reward)."
+        ),
     ]
     prompt: Annotated[list[dict[str, Any]], Field(description="Initial OpenAI chat messages.")]
     tools: Annotated[list[dict[str, Any]], Field(description="OpenAI tools offered.")]
-    env_ref: Annotated[str, Field(description="Package or instance id to load the environment from.")]
+    env_ref: Annotated[
+        str,
+        Field(description="Package or instance id to load the environment from (tau2: the import's source)."),
+    ]
     reward_spec: Annotated[
         dict[str, Any],
-        Field(description="qa: {'jobs': [{question, answer}]} for the F1 reward; interactive: verifier ref."),
+        Field(
+            description="qa: {'jobs': [{question, answer}]} for the F1 reward; interactive: an "
+            "InteractiveSpec; tau2: a Tau2EnvSpec (environments/tau2_environment.py)."
+        ),
     ]
     domain: Annotated[str, Field(description="Domain.")]
     split: Annotated[str, Field(description="Split name; held-out samples are never published.")] = "train"
+
+    @property
+    def has_user(self) -> bool:
+        """A simulated user answers the agent's messages (interactive and tau2 samples)."""
+        return self.kind != "qa"

@@ -1,8 +1,13 @@
-"""`arena eval --bench tau2 --domain D`: a served model on tau2-bench, scored by tau2's evaluator.
+"""`arena eval --bench tau2 --domain D`: a served model or a local checkpoint on tau2-bench, scored by
+tau2's evaluator.
 
 The agent is the endpoint, through Arena's OpenAI client path (``trainer.endpoint_policy``: the
 gateway's native ``agent_policy`` role, tools as OpenAI ``tools``, replies' ``tool_calls``), with
-tau2's agent system prompt around the domain's policy. The user is Arena's simulated user (the
+tau2's agent system prompt around the domain's policy. A local checkpoint (``--model FOLDER``)
+instead rolls each trial out token by token in the environment training uses
+(``environments.tau2_environment``: the same session, user and reward; ``trainer.evaluate``), and
+tau2's evaluator rescores every trial's trajectory, which must agree. Its user opens each task once
+(the simulator's reply to tau2's greeting), and every trial of the task starts from that opening. The user is Arena's simulated user (the
 gateway's ``user_simulator`` role on the settings' LLM) or, with ``user="endpoint"``, the endpoint
 itself through the same role. Tools -- the agent's and, in telecom, the user's own -- run the
 domain's code in a sandbox session (``environments.tau2_env``), one session per concurrent worker,
@@ -41,16 +46,17 @@ from environments.tau2_import import (
     Tau2Import,
     benchmark_tasks,
     build_import,
+    load_databases,
     load_import,
     load_tasks,
     open_session,
 )
 from environments.tau2_tasks import Tau2Task
-from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator
-from lake.store import open_store
+from environments.user_view import GatewayUserSimulator, UserContext, UserSimulator, ViewTurn
+from lake.store import ObjectStore, open_store
 from sandbox import SandboxPool
 from trainer.benchmarks.report import BenchReport, TaskResult, bench_report
-from trainer.endpoint_policy import EndpointPolicy, open_endpoint_policy
+from trainer.endpoint_policy import EndpointPolicy, is_endpoint, open_endpoint_policy
 
 
 class Tau2BenchError(ValueError):
@@ -110,6 +116,22 @@ async def run_episode(
     return episode.tau2, "max_steps"
 
 
+async def _tasks(
+    store: ObjectStore, pool: SandboxPool, domain: str, split: EvalSplit, limit: int | None
+) -> tuple[Tau2Import, list[Tau2Task], dict[str, int]]:
+    """The import (made first when missing), the tasks to score, and how many were left out, by why."""
+    imported = load_import(store, domain) or await build_import(store, pool, domain)
+    chosen = benchmark_tasks(load_tasks(store, imported), imported, split)
+    tasks = [t for t in chosen if not t.verification.needs_judge]
+    left_out = {"needs_judge": len(chosen) - len(tasks)}
+    if limit is not None and len(tasks) > limit:
+        left_out["limit"] = len(tasks) - limit
+        tasks = tasks[:limit]
+    if not tasks:
+        raise Tau2BenchError(f"the {split} split of {domain} has no task to score (fix: --split all)")
+    return imported, tasks, left_out
+
+
 async def _evaluate(
     settings: ArenaSettings,
     url: str,
@@ -131,15 +153,7 @@ async def _evaluate(
     gateway = None
     try:
         await pool.start()
-        imported = load_import(store, domain) or await build_import(store, pool, domain)
-        chosen = benchmark_tasks(load_tasks(store, imported), imported, split)
-        tasks = [t for t in chosen if not t.verification.needs_judge]
-        left_out = {"needs_judge": len(chosen) - len(tasks)}
-        if limit is not None and len(tasks) > limit:
-            left_out["limit"] = len(tasks) - limit
-            tasks = tasks[:limit]
-        if not tasks:
-            raise Tau2BenchError(f"the {split} split of {domain} has no task to score (fix: --split all)")
+        imported, tasks, left_out = await _tasks(store, pool, domain, split, limit)
         if user == "endpoint":
             simulator: UserSimulator = GatewayUserSimulator(policy.gateway)
         else:
@@ -196,6 +210,111 @@ async def _evaluate(
         await pool.close()
 
 
+async def opening_of(user: UserSimulator, imported: Tau2Import, task: Tau2Task) -> str:
+    """The user's first message: its reply to tau2's greeting (its first requirement if it says nothing)."""
+    context = UserContext(
+        instructions=task.instructions,
+        requirements=task.requirements,
+        user_tools=imported.user_tools,
+        turns=[ViewTurn(role="assistant", text=GREETING)],
+        turn=0,
+        max_turns=MAX_USER_TURNS,
+    )
+    move = await user.reply(context)
+    return move.message.strip() or (task.requirements[0] if task.requirements else "Hi, I need help.")
+
+
+async def _evaluate_local(
+    settings: ArenaSettings,
+    model_path: str,
+    *,
+    domain: str,
+    k: int,
+    trials: int,
+    limit: int | None,
+    concurrency: int,
+    seed: int,
+    split: EvalSplit,
+) -> BenchReport:
+    """A local checkpoint: token-level trials in ``Tau2Environment`` (as training rolls out), each
+    rescored by tau2's evaluator; a trial where the two disagree is reported as an error."""
+    from environments.tau2_environment import Tau2Environment, rescore, tau2_sample
+    from lake.catalog import open_gateway
+    from trainer.evaluate import EvalCase, evaluate, load_backend
+
+    start = time.monotonic()
+    store = open_store(settings)
+    backend, tokenizer = load_backend(settings, model_path)
+    workers = max(1, concurrency)
+    pool = SandboxPool(settings.sandbox.model_copy(update={"pool_size": workers + 1}))
+    gateway = open_gateway(settings)
+    cfg = settings.train
+    try:
+        await pool.start()
+        imported, tasks, left_out = await _tasks(store, pool, domain, split, limit)
+        databases = load_databases(store, imported)
+        user = GatewayUserSimulator(gateway)
+        made: dict[str, list[Tau2Environment]] = {}
+
+        def factory(sample: Any) -> Any:
+            def make() -> Tau2Environment:
+                env = Tau2Environment(sample, pool, user, databases)
+                made.setdefault(sample.sample_id, []).append(env)
+                return env
+
+            return make
+
+        samples = [
+            tau2_sample(
+                imported, t, await opening_of(user, imported, t), origin=f"eval:{t.task_id}", split=split
+            )
+            for t in tasks
+        ]
+        cases = [EvalCase(sample=s, make_env=factory(s)) for s in samples]
+        report = await evaluate(
+            backend,
+            tokenizer,
+            cases,
+            k=k,
+            trials=trials,
+            max_turns=cfg.max_turns,
+            max_seq_len=cfg.max_seq_len,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed=seed,
+            concurrency=workers,
+        )
+        results: list[TaskResult] = []
+        async with open_session(store, pool, imported) as session:
+            for task, sample, case in zip(tasks, samples, report.cases, strict=True):
+                rewards = case.rewards + [0.0] * len(case.errors)
+                errors = list(case.errors)
+                for env in made.get(sample.sample_id, []):
+                    theirs = await rescore(session, env.rollout())
+                    if theirs != env.last_reward:
+                        errors.append(f"tau2's evaluator gives {theirs}, Arena {env.last_reward}")
+                results.append(
+                    TaskResult(
+                        task_id=task.task_id,
+                        group=domain,
+                        rewards=rewards,
+                        baseline_reward=await do_nothing_reward(session, task),
+                        errors=errors,
+                    )
+                )
+        found = bench_report("tau2", model_path, results, k=k, trials=trials, wall_s=time.monotonic() - start)
+        return found.model_copy(
+            update={
+                "split": split,
+                "user_simulator": "gateway",
+                "left_out": {k: v for k, v in left_out.items() if v},
+            }
+        )
+    finally:
+        await gateway.aclose()
+        await pool.close()
+
+
 def run_tau2(
     settings: ArenaSettings,
     url: str,
@@ -209,7 +328,8 @@ def run_tau2(
     user: Literal["gateway", "endpoint"] = "gateway",
     split: EvalSplit = "test",
 ) -> BenchReport:
-    """pass^k / pass@k of the model at ``url`` on tau2 ``domain``, with the do-nothing floor.
+    """pass^k / pass@k of the model at ``url`` (an endpoint, or a local checkpoint folder) on tau2
+    ``domain``, with the do-nothing floor.
 
     ``split``: tau2's test tasks by default, the ones synthesis never reads (``synthesis_tasks``).
     """
@@ -218,6 +338,20 @@ def run_tau2(
     if trials < k:
         raise Tau2BenchError(f"trials ({trials}) < k ({k}): pass^k needs at least k trials per task")
     try:
+        if not is_endpoint(url):
+            return asyncio.run(
+                _evaluate_local(
+                    settings,
+                    url,
+                    domain=domain,
+                    k=k,
+                    trials=trials,
+                    limit=limit,
+                    concurrency=concurrency,
+                    seed=seed,
+                    split=split,
+                )
+            )
         return asyncio.run(
             _evaluate(
                 settings,
