@@ -40,6 +40,11 @@ def environment_for(
     """A fresh environment instance for ``sample`` (qa: needs its package; interactive and tau2: a
     user simulator, or a gateway whose ``user_simulator`` role plays the user, ``user`` winning;
     tau2: also the databases its spec names, ``environments.tau2_environment.load_spec_databases``)."""
+    if sample.kind == "bfcl":
+        raise ValueError(
+            f"bfcl sample {sample.sample_id}: a BFCL item runs in trainer.benchmarks.bfcl_env.BfclEnvironment "
+            "(arena eval --bench bfcl), never as training data"
+        )
     if sample.kind == "qa":
         if package is None:
             raise ValueError(f"qa sample {sample.sample_id} needs its EnvPackage ({sample.env_ref})")

@@ -220,6 +220,25 @@ def _check_replay(r: dict[str, Any]) -> None:
     assert r["ratio"] == pytest.approx(r["replay_s"] / r["from_scratch_s"], rel=0.01)
 
 
+def _check_tau2_loop(r: dict[str, Any]) -> None:
+    if "skipped" in r:  # no .venv-tau2: the reason names the install script
+        assert "install_tau2" in r["skipped"], r["skipped"]
+        return
+    assert r["synthesis"]["environments"] > 0 and r["synthesis"]["sft_samples"] > 0
+    assert r["sft"]["steps"] > 0 and r["grpo"] and r["grpo"][0]["groups"] > 0
+    assert r["eval"]["split"] == "test"
+    k = r["eval"]["k"]
+    assert set(r["scores"]) == {"base", "sft", "sft_grpo", "do_nothing"}
+    for name, figures in r["scores"].items():
+        for j in range(1, k + 1):
+            metric = figures[f"pass^{j}"]
+            assert metric["ci_low"] <= metric["mean"] <= metric["ci_high"], (name, j)
+        assert figures.get("errors", 0) == 0, name  # a trial tau2's evaluator scores otherwise is an error
+    floor = r["scores"]["do_nothing"]["pass^1"]["mean"]
+    for name, gap in r["above_floor"].items():
+        assert gap == pytest.approx(r["scores"][name]["pass^1"]["mean"] - floor, abs=1e-3), name
+
+
 def _keys(*names: str) -> frozenset[str]:
     return frozenset(("quick", *names))
 
@@ -296,6 +315,13 @@ BENCHES = [
     ),
     # a real model on CPU: only where the local-llm extra is installed (skipped with the reason on CI)
     Bench(("bench/real_model.py",), _keys("bench"), 900, check=_check_real_model),
+    Bench(
+        ("bench/tau2_loop.py",),
+        _keys("synthesis", "scores", "above_floor"),
+        600,
+        root=True,
+        check=_check_tau2_loop,
+    ),
     Bench(
         ("bench/learning.py",),
         _keys("heldout_eval", "ordering", "reward_ablation"),

@@ -21,13 +21,16 @@ from tests.fixtures.llm_serve import llm_server
 from tests.test_llm_serve import free_port
 from trainer.benchmarks import bfcl
 from trainer.benchmarks.bfcl import (
+    MULTI_TURN,
     BfclCalls,
     BfclError,
     BfclItem,
+    bfcl_python,
     categories_of,
     load_items,
     score,
 )
+from trainer.benchmarks.bfcl_env import ADDED_FUNCTIONS, BfclEnvironment, BfclRuntime, MultiTurnItem
 from trainer.benchmarks.report import BenchReport, bench_table
 
 pytestmark = pytest.mark.integration
@@ -38,7 +41,9 @@ CATEGORIES = ["simple_python", "multiple", "parallel", "irrelevance"]
 @pytest.fixture(scope="module")
 def items() -> list[BfclItem]:
     """The first 3 items of each category, as bfcl-eval ships them."""
-    return load_items(CATEGORIES, 3)
+    single, multi = load_items(CATEGORIES, 3)
+    assert not multi
+    return single
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +127,9 @@ def test_categories_and_a_missing_virtualenv_are_clear(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     assert categories_of("simple, parallel,simple") == ["simple_python", "parallel"]
-    with pytest.raises(BfclError, match=r"multi_turn_base.*fix"):
-        categories_of("simple,multi_turn_base")
+    assert categories_of("multi_turn,multi_turn_base") == list(MULTI_TURN)
+    with pytest.raises(BfclError, match=r"multi_turn_composite.*fix"):
+        categories_of("simple,multi_turn_composite")
     monkeypatch.setenv("ARENA_BFCL_PYTHON", str(tmp_path / "python"))
     with pytest.raises(BfclError, match=r"install_bfcl\.sh"):
         bfcl.load_items(["simple_python"], 1)
@@ -177,3 +183,94 @@ def test_eval_bench_mistakes_are_named(tmp_path: Path, served: str, monkeypatch:
         assert message in str(result.exception), (extra, result.exception)
     bad = run_arena(["eval", "--bench", "bfcl", "--category", "nope"], arena_env(tmp_path / "home"), check=2)
     assert "Traceback" not in bad.stderr and "--model openai://" in bad.stderr
+
+
+def _keyword_calls(call: str) -> tuple[str, dict[str, Any]] | None:
+    """A ground-truth call string as (name, arguments), or None when it passes arguments by position."""
+    import ast
+
+    node = ast.parse(call, mode="eval").body
+    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    if node.args:
+        return None
+    return node.func.id, {str(k.arg): ast.literal_eval(k.value) for k in node.keywords}
+
+
+def test_multi_turn_items_score_with_bfcl_evals_checker_and_run_as_environments() -> None:
+    """bfcl-eval's multi-turn checker through the runtime: the ground truth passes, a dropped call, no
+    call and a trial cut a turn short fail. Played call by call in ``BfclEnvironment`` (its executor,
+    its scripted turns), the ground truth scores 1.0; on a miss_func item the held-out tool is
+    unknown until its turn adds it, with bfcl-eval's own message."""
+    import asyncio
+
+    _, multi = load_items(["multi_turn_base", "multi_turn_miss_func"], 4)
+    keyword_only = [i for i in multi if all(_keyword_calls(c) for turn in i.ground_truth for c in turn)]
+    assert {i.category for i in keyword_only} == {"multi_turn_base", "multi_turn_miss_func"}
+
+    def steps(turns: list[list[str]]) -> list[list[list[str]]]:
+        return [[[c] for c in turn] for turn in turns]
+
+    async def play(runtime: BfclRuntime, item: MultiTurnItem) -> tuple[float, list[str], list[int]]:
+        env = BfclEnvironment(item, runtime, namespace=f"test_{item.id}")
+        said, offered = [], [len(env.tools)]
+        try:
+            for i, turn in enumerate(item.ground_truth):
+                if i:
+                    said.append(await env.user_turn("Done."))
+                    offered.append(len(env.tools))
+                for call in turn:
+                    found = _keyword_calls(call)
+                    assert found is not None
+                    observation = await env.call(*found)
+                    assert observation.ok, (item.id, call, observation.text)
+            assert await env.user_turn("Done.") is None  # every turn is done
+            reward, _ = await env.reward(None)  # type: ignore[arg-type]  # it reads its own record
+        finally:
+            await env.close()
+        return reward, said, offered
+
+    async def go() -> None:
+        async with BfclRuntime(bfcl_python()) as runtime:
+            for item in multi:
+                truth = item.ground_truth
+
+                async def check(calls: list[list[list[str]]], item: MultiTurnItem = item) -> bool:
+                    answer = await runtime.request({"op": "check", "item": {**item.wire(), "calls": calls}})
+                    return bool(answer["valid"])
+
+                assert await check(steps(truth)), item.id
+                assert not await check([[] for _ in truth]), item.id  # the do-nothing agent
+                assert not await check(steps(truth[:-1])), item.id  # cut a turn short
+                first = next(i for i, turn in enumerate(truth) if turn)
+                dropped = [turn[1:] if i == first else turn for i, turn in enumerate(truth)]
+                assert not await check(steps(dropped)), item.id
+            for item in keyword_only:
+                reward, said, offered = await play(runtime, item)
+                assert reward == 1.0, item.id
+                if item.missed:
+                    (turn, added), *_ = item.missed.items()
+                    assert said[int(turn) - 1] == ADDED_FUNCTIONS
+                    assert offered[int(turn)] == offered[0] + len(added)
+            miss = next(i for i in multi if i.missed)
+            env = BfclEnvironment(miss, runtime, namespace="test_unknown")
+            held_out = next(iter(miss.missed.values()))[0]["function"]["name"]
+            early = await env.call(held_out, {})
+            assert not early.ok and "unknown tool" in early.text
+            await env.close()
+
+    asyncio.run(go())
+
+
+def test_eval_bench_bfcl_multi_turn_against_llm_serve(tmp_path: Path, served: str) -> None:
+    """`--category multi_turn`: the four multi-turn categories, episodes through the endpoint,
+    bfcl-eval's checker per trial, and the do-nothing agent (no call on any turn) beside them."""
+    env = arena_env(tmp_path / "home")
+    url = served.replace("http://", "openai://", 1) + "?model=rules-v1"
+    args = ["eval", "--bench", "bfcl", "--model", url, "--category", "multi_turn", "--limit", "1"]
+    proc = run_arena([*args, "--k", "1", "--trials", "1", "--json"], env, timeout=300)
+    report = BenchReport.model_validate_json(proc.stdout)
+    groups = {g.group: g for g in report.groups}
+    assert set(groups) == {*MULTI_TURN, "all"}
+    assert all(groups[c].tasks == 1 and groups[c].errors == 0 for c in MULTI_TURN)
+    assert groups["all"].baseline_pass == 0.0  # every first turn asks for calls
+    assert all(r in (0.0, 1.0) for t in report.tasks for r in t.rewards)

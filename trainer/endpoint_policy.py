@@ -196,7 +196,9 @@ async def endpoint_episode(
     """
     if max_turns < 1:
         raise ValueError("max_turns must be at least 1")
-    tools = list(env.tools)
-    generate = _endpoint_turns(policy, tools, seed)
+    # The environment's own list: one that offers more tools mid-episode (BFCL's held-out functions)
+    # extends it in place, and the next turn sends them.
+    generate = _endpoint_turns(policy, env.tools, seed)
     episode = await TurnLoop(env=env, sample=sample, max_turns=max_turns, generate=generate).run()
-    return await scored(env, trajectory_of(episode, sample_id=sample.sample_id, seed=seed, tools=tools))
+    trajectory = trajectory_of(episode, sample_id=sample.sample_id, seed=seed, tools=list(env.tools))
+    return await scored(env, trajectory)

@@ -135,6 +135,8 @@ class Episodes:
 
     def _prepare(self, sample: VerifiedSample, mixer: ToolMixer | None) -> dict[str, Any] | str:
         """Keyword arguments for ``environment_for``, or why the sample cannot be rolled out."""
+        if sample.kind == "bfcl":  # benchmark items stay apart from training data
+            return "a bfcl sample is a benchmark item: it is evaluated, never trained on"
         if sample.kind == "interactive":
             return {"user": self.user_simulator(), "behaviour": user_behaviour(self.settings)}
         if sample.kind == "tau2":

@@ -247,10 +247,11 @@ class VerifiedSample(Record):
 
     sample_id: Annotated[str, Field(description="Content hash of the sample.")]
     kind: Annotated[
-        Literal["qa", "interactive", "tau2"],
+        Literal["qa", "interactive", "tau2", "bfcl"],
         Field(
             description="QA environment (F1 reward over jobs), interactive (a pack instance's verification "
-            "function) or tau2 (a tau2 task in the domain's own code, its evaluation criteria as reward)."
+            "function), tau2 (a tau2 task in the domain's own code, its evaluation criteria as reward) or "
+            "bfcl (a BFCL multi-turn benchmark item: evaluation only, never published or trained on)."
         ),
     ]
     prompt: Annotated[list[dict[str, Any]], Field(description="Initial OpenAI chat messages.")]
@@ -271,5 +272,5 @@ class VerifiedSample(Record):
 
     @property
     def has_user(self) -> bool:
-        """A simulated user answers the agent's messages (interactive and tau2 samples)."""
+        """A user answers the agent's messages (interactive, tau2: simulated; bfcl: the scripted turns)."""
         return self.kind != "qa"

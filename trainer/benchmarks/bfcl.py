@@ -11,9 +11,11 @@ its ``eval_runner`` does. A do-nothing agent (no call) is scored by the same che
 bfcl-eval pins numpy, networkx and filelock below Arena's, so it lives in a second virtualenv
 (``scripts/install_bfcl.sh`` -> ``.venv-bfcl``; ``ARENA_BFCL_PYTHON`` names another python).
 ``trainer/benchmarks/bfcl_checker.py`` runs there: it loads the questions and possible answers
-bfcl-eval ships in its wheel (no network at run time) and checks the calls. Items are single-turn,
-so a trial is one reply; multi-turn categories (which execute bfcl-eval's simulated APIs between
-turns) are not run here.
+bfcl-eval ships in its wheel (no network at run time) and checks the calls. A single-turn item's
+trial is one reply. A multi-turn item's trial is an episode in ``trainer.benchmarks.bfcl_env``'s
+``BfclEnvironment`` (bfcl-eval's simulated APIs executing each call, its scripted user turns, its
+``multi_turn_checker`` as the verdict), driven by the same endpoint episode loop ``arena eval`` uses
+for packs; the do-nothing agent answers every turn without a call.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from arena.llm.core import InvalidOutput
 from arena.llm.roles.agent import PlannedCall
+from trainer.benchmarks.bfcl_env import MAX_STEPS_PER_TURN, BfclEnvironment, BfclRuntime, MultiTurnItem
 from trainer.benchmarks.report import BenchReport, TaskResult, bench_report
 from trainer.rollout import derive_seed
 
@@ -41,6 +44,13 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKER = Path(__file__).with_name("bfcl_checker.py")
 CHECKER_TIMEOUT_S = 600.0
 
+MULTI_TURN: tuple[str, ...] = (
+    "multi_turn_base",
+    "multi_turn_miss_func",
+    "multi_turn_miss_param",
+    "multi_turn_long_context",
+)
+"""The multi-turn categories: episodes against bfcl-eval's simulated APIs (``bfcl_env``)."""
 CATEGORIES: tuple[str, ...] = (
     "simple_python",
     "multiple",
@@ -53,9 +63,11 @@ CATEGORIES: tuple[str, ...] = (
     "live_parallel_multiple",
     "live_irrelevance",
     "live_relevance",
+    *MULTI_TURN,
 )
-"""The single-turn Python categories bfcl-eval scores with its AST or relevance checker."""
-ALIASES = {"simple": "simple_python"}
+"""The single-turn Python categories bfcl-eval scores with its AST or relevance checker, and the
+multi-turn ones."""
+ALIASES: dict[str, tuple[str, ...]] = {"simple": ("simple_python",), "multi_turn": MULTI_TURN}
 DEFAULT_CATEGORIES = "simple,multiple,parallel"
 
 BfclCalls = list[dict[str, dict[str, Any]]]
@@ -96,12 +108,13 @@ def bfcl_python() -> Path:
 
 def categories_of(spec: str) -> list[str]:
     """The bfcl-eval categories named in ``spec`` (comma-separated; 'simple' = 'simple_python')."""
-    names = [ALIASES.get(c.strip(), c.strip()) for c in spec.split(",") if c.strip()]
+    names = [n for c in spec.split(",") if c.strip() for n in ALIASES.get(c.strip(), (c.strip(),))]
     unknown = [c for c in names if c not in CATEGORIES]
     if unknown or not names:
         raise BfclError(
             f"--category {spec!r}: unknown {', '.join(unknown) or '(none given)'} "
-            f"(fix: some of simple, {', '.join(CATEGORIES[1:])}, comma-separated)"
+            f"(fix: some of simple, {', '.join(CATEGORIES[1:])}, or multi_turn for all four multi-turn "
+            "ones, comma-separated)"
         )
     return list(dict.fromkeys(names))
 
@@ -129,10 +142,16 @@ def _checker(args: list[str], stdin: dict[str, Any] | None = None) -> dict[str, 
     return answer
 
 
-def load_items(categories: list[str], limit: int | None = None) -> list[BfclItem]:
-    """The items of ``categories`` that bfcl-eval ships (the first ``limit`` of each)."""
+def load_items(categories: list[str], limit: int | None = None) -> tuple[list[BfclItem], list[MultiTurnItem]]:
+    """The single-turn and the multi-turn items of ``categories`` that bfcl-eval ships (the first
+    ``limit`` of each category)."""
+    if not categories:
+        return [], []
     args = ["items", ",".join(categories), *([str(limit)] if limit is not None else [])]
-    return [BfclItem.model_validate(i) for i in _checker(args)["items"]]
+    loaded = _checker(args)["items"]
+    single = [BfclItem.model_validate(i) for i in loaded if i["category"] not in MULTI_TURN]
+    multi = [MultiTurnItem.model_validate(i) for i in loaded if i["category"] in MULTI_TURN]
+    return single, multi
 
 
 def check_calls(pairs: list[tuple[BfclItem, BfclCalls]]) -> list[BfclCheck]:
@@ -212,14 +231,76 @@ def score(
     return results
 
 
+async def _multi_turn_trial(
+    policy: EndpointPolicy, runtime: BfclRuntime, item: MultiTurnItem, trial: int, seed: int
+) -> tuple[float, str]:
+    """One episode of a multi-turn item: (reward, '' or why the trial failed)."""
+    from trainer.endpoint_policy import TurnFailed, endpoint_episode
+
+    env = BfclEnvironment(item, runtime, namespace=f"arena_t{trial}_{derive_seed(seed, item.id, trial)}")
+    try:
+        done = await endpoint_episode(
+            policy,
+            env,
+            item.sample(),
+            max_turns=(MAX_STEPS_PER_TURN + 1) * len(item.turns),
+            seed=derive_seed(seed, item.id, trial),
+        )
+        return done.reward, ""
+    except TurnFailed as exc:
+        return 0.0, f"trial {trial}: no usable reply ({exc})"
+    finally:
+        await env.close()
+
+
+async def _multi_turn(
+    policy: EndpointPolicy, items: list[MultiTurnItem], *, trials: int, concurrency: int, seed: int
+) -> list[TaskResult]:
+    """Every multi-turn item ``trials`` times, and the do-nothing agent (no call on any turn) once."""
+    slots = asyncio.Semaphore(concurrency)
+    outcomes: dict[tuple[str, int], tuple[float, str]] = {}
+    async with BfclRuntime(bfcl_python()) as runtime:
+
+        async def one(item: MultiTurnItem, trial: int) -> None:
+            async with slots:
+                outcomes[(item.id, trial)] = await _multi_turn_trial(policy, runtime, item, trial, seed)
+
+        await asyncio.gather(*(one(item, t) for item in items for t in range(trials)))
+        baseline = {
+            item.id: await runtime.request(
+                {"op": "check", "item": {**item.wire(), "calls": [[] for _ in item.turns]}}
+            )
+            for item in items
+        }
+    return [
+        TaskResult(
+            task_id=item.id,
+            group=item.category,
+            rewards=[outcomes[(item.id, t)][0] for t in range(trials)],
+            baseline_reward=1.0 if baseline[item.id]["valid"] else 0.0,
+            errors=[why for t in range(trials) if (why := outcomes[(item.id, t)][1])],
+        )
+        for item in items
+    ]
+
+
 async def _evaluate(
-    settings: ArenaSettings, url: str, items: list[BfclItem], *, trials: int, concurrency: int, seed: int
-) -> dict[tuple[str, int], BfclCalls | str]:
+    settings: ArenaSettings,
+    url: str,
+    items: list[BfclItem],
+    multi: list[MultiTurnItem],
+    *,
+    trials: int,
+    concurrency: int,
+    seed: int,
+) -> tuple[dict[tuple[str, int], BfclCalls | str], list[TaskResult]]:
     from trainer.endpoint_policy import open_endpoint_policy
 
     policy = await open_endpoint_policy(settings, url)
     try:
-        return await _collect(policy, items, trials=trials, concurrency=concurrency, seed=seed)
+        replies = await _collect(policy, items, trials=trials, concurrency=concurrency, seed=seed)
+        episodes = await _multi_turn(policy, multi, trials=trials, concurrency=concurrency, seed=seed)
+        return replies, episodes
     finally:
         await policy.aclose()
 
@@ -245,7 +326,9 @@ def run_bfcl(
     if n < k:
         raise ValueError(f"trials {n} < k {k}")
     started = time.monotonic()
-    items = load_items(categories_of(category), limit)
-    replies = asyncio.run(_evaluate(settings, url, items, trials=n, concurrency=concurrency, seed=seed))
-    results = score(items, replies, n)
+    items, multi = load_items(categories_of(category), limit)
+    replies, episodes = asyncio.run(
+        _evaluate(settings, url, items, multi, trials=n, concurrency=concurrency, seed=seed)
+    )
+    results = (score(items, replies, n) if items else []) + episodes
     return bench_report("bfcl", url, results, k=k, trials=n, wall_s=time.monotonic() - started)
