@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -182,8 +183,18 @@ async def _trial(policy: EndpointPolicy, item: BfclItem, seed: int) -> BfclCalls
     return as_bfcl_calls(answer.output.tool_calls)
 
 
+Tick = Callable[[], None]
+"""Called after each trial (the progress bar)."""
+
+
 async def _collect(
-    policy: EndpointPolicy, items: list[BfclItem], *, trials: int, concurrency: int, seed: int
+    policy: EndpointPolicy,
+    items: list[BfclItem],
+    *,
+    trials: int,
+    concurrency: int,
+    seed: int,
+    tick: Tick = lambda: None,
 ) -> dict[tuple[str, int], BfclCalls | str]:
     """(item id, trial) -> the calls, or why the trial got no usable reply."""
     slots = asyncio.Semaphore(concurrency)
@@ -195,6 +206,7 @@ async def _collect(
                 out[(item.id, trial)] = await _trial(policy, item, derive_seed(seed, item.id, trial))
             except InvalidOutput as exc:
                 out[(item.id, trial)] = f"trial {trial}: no usable reply ({exc})"
+            tick()
 
     await asyncio.gather(*(one(item, t) for item in items for t in range(trials)))
     return out
@@ -254,7 +266,13 @@ async def _multi_turn_trial(
 
 
 async def _multi_turn(
-    policy: EndpointPolicy, items: list[MultiTurnItem], *, trials: int, concurrency: int, seed: int
+    policy: EndpointPolicy,
+    items: list[MultiTurnItem],
+    *,
+    trials: int,
+    concurrency: int,
+    seed: int,
+    tick: Tick = lambda: None,
 ) -> list[TaskResult]:
     """Every multi-turn item ``trials`` times, and the do-nothing agent (no call on any turn) once."""
     slots = asyncio.Semaphore(concurrency)
@@ -264,6 +282,7 @@ async def _multi_turn(
         async def one(item: MultiTurnItem, trial: int) -> None:
             async with slots:
                 outcomes[(item.id, trial)] = await _multi_turn_trial(policy, runtime, item, trial, seed)
+            tick()
 
         await asyncio.gather(*(one(item, t) for item in items for t in range(trials)))
         baseline = {
@@ -293,13 +312,35 @@ async def _evaluate(
     trials: int,
     concurrency: int,
     seed: int,
+    progress: bool,
 ) -> tuple[dict[tuple[str, int], BfclCalls | str], list[TaskResult]]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from trainer.endpoint_policy import open_endpoint_policy
 
     policy = await open_endpoint_policy(settings, url)
+    bar = Progress(
+        TextColumn("bfcl"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),  # stdout may carry --json
+        disable=not progress,
+    )
+    task = bar.add_task("trials", total=(len(items) + len(multi)) * trials)
     try:
-        replies = await _collect(policy, items, trials=trials, concurrency=concurrency, seed=seed)
-        episodes = await _multi_turn(policy, multi, trials=trials, concurrency=concurrency, seed=seed)
+        with bar:
+
+            def tick() -> None:
+                bar.advance(task)
+
+            replies = await _collect(
+                policy, items, trials=trials, concurrency=concurrency, seed=seed, tick=tick
+            )
+            episodes = await _multi_turn(
+                policy, multi, trials=trials, concurrency=concurrency, seed=seed, tick=tick
+            )
         return replies, episodes
     finally:
         await policy.aclose()
@@ -315,6 +356,7 @@ def run_bfcl(
     limit: int | None = None,
     concurrency: int = 4,
     seed: int = 0,
+    progress: bool = True,
 ) -> BenchReport:
     """pass^k and pass@k of the model at ``url`` per BFCL category, the do-nothing floor beside them.
 
@@ -328,7 +370,9 @@ def run_bfcl(
     started = time.monotonic()
     items, multi = load_items(categories_of(category), limit)
     replies, episodes = asyncio.run(
-        _evaluate(settings, url, items, multi, trials=n, concurrency=concurrency, seed=seed)
+        _evaluate(
+            settings, url, items, multi, trials=n, concurrency=concurrency, seed=seed, progress=progress
+        )
     )
     results = (score(items, replies, n) if items else []) + episodes
     return bench_report("bfcl", url, results, k=k, trials=n, wall_s=time.monotonic() - started)

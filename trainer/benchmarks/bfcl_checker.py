@@ -43,8 +43,11 @@ import sys
 import tempfile
 from typing import Any
 
-# bfcl-eval creates result/score folders beside its package at import unless told where.
-os.environ.setdefault("BFCL_PROJECT_ROOT", tempfile.mkdtemp(prefix="arena-bfcl-"))
+# bfcl-eval creates result/score folders beside its package at import unless told where: a
+# temporary folder, removed when this process ends.
+if "BFCL_PROJECT_ROOT" not in os.environ:
+    _ROOT = tempfile.TemporaryDirectory(prefix="arena-bfcl-")
+    os.environ["BFCL_PROJECT_ROOT"] = _ROOT.name
 
 RELEVANCE = ("irrelevance", "live_irrelevance", "live_relevance")
 MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
