@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -31,6 +31,9 @@ from app.cli_versions import diff, replay, versions_app
 from app.exit import freeze_heap_at_exit
 from arena.config import ArenaSettings
 from sandbox.cli import app as sandbox_app
+
+if TYPE_CHECKING:
+    from app.forkserver import ForkServer
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -228,12 +231,36 @@ def worker_cmd(
     ] = None,
 ) -> None:
     """Run stage workers (Faust, exactly-once) until stopped or drained."""
-    from app.metrics_http import MetricsPortError, with_metrics_port
+    from app.forkserver import start_fork_server
+    from app.metrics_http import with_metrics_port
+
+    cfg = with_metrics_port(settings(), metrics_port)
+    # First: the fork server imports the stage code while this process imports the registry.
+    forks = start_fork_server(cfg)
+    try:
+        code = _run_worker_cmd(cfg, stage, track, version, until_drained, timeout, replicas, forks)
+    finally:
+        if forks is not None and forks.alive():  # not handed over (a bad argument): not needed
+            forks.kill()
+    raise typer.Exit(code)
+
+
+def _run_worker_cmd(
+    cfg: ArenaSettings,
+    stage: list[str] | None,
+    track: list[str] | None,
+    version: list[str] | None,
+    until_drained: bool,
+    timeout: float | None,
+    replicas: int,
+    forks: ForkServer | None,
+) -> int:
+    """`arena worker` once its fork server is starting: the workers chosen, run; the exit code."""
+    from app.metrics_http import MetricsPortError
     from app.registry import TRACKS, WORKERS, register_versions
     from app.versions import data_versions
     from app.worker import run_workers
 
-    cfg = with_metrics_port(settings(), metrics_port)
     known_tracks = {t.name: t for t in TRACKS}
     for name in track or []:
         if name not in known_tracks:
@@ -259,7 +286,7 @@ def worker_cmd(
     if unknown:
         raise UserError(f"unknown stage {unknown[0]!r} (fix: use one of {', '.join(WORKERS)})")
     try:
-        code = run_workers(
+        return run_workers(
             cfg,
             ready_broker(cfg),
             names,
@@ -267,10 +294,10 @@ def worker_cmd(
             timeout_s=timeout,
             console=err,
             replicas=replicas,
+            forks=forks,
         )
     except MetricsPortError as exc:
         raise UserError(str(exc)) from None
-    raise typer.Exit(code)
 
 
 # --- training -----------------------------------------------------------

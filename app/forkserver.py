@@ -31,10 +31,13 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import setproctitle
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from arena.config import ArenaSettings
 
 READY_TIMEOUT_S = 120.0
 """How long the first request may wait for the server's imports (a loaded 2-core machine)."""
@@ -57,15 +60,14 @@ class ForkServerError(RuntimeError):
 
 
 def _preload() -> None:
-    """Import what a stage process imports before its first record."""
+    """Import what a stage process imports before its first record.
+
+    Not the MCP SDK (about 1 CPU-second, on the way to every worker's first record): only a stage
+    that calls an MCP server's tools imports it (``synthesis.tools.mcp_client``), on its first call.
+    """
     import app.run  # noqa: F401  (the registry: every stage module, Faust, the gateway)
     import streams.app  # noqa: F401
     import synthesis.tools.mcp_client  # noqa: F401
-
-    try:  # the MCP SDK: the stages that call tools open sessions with it
-        import mcp  # noqa: F401
-    except ImportError:
-        pass
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -180,6 +182,17 @@ def serve() -> None:
 # -- the supervisor's side ----------------------------------------------------------------
 
 
+def supervised_env(home: Path) -> dict[str, str]:
+    """This process's environment, as the fork server and the stage processes of home ``home`` get
+    it; the supervisor adds the broker and the metrics folder (``app.worker.Supervisor``)."""
+    env = dict(os.environ)
+    env["ARENA_HOME"] = str(home)
+    env["ARENA_SUPERVISED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
 class ForkedProcess:
     """A stage process the fork server started: the part of ``subprocess.Popen`` the supervisor uses."""
 
@@ -273,6 +286,11 @@ class ForkServer:
             pass
         return None
 
+    def kill(self) -> None:
+        """End a server that started no process (its imports need not finish first)."""
+        self._proc.kill()
+        self.close()
+
     def close(self) -> None:
         """End the server (after its children: the caller stops them first)."""
         if self._proc.stdin is not None:
@@ -285,6 +303,19 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def start_fork_server(settings: ArenaSettings) -> ForkServer | None:
+    """A fork server for `arena worker` to start first, so that its imports (seconds) overlap the
+    supervisor's own (the registry) and its broker check.
+
+    None when workers are exec'd (``worker_fork`` false) or /metrics is served: the server must
+    import ``prometheus_client`` with the metrics folder in place, and the supervisor makes that
+    folder later (it then starts the server with its first worker, as without this).
+    """
+    if not settings.worker_fork or settings.metrics.port != 0:
+        return None
+    return ForkServer(supervised_env(settings.home))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from rich.console import Console
 
 from app.admission_host import start_admission_host
 from app.endpoint_watch import EndpointWatch
-from app.forkserver import ForkedProcess, ForkServer, ForkServerError
+from app.forkserver import ForkedProcess, ForkServer, ForkServerError, supervised_env
 from app.ledger_metrics import LedgerCollector
 from app.metrics_http import LagCollector, WorkerMetrics
 from app.registry import stage_inputs, stage_outputs, topics_by_group, worker
@@ -66,7 +66,13 @@ class Supervisor:
     """Starts, watches, restarts and stops the worker processes."""
 
     def __init__(
-        self, settings: ArenaSettings, bootstrap: str, names: list[str], console: Console, replicas: int = 1
+        self,
+        settings: ArenaSettings,
+        bootstrap: str,
+        names: list[str],
+        console: Console,
+        replicas: int = 1,
+        forks: ForkServer | None = None,
     ) -> None:
         for name in names:
             worker(name)  # unknown names fail before anything starts
@@ -84,8 +90,9 @@ class Supervisor:
         ]
         self.metrics: WorkerMetrics | None = None
         """Set before ``start`` when /metrics is served: the workers then record into its folder."""
-        self._forks: ForkServer | None = None
-        """Started with the first process (its environment then includes the metrics folder)."""
+        self._forks: ForkServer | None = forks
+        """Started with the first process (its environment then includes the metrics folder), unless
+        the caller started it earlier (``start_fork_server``)."""
         self._fork = settings.worker_fork
 
     def snapshot(self) -> list[tuple[str, bool, int]]:
@@ -93,12 +100,8 @@ class Supervisor:
         return [(c.name, c.proc is not None and c.proc.poll() is None, c.restarts) for c in self.children]
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = supervised_env(self.settings.home)
         env["ARENA_BROKER"] = self.bootstrap
-        env["ARENA_HOME"] = str(self.settings.home)
-        env["ARENA_SUPERVISED"] = "1"
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
         if self.metrics is not None:
             env.update(self.metrics.child_env())
         return env
@@ -314,9 +317,13 @@ def run_workers(
     timeout_s: float | None,
     console: Console,
     replicas: int = 1,
+    forks: ForkServer | None = None,
 ) -> int:
-    """Run the workers (``replicas`` processes per stage); returns the process exit code."""
-    supervisor = Supervisor(settings, bootstrap, names, console, replicas)
+    """Run the workers (``replicas`` processes per stage); returns the process exit code.
+
+    ``forks``: a fork server the caller started already (``start_fork_server``), stopped with them.
+    """
+    supervisor = Supervisor(settings, bootstrap, names, console, replicas, forks)
     groups = topics_by_group(names)
     outputs = stage_outputs(names)
     supervisor.metrics = start_metrics(settings, bootstrap, groups, supervisor, console)

@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -39,8 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from arena.topics import TOPICS
 from arena.topics import topic as topic_spec
 from arena.versions import MAIN, split_wire, wire
-from lake.catalog import Catalog, LineageEdge
 from lake.store import CLAIM_ERROR_HEADER, LocalStore, ObjectStore
+
+if TYPE_CHECKING:  # SQLModel and SQLAlchemy (~0.7 s): the sink's cost, not `arena lake query`'s
+    from lake.catalog import Catalog, LineageEdge
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +324,8 @@ def row_value(topic: str, row: dict[str, Any]) -> bytes:
 # Lineage -------------------------------------------------------------------
 def lineage_edges(topic: str, row: LakeRow) -> list[LineageEdge]:
     """Catalog edges from a row's ``arena-*`` headers (one per ``arena-source-ids`` parent)."""
+    from lake.catalog import LineageEdge
+
     h = row.headers
     parents = [p.strip() for p in h.get("arena-source-ids", "").split(",") if p.strip()]
     if not parents:
