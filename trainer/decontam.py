@@ -198,13 +198,27 @@ def scan(
 
 
 def bfcl_items(categories: list[str] | None = None) -> list[BenchmarkItem]:
-    """Every question of bfcl-eval's single-turn categories (bfcl-eval's bundled data)."""
+    """Every question of bfcl-eval's categories (bfcl-eval's bundled data); a multi-turn item is all
+    its user turns."""
     from trainer.benchmarks.bfcl import CATEGORIES, load_items
 
-    out = []
-    for item in load_items(list(categories or CATEGORIES)):
-        text = "\n".join(_message_texts(item.messages, ("user",)))
-        out.append(BenchmarkItem(bench="bfcl", item_id=f"{item.category}/{item.id}", text=text))
+    single, multi = load_items(list(categories or CATEGORIES))
+    out = [
+        BenchmarkItem(
+            bench="bfcl",
+            item_id=f"{item.category}/{item.id}",
+            text="\n".join(_message_texts(item.messages, ("user",))),
+        )
+        for item in single
+    ]
+    out += [
+        BenchmarkItem(
+            bench="bfcl",
+            item_id=f"{item.category}/{item.id}",
+            text="\n".join(t for turn in item.turns for t in _message_texts(turn, ("user",))),
+        )
+        for item in multi
+    ]
     return out
 
 
