@@ -91,7 +91,7 @@ FULL = Profile(
     max_new_tokens=48,
 )
 QUICK = Profile(
-    synth_limit=2,
+    synth_limit=1,
     new=0,
     sft_steps=2,
     sft_batch=4,
@@ -100,7 +100,7 @@ QUICK = Profile(
     grpo_envs=1,
     group_size=2,
     grpo_lr=1e-4,
-    eval_limit=2,
+    eval_limit=1,
     k=2,
     trials=2,
     max_turns=3,
