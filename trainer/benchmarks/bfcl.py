@@ -33,7 +33,13 @@ from pydantic import BaseModel, Field
 
 from arena.llm.core import InvalidOutput
 from arena.llm.roles.agent import PlannedCall
-from trainer.benchmarks.bfcl_env import MAX_STEPS_PER_TURN, BfclEnvironment, BfclRuntime, MultiTurnItem
+from trainer.benchmarks.bfcl_env import (
+    MAX_STEPS_PER_TURN,
+    BfclEnvironment,
+    BfclRuntime,
+    BfclUnavailable,
+    MultiTurnItem,
+)
 from trainer.benchmarks.report import BenchReport, TaskResult, bench_report
 from trainer.rollout import derive_seed
 
@@ -261,6 +267,8 @@ async def _multi_turn_trial(
         return done.reward, ""
     except TurnFailed as exc:
         return 0.0, f"trial {trial}: no usable reply ({exc})"
+    except BfclUnavailable as exc:
+        return 0.0, f"trial {trial}: {exc}"
     finally:
         await env.close()
 
@@ -369,10 +377,13 @@ def run_bfcl(
         raise ValueError(f"trials {n} < k {k}")
     started = time.monotonic()
     items, multi = load_items(categories_of(category), limit)
-    replies, episodes = asyncio.run(
-        _evaluate(
-            settings, url, items, multi, trials=n, concurrency=concurrency, seed=seed, progress=progress
+    try:
+        replies, episodes = asyncio.run(
+            _evaluate(
+                settings, url, items, multi, trials=n, concurrency=concurrency, seed=seed, progress=progress
+            )
         )
-    )
+    except BfclUnavailable as exc:
+        raise BfclError(f"{exc} (fix: scripts/install_bfcl.sh, or check {bfcl_python()} runs)") from None
     results = (score(items, replies, n) if items else []) + episodes
     return bench_report("bfcl", url, results, k=k, trials=n, wall_s=time.monotonic() - started)
