@@ -47,9 +47,9 @@ from environments.user_view import GatewayUserSimulator
 from lake.store import ObjectStore, open_store
 from sandbox import SandboxPool
 
-DOMAIN = "airline"
-NOTHING = "0"
-"""An airline train task whose evaluation asks for no action: a dialogue that changes nothing passes."""
+DOMAIN = "retail"
+NOTHING = "24"
+"""A retail train task whose evaluation asks for no action: a dialogue that changes nothing passes."""
 
 
 @pytest.fixture(scope="module")
