@@ -4,6 +4,7 @@ Usage::
 
     python bench/tau2_loop.py [--domain airline|retail|telecom]   # the full CPU profile
     python bench/tau2_loop.py --quick                              # a smoke run of a few minutes
+    python bench/tau2_loop.py --policy smollm2                     # a pretrained base (GPU profile)
 
 Prints ONE JSON object on stdout; progress goes to stderr. On a private ``ARENA_HOME`` (a temporary
 folder, or ``--home``), with the ``rules`` backend playing the LLM roles (``ARENA_LLM`` picks
@@ -14,8 +15,9 @@ another):
    ``new`` new instances over the database (retail, airline; ``arena domain synth tau2 D --new N``):
    the verified dialogues' agent and user sides (``samples.sft``) and their tasks as ``tau2``
    environments (``samples.verified``), exactly what the CLI publishes.
-3. A tiny Llama (``trainer.tiny.build_tiny``), its tokenizer trained on those conversations and
-   prompts, saved as the base checkpoint.
+3. The base checkpoint: a tiny Llama (``trainer.tiny.build_tiny``), its tokenizer trained on
+   those conversations and prompts; or, with ``--policy``, a pretrained model (a Hugging Face
+   folder, a ``.gguf`` file or the bundled ``smollm2``, ``trainer.pretrained``).
 4. SFT on the agent and user sides (the trainer's ``Learner``: token-mean NLL, AdamW, cosine
    schedule), saved; then GRPO on the tau2 environments (``trainer.episodes.Episodes``: G rollouts
    per environment in the sandbox with Arena's simulated user, the task's verification as reward;
@@ -26,11 +28,12 @@ another):
    trial rescored by tau2's evaluator; a disagreement is an error), and the do-nothing agent's
    reward per task. Each figure is the mean over tasks with a 95% percentile bootstrap interval.
 
+The GPU profile is ``--policy smollm2`` (or a bigger folder) with ``ARENA_TRAIN__DEVICE=cuda``
+(``ARENA_TRAIN__BACKEND=vllm`` for vLLM rollouts where installed); it has not been run here (no GPU).
 A tiny policy trained on CPU scores at or below the do-nothing floor (a dialogue the policy does not
 end by a stop scores 0, while the do-nothing agent stops at once and passes every task that asks
 for nothing); ``above_floor`` gives each checkpoint's pass^1 minus the floor's rather than
-claiming progress. The GPU profile (a real checkpoint, vLLM rollouts)
-is ``--model FOLDER`` for the base and ``ARENA_TRAIN__DEVICE=cuda``; it has not been run here.
+claiming progress.
 """
 
 from __future__ import annotations
@@ -75,19 +78,19 @@ class Profile:
 
 
 FULL = Profile(
-    synth_limit=30,
-    new=20,
-    sft_steps=40,
-    sft_batch=8,
+    synth_limit=12,
+    new=8,
+    sft_steps=16,
+    sft_batch=4,
     sft_lr=5e-3,
-    grpo_steps=6,
-    grpo_envs=4,
+    grpo_steps=4,
+    grpo_envs=2,
     group_size=4,
     grpo_lr=1e-4,
-    eval_limit=20,
+    eval_limit=10,
     k=4,
     trials=4,
-    max_turns=8,
+    max_turns=6,
     max_new_tokens=48,
 )
 QUICK = Profile(
@@ -252,12 +255,22 @@ def evaluate(settings: Any, folder: Path, domain: str, p: Profile, seed: int) ->
     return report.model_dump(mode="json")
 
 
-def run(domain: str, p: Profile, home: Path, seed: int) -> dict[str, Any]:
+def base_model(home: Path, policy: str, texts: list[str], seed: int) -> Path:
+    """The base checkpoint: the tiny policy built on ``texts``, or the pretrained ``policy``."""
+    if policy != "tiny":
+        from trainer.pretrained import hf_folder
+
+        return hf_folder(policy, home)
+    from trainer.tiny import build_tiny
+
+    return build_tiny(home / "models" / "base", texts, seed=seed, vocab_size=2048)
+
+
+def run(domain: str, p: Profile, home: Path, seed: int, policy: str = "tiny") -> dict[str, Any]:
     from arena.config import ArenaSettings
     from environments.render import render_text
     from trainer.learner import Learner
-    from trainer.policy import HfBackend, load_policy, stop_ids_of
-    from trainer.tiny import build_tiny
+    from trainer.policy import HfBackend, load_policy, resolve_device, stop_ids_of
 
     start = time.monotonic()
     max_seq_len = 16384  # tau2's policy and tools alone are thousands of tiny-tokenizer tokens
@@ -294,8 +307,8 @@ def run(domain: str, p: Profile, home: Path, seed: int) -> dict[str, Any]:
         raise SystemExit(f"no verified dialogue on {domain}: {report.by_stage} (nothing to train on)")
     texts = [render_text(s.messages, s.tools, s.role_target) for s in samples]
     texts += [render_text(e.prompt, e.tools) for e in envs]
-    base = build_tiny(home / "models" / "base", texts, seed=seed, vocab_size=2048)
-    model, tokenizer = load_policy(str(base))
+    base = base_model(home, policy, texts, seed)
+    model, tokenizer = load_policy(str(base), resolve_device(settings.train.device))
     model.train()
     learner = Learner(model, tokenizer, settings.train, HfBackend(model, tokenizer, stop_ids_of(tokenizer)))
     sft_losses = sft(learner, samples, p, max_seq_len)
@@ -314,6 +327,7 @@ def run(domain: str, p: Profile, home: Path, seed: int) -> dict[str, Any]:
         "bench": "tau2_loop",
         "quick": p == QUICK,
         "domain": domain,
+        "policy": policy,
         "profile": p.__dict__,
         "synthesis": synthesis,
         "sft": {"steps": len(sft_losses), "loss_first": sft_losses[0], "loss_last": sft_losses[-1]},
@@ -340,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="A smoke run of a few minutes.")
     parser.add_argument("--home", type=Path, default=None, help="Keep the run's ARENA_HOME here.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--policy",
+        default="tiny",
+        help="The base: 'tiny' (built here), or a pretrained model (a folder, a .gguf file, 'smollm2').",
+    )
     args = parser.parse_args(argv)
     from environments.tau2_env import Tau2Unavailable, tau2_site_dirs
 
@@ -349,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"bench": "tau2_loop", "quick": args.quick, "skipped": str(exc)}))
         return 0
     with arena_home(args.home) as home:
-        result = run(args.domain, QUICK if args.quick else FULL, home, args.seed)
+        result = run(args.domain, QUICK if args.quick else FULL, home, args.seed, args.policy)
     print(json.dumps(result))
     return 0
 
