@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TextIO
+from typing import Annotated, Any, TextIO, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -29,6 +29,25 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
     finally:
         if stream is not sys.stdin:
             stream.close()
+
+
+T = TypeVar("T")
+
+
+def _parsed(path: Path, parse: Callable[[str], T], what: str) -> tuple[list[tuple[int, T]], int]:
+    """Each non-blank line of ``path`` parsed, with its number, and how many lines were malformed
+    (each reported on stderr with its number: ``parse`` raises ``ValueError`` saying why)."""
+    if str(path) != "-" and not path.is_file():
+        raise UserError(f"no such file: {path} (fix: give {what}, or - for standard input)")
+    good: list[tuple[int, T]] = []
+    bad = 0
+    for number, text in _lines(path):
+        try:
+            good.append((number, parse(text)))
+        except ValueError as exc:
+            bad += 1
+            err.print(f"[red]error[/red] {path}:{number}: {exc}", markup=True, highlight=False)
+    return good, bad
 
 
 def _problem(exc: ValidationError) -> str:
@@ -78,16 +97,8 @@ def score(
     A tool message with "error": true, or whose content is a JSON object with an "error", is a failed
     call. A malformed line is reported on stderr with its line number; the others are still scored.
     """
-    if str(path) != "-" and not path.is_file():
-        raise UserError(f"no such file: {path} (fix: give a JSONL file, or - for standard input)")
-    bad = 0
-    for number, text in _lines(path):
-        try:
-            result = score_line(text)
-        except ValueError as exc:
-            bad += 1
-            err.print(f"[red]error[/red] {path}:{number}: {exc}", markup=True, highlight=False)
-            continue
+    scored, bad = _parsed(path, score_line, "a JSONL file")
+    for number, result in scored:
         sys.stdout.write(json.dumps({"line": number, **result}) + "\n")
     sys.stdout.flush()
     if bad:
@@ -137,19 +148,8 @@ def tau2(
 
     from app.cli_common import settings
 
-    if str(path) != "-" and not path.is_file():
-        raise UserError(f"no such file: {path} (fix: give a rollouts JSONL file, or - for standard input)")
-    rollouts: list[tuple[int, Any, float]] = []
-    bad = 0
-    for number, text in _lines(path):
-        try:
-            found = tau2_rollout(text)
-        except ValueError as exc:
-            bad += 1
-            err.print(f"[red]error[/red] {path}:{number}: {exc}", markup=True, highlight=False)
-            continue
-        if found is not None:
-            rollouts.append((number, *found))
+    lines, bad = _parsed(path, tau2_rollout, "a rollouts JSONL file")
+    rollouts = [(number, *found) for number, found in lines if found is not None]
     cfg = settings()
 
     async def go() -> list[dict[str, Any]]:

@@ -22,7 +22,6 @@ to rescore the same trajectory (``rescore``).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
@@ -41,7 +40,7 @@ from environments.tau2_episode import (
     system_prompt,
     user_move,
 )
-from environments.tau2_import import BlobRef, Tau2Import
+from environments.tau2_import import BlobRef, Tau2Import, read_databases
 from environments.tau2_tasks import Tau2Task, arena_reward
 from environments.user_view import UserContext, UserSimulator
 from lake.store import ObjectStore
@@ -118,17 +117,7 @@ def tau2_sample(
 
 def load_spec_databases(store: ObjectStore, spec: Tau2EnvSpec | Tau2Rollout) -> tuple[str, str | None]:
     """(db JSON, user db JSON or None) of a tau2 sample or rollout, checked against their hashes."""
-    texts: list[str | None] = []
-    for ref in (spec.db, spec.user_db):
-        if ref is None:
-            texts.append(None)
-            continue
-        data = store.get(ref.path)
-        if hashlib.sha256(data).hexdigest() != ref.sha256:
-            raise ValueError(f"lake object {ref.path} does not match its hash (re-run the import)")
-        texts.append(data.decode())
-    assert texts[0] is not None
-    return texts[0], texts[1]
+    return read_databases(store, spec.db, spec.user_db)
 
 
 class Tau2Environment:

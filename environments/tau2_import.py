@@ -141,8 +141,13 @@ def load_tasks(store: ObjectStore, imported: Tau2Import) -> list[Tau2Task]:
 
 def load_databases(store: ObjectStore, imported: Tau2Import) -> tuple[str, str | None]:
     """(db JSON, user db JSON or None) of the import, checked against their hashes."""
+    return read_databases(store, imported.db, imported.user_db)
+
+
+def read_databases(store: ObjectStore, db: BlobRef, user_db: BlobRef | None) -> tuple[str, str | None]:
+    """(db JSON, user db JSON or None) from the lake, checked against their hashes."""
     texts: list[str | None] = []
-    for ref in (imported.db, imported.user_db):
+    for ref in (db, user_db):
         if ref is None:
             texts.append(None)
             continue
