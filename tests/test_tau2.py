@@ -363,5 +363,6 @@ def test_cli_synth_publishes_verified_dialogues_to_samples_sft(tmp_path: Path, b
     assert ids <= set(published)
     assert {published[i]["role_target"] for i in ids} == {"agent", "user"}
     envs = {r.key.decode(): json.loads(r.value) for r in read_all(broker, "samples.verified")}
-    assert set(envs) == {o["env_sample_id"] for o in report["outcomes"] if o["stage"] == "verified"}
-    assert {e["kind"] for e in envs.values()} == {"tau2"}
+    ours = {o["env_sample_id"] for o in report["outcomes"] if o["stage"] == "verified"}
+    assert ours <= set(envs)  # the session's broker is shared: other tests publish there too
+    assert {envs[i]["kind"] for i in ours} == {"tau2"}
