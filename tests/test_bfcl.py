@@ -200,7 +200,8 @@ def test_multi_turn_items_score_with_bfcl_evals_checker_and_run_as_environments(
     """bfcl-eval's multi-turn checker through the runtime: the ground truth passes, a dropped call, no
     call and a trial cut a turn short fail. Played call by call in ``BfclEnvironment`` (its executor,
     its scripted turns), the ground truth scores 1.0; on a miss_func item the held-out tool is
-    unknown until its turn adds it, with bfcl-eval's own message."""
+    offered only from its turn, with bfcl-eval's own message; a made-up call gets bfcl-eval's error
+    and is recorded as bfcl-eval records it."""
     import asyncio
 
     _, multi = load_items(["multi_turn_base", "multi_turn_miss_func"], 4)
@@ -254,8 +255,10 @@ def test_multi_turn_items_score_with_bfcl_evals_checker_and_run_as_environments(
             miss = next(i for i in multi if i.missed)
             env = BfclEnvironment(miss, runtime, namespace="test_unknown")
             held_out = next(iter(miss.missed.values()))[0]["function"]["name"]
-            early = await env.call(held_out, {})
-            assert not early.ok and "unknown tool" in early.text
+            assert held_out not in {t["function"]["name"] for t in env.tools}
+            made_up = await env.call("no_such_function", {})
+            assert not made_up.ok and made_up.text.startswith("Error during execution")
+            assert env.calls == [[["no_such_function()"]]]  # recorded as bfcl-eval records it
             await env.close()
 
     asyncio.run(go())

@@ -5,7 +5,8 @@ A multi-turn item (file system, trading bot, travel booking, vehicle control... 
 agent calls tools until it answers without a call. ``BfclEnvironment`` is that item behind Arena's
 ``Environment`` protocol, so any policy's episode loop drives it like a pack:
 
-- ``call``: one call, executed by bfcl-eval's own ``execute_multi_turn_func_call`` in a persistent
+- ``call``: one call (any name the model emits, as bfcl-eval decodes it: a held-out function
+  called early runs all the same), executed by bfcl-eval's own ``execute_multi_turn_func_call`` in a persistent
   ``bfcl_checker.py serve`` process under the bfcl virtualenv (``BfclRuntime``), in the trial's own
   namespace, so state carries from call to call as in bfcl-eval's inference loop. The call string
   is built here from the parsed name and JSON arguments (``name(arg=repr(value), ...)``, as
@@ -37,7 +38,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, Field
 
 from arena.records.envs import VerifiedSample
-from arena.records.tools import tool_name
 from environments.environment import MAX_OUTPUT_CHARS, Observation, Trajectory
 
 if TYPE_CHECKING:
@@ -167,11 +167,9 @@ class BfclEnvironment:
         self.verdict: dict[str, Any] | None = None
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Observation:
-        offered = {tool_name(t) for t in self.tools}
-        if name not in offered:
-            return Observation(
-                text=f"error: unknown tool {name!r}; available: {sorted(offered)}", ok=False, tool=name
-            )
+        """Run the call as bfcl-eval's inference loop does, offered or not: a held-out function the
+        model calls before its turn runs on the API class all the same (and the checker sees it),
+        an unknown name gets bfcl-eval's own error text."""
         try:
             call = call_string(name, arguments)
         except ValueError as exc:
