@@ -57,16 +57,22 @@ def _problem(exc: ValidationError) -> str:
     return f"field {where}: {first['msg']}{more}"
 
 
-def score_line(text: str) -> dict[str, Any]:
-    """The reward of one input line; raises ``ValueError`` naming what is wrong with it."""
-    from environments.rewards import ScoreRequest, score_messages
-
+def _json_object(text: str) -> dict[str, Any]:
+    """One line as a JSON object; ``ValueError`` saying why it is not one."""
     try:
         value = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def score_line(text: str) -> dict[str, Any]:
+    """The reward of one input line; raises ``ValueError`` naming what is wrong with it."""
+    from environments.rewards import ScoreRequest, score_messages
+
+    value = _json_object(text)
     try:
         request = ScoreRequest.model_validate(value)
     except ValidationError as exc:
@@ -111,12 +117,7 @@ def tau2_rollout(text: str) -> tuple[Any, float] | None:
     another kind (QA: ``arena reward score``); raises ``ValueError`` naming what is wrong with it."""
     from environments.tau2_environment import Tau2Rollout
 
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    value = _json_object(text)
     if value.get("kind") != "tau2":
         return None
     if not isinstance(value.get("tau2"), dict):
