@@ -28,7 +28,7 @@ from typing import TypeVar
 from app.registry import STAGES, topics_by_group
 from arena.config import ArenaSettings
 from arena.llm.admission import AdmissionServer, lock_path, socket_path
-from consumers.lag import compute_lag
+from consumers.lag import CountMemo, compute_lag
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,7 @@ class AdmissionHost:
 
     async def _feed_lag(self, server: AdmissionServer, bootstrap: str) -> None:
         groups = topics_by_group([stage.name for stage in STAGES])
+        counted: CountMemo = {}  # every stage's partitions each time: count only the ranges that moved
         while True:
             try:
                 rows = await _in_daemon_thread(
@@ -169,6 +170,7 @@ class AdmissionHost:
                         topics_by_group=groups,
                         pending_cap=LAG_CAP,
                         timeout_s=LAG_TIMEOUT_S,
+                        memo=counted,
                     )
                 )
             except Exception as exc:  # the broker may be down or starting; try again later

@@ -39,7 +39,7 @@ from app.registry import stage_inputs, stage_outputs, topics_by_group, worker
 from app.stack import pid_alive
 from arena.config import ArenaSettings
 from consumers import ledger
-from consumers.lag import LagRow, compute_lag, drained, unsettled
+from consumers.lag import CountMemo, LagRow, compute_lag, drained, unsettled
 from streams.runtime import LEDGER_TOPIC
 
 STOP_GRACE_S = 15.0
@@ -50,6 +50,11 @@ transactions to become visible before it looks again."""
 SINK_SETTLE_S = 60.0
 """After a drain, how long the sinks (the lake sink) may take to read what the stages wrote as they
 stopped (their last LLM-usage reports) before they are stopped too."""
+DRAIN_POLL_S = (0.5, 2.0)
+"""Seconds between drain checks: the first after a clean check (it confirms the drain), the most
+while records are pending (each pause grows by half up to it). A check costs a tenth of a
+CPU-second or more on the broker and here, so a long run on 2 cores does not poll at the fastest
+rate it could use."""
 
 
 @dataclass
@@ -294,9 +299,13 @@ def stop_stages_then_sinks(
         sinks = {c.name for c in supervisor.children if c.name not in stage_names}
         sink_groups = {worker(n).group: groups[worker(n).group] for n in sinks if worker(n).group in groups}
         deadline = time.monotonic() + SINK_SETTLE_S
-        while settle and (
-            unsettled(bootstrap, outputs) or (sink_groups and not drained(bootstrap, sink_groups))
-        ):
+        counted: CountMemo = {}
+
+        def sinks_behind() -> bool:
+            rows = compute_lag(bootstrap, list(sink_groups), topics_by_group=sink_groups, memo=counted)
+            return not drained(bootstrap, sink_groups, rows=rows)
+
+        while settle and (unsettled(bootstrap, outputs) or (sink_groups and sinks_behind())):
             if time.monotonic() > deadline:
                 console.print(
                     f"[yellow]the stages' outputs or {', '.join(sorted(sinks)) or 'the sinks'} had not "
@@ -340,6 +349,8 @@ def run_workers(
     clean_checks = 0
     drained_ok = False
     endpoints = EndpointWatch(settings.home, console)
+    counted: CountMemo = {}  # offset ranges counted by an earlier check are not read again
+    pause = DRAIN_POLL_S[0]
     try:
         with console.status("starting workers...") as status:
             while not interrupted:
@@ -355,7 +366,7 @@ def run_workers(
                         "nothing was dead-lettered; the records wait in their topics for the next run"
                     )
                     return 1
-                rows = compute_lag(bootstrap, list(groups), topics_by_group=groups)
+                rows = compute_lag(bootstrap, list(groups), topics_by_group=groups, memo=counted)
                 pending = pending_by_group(rows, groups)
                 status.update(
                     "draining: "
@@ -376,7 +387,8 @@ def run_workers(
                 if timeout_s is not None and time.monotonic() - started > timeout_s:
                     console.print(f"[red]not drained after {timeout_s:.0f}s[/red]: {pending}")
                     return 1
-                time.sleep(0.5)
+                pause = DRAIN_POLL_S[0] if clean else min(pause * 1.5, DRAIN_POLL_S[1])
+                time.sleep(pause)
         return 0  # stopped by SIGINT/SIGTERM: a clean shutdown
     except WorkerFailed as exc:
         console.print(f"[red]{exc}[/red]")

@@ -47,6 +47,14 @@ PENDING_CAP = 10_000
 
 PROBE_TIMEOUT_S = 10.0
 
+Probe = tuple[TopicPartition, int, int]
+"""A counted offset range: (partition, start, end), end a last stable offset."""
+
+CountMemo = dict[Probe, int]
+"""Exact counts of ranges counted before. A range below the last stable offset never changes (every
+transaction in it is decided), so a poller (``arena worker --until-drained``) passes one memo to
+each ``compute_lag`` and reads only the ranges that moved since."""
+
 
 class LagRow(BaseModel):
     """One (group, topic, partition) line of the lag report."""
@@ -194,22 +202,28 @@ def counting_consumer(bootstrap: str, client_id: str) -> KafkaConsumer:
 
 def _count_pending(
     bootstrap: str,
-    probes: list[tuple[TopicPartition, int, int]],
+    probes: list[Probe],
     *,
     cap: int,
     timeout_s: float,
+    memo: CountMemo,
 ) -> dict[tuple[TopicPartition, int], tuple[int, bool]]:
     """Count data records in ``[start, end)`` per probe, as read_committed sees them.
 
     Returns ``{(tp, start): (count, capped)}``. A consumer holds one position
     per partition, so probes of the same partition at different starts (e.g.
     a stage group and the lake sink on one topic) run in successive rounds
-    over one reused consumer.
+    over one reused consumer. Ranges in ``memo`` are not read again; exact counts are added to it.
     """
-    if not probes:
-        return {}
+    for stale in memo.keys() - set(probes):  # ranges that moved on are not asked for again
+        del memo[stale]
+    results: dict[tuple[TopicPartition, int], tuple[int, bool]] = {}
     rounds: list[dict[TopicPartition, tuple[int, int]]] = []
     for tp, start, end in sorted(set(probes), key=lambda p: (p[0].topic, p[0].partition, p[1])):
+        if (tp, start, end) in memo:
+            count = memo[(tp, start, end)]
+            results[(tp, start)] = (min(count, cap), count >= cap)
+            continue
         for rnd in rounds:
             if tp not in rnd:
                 rnd[tp] = (start, end)
@@ -217,7 +231,8 @@ def _count_pending(
         else:
             rounds.append({tp: (start, end)})
 
-    results: dict[tuple[TopicPartition, int], tuple[int, bool]] = {}
+    if not rounds:
+        return results
     consumer = counting_consumer(bootstrap, "arena-lag")
     deadline = time.monotonic() + timeout_s
     try:
@@ -241,9 +256,11 @@ def _count_pending(
                     if counts[tp] >= cap or consumer.position(tp) >= rnd[tp][1]:
                         open_tps.discard(tp)
                         consumer.pause(tp)
-            for tp, (start, _end) in rnd.items():
+            for tp, (start, end) in rnd.items():
                 capped = tp in open_tps or counts[tp] >= cap
                 results[(tp, start)] = (min(counts[tp], cap), capped)
+                if not capped:
+                    memo[(tp, start, end)] = counts[tp]
             consumer.unsubscribe()
     finally:
         consumer.close(autocommit=False)
@@ -260,6 +277,7 @@ def compute_lag(
     topics_by_group: Mapping[str, Iterable[str]] | None = None,
     pending_cap: int = PENDING_CAP,
     timeout_s: float = PROBE_TIMEOUT_S,
+    memo: CountMemo | None = None,
 ) -> list[LagRow]:
     """Lag rows for consumer groups, sorted by group, topic, partition.
 
@@ -269,7 +287,7 @@ def compute_lag(
     adds groups that have not started yet: their rows are ``idle``). On a
     partition where a group has committed nothing, counting starts at the
     earliest offset, as a consumer with ``auto_offset_reset=earliest`` would.
-    Topics that do not exist yield no rows.
+    Topics that do not exist yield no rows. ``memo``: see ``CountMemo``.
     """
     explicit = {g: list(ts) for g, ts in (topics_by_group or {}).items()}
     with admin_client(bootstrap) as admin:
@@ -289,7 +307,7 @@ def compute_lag(
         high = _offsets(admin, tps, OffsetSpec.LATEST, IsolationLevel.READ_UNCOMMITTED)
 
     pending_rows: list[tuple[str, TopicPartition, int | None, int]] = []
-    probes: list[tuple[TopicPartition, int, int]] = []
+    probes: list[Probe] = []
     for g in group_ids:
         for t in sorted(topics_of[g] & counts.keys()):
             for p in range(counts[t]):
@@ -301,7 +319,9 @@ def compute_lag(
                 if stable[tp] > start:
                     probes.append((tp, start, stable[tp]))
 
-    counted = _count_pending(bootstrap, probes, cap=pending_cap, timeout_s=timeout_s)
+    counted = _count_pending(
+        bootstrap, probes, cap=pending_cap, timeout_s=timeout_s, memo={} if memo is None else memo
+    )
     rows: list[LagRow] = []
     for g, tp, done, start in pending_rows:
         end = stable[tp]

@@ -105,10 +105,15 @@ def test_the_seven_workers_left_their_marks(demo_run: Demo, verified: list[Eigen
     assert all(t.plan for t in tasks)
     repaired = [t for t in tasks if t.repair_rounds]
     assert repaired and all(t.first_reasons and t.repairs for t in repaired)
-    # DialogSynthesis: the agent and the simulated user both called tools (dual control).
+    # DialogSynthesis: the agent called tools in every dialogue, and in every domain the simulated
+    # user called its own tools too (dual control; a task may need no act of the user's).
+    user_acted: dict[str, bool] = {}
     for item in items(demo_run, "eigen.dialogs"):
         dialog = item.payload.dialog
-        assert {c.actor for c in dialog.calls} == {"agent", "user"} and dialog.end_signal == "stop"
+        actors = {c.actor for c in dialog.calls}
+        assert "agent" in actors and actors <= {"agent", "user"} and dialog.end_signal == "stop"
+        user_acted[item.domain] = user_acted.get(item.domain, False) or "user" in actors
+    assert user_acted and all(user_acted.values()), user_acted
     # TrajectoryValidation: the five checks and the judge role passed what went on.
     for item in items(demo_run, "eigen.dialogs.validated"):
         body = item.payload

@@ -18,6 +18,7 @@ from kafka.structs import OffsetAndMetadata
 from rich.console import Console
 
 from consumers.lag import (
+    CountMemo,
     LagRow,
     compute_lag,
     drained,
@@ -177,6 +178,36 @@ def test_transaction_markers_do_not_count_as_lag(
     _commit(broker, group, {TopicPartition(topic, 0): middle})
     row = _row(compute_lag(broker, [group]), group, topic)
     assert (row.lag, row.offset_lag) == (5, 13 - middle) and row.offset_lag > row.lag
+
+
+def test_a_memo_reads_only_the_ranges_that_moved(
+    broker: str,
+    new_topic: Callable[..., str],
+    unique_name: Callable[[str], str],
+    txn_producer: KafkaProducer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`arena worker --until-drained` polls with one memo: an unchanged range is not read again."""
+    import consumers.lag as lag
+
+    topic = new_topic(partitions=1)
+    group = unique_name("memo")
+    _txn(txn_producer, topic, 3)
+    reads: list[str] = []
+    real = lag.counting_consumer
+    monkeypatch.setattr(lag, "counting_consumer", lambda *a: reads.append("read") or real(*a))
+    memo: CountMemo = {}
+    first = _row(compute_lag(broker, [], topics_by_group={group: [topic]}, memo=memo), group, topic)
+    again = _row(compute_lag(broker, [], topics_by_group={group: [topic]}, memo=memo), group, topic)
+    assert (first.lag, again.lag, len(reads)) == (3, 3, 1)  # the second answer came from the memo
+    capped = _row(
+        compute_lag(broker, [], topics_by_group={group: [topic]}, pending_cap=2, memo=memo), group, topic
+    )
+    assert (capped.lag, capped.pending_capped, len(reads)) == (2, True, 1)  # a memo answers any cap
+
+    _txn(txn_producer, topic, 2)  # the range's end moved: counted again, the old range forgotten
+    moved = _row(compute_lag(broker, [], topics_by_group={group: [topic]}, memo=memo), group, topic)
+    assert (moved.lag, len(reads), len(memo)) == (5, 2, 1)
 
 
 def test_aborted_records_and_several_groups(

@@ -241,7 +241,7 @@ def test_cli_names_unknown_domains_and_missing_installs(tmp_path: Path) -> None:
     assert TAU2_VENV.name == ".venv-tau2"
 
 
-SYNTH_LIMIT = {"airline": 4, "retail": 4, "telecom": 8}
+SYNTH_LIMIT = {"airline": 2, "retail": 2, "telecom": 4}
 """Train tasks synthesised on per domain here (`arena domain synth tau2 D` takes the whole split)."""
 SYNTH_NEW = {"retail": 2}
 """New instances made over the database and synthesised on (`--new`; airline's: the CLI test)."""
