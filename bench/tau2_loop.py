@@ -151,6 +151,36 @@ def floor_figures(tasks: list[dict[str, Any]], k: int, seed: int) -> dict[str, A
     return {"tasks": len(tasks), **{f"pass^{j}": metric for j in range(1, k + 1)}}
 
 
+def decontaminate(
+    samples: list[Any], envs: list[Any], domain: str
+) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """The samples and environments the trainer's screen (``trainer.decontam``) would keep, against
+    the domain's test split: tau2's own train tasks can near-duplicate its test tasks, and a
+    dialogue on one must not train a policy scored on the other."""
+    from environments.tau2_env import tau2_data_dir
+    from trainer.decontam import BenchmarkIndex, Screen, tau2_items
+
+    items = tau2_items(tau2_data_dir(), [domain])
+    screen = Screen(BenchmarkIndex(items=items))
+    dropped: dict[str, str] = {}
+    kept: dict[str, list[Any]] = {"samples.sft": [], "samples.verified": []}
+    for topic, records in (("samples.sft", samples), ("samples.verified", envs)):
+        for record in records:
+            found = screen(topic, record)
+            if found is None:
+                kept[topic].append(record)
+            else:
+                dropped[record.sample_id] = found["subject"]
+    report = {
+        "test_items": len(items),
+        "threshold": screen.index.threshold,
+        "sft_dropped": len(samples) - len(kept["samples.sft"]),
+        "environments_dropped": len(envs) - len(kept["samples.verified"]),
+        "near_duplicates": dropped,
+    }
+    return kept["samples.sft"], kept["samples.verified"], report
+
+
 async def synthesise(settings: Any, domain: str, p: Profile) -> tuple[list[Any], list[Any], Any]:
     from environments.tau2_import import build_import, load_import
     from lake.catalog import open_gateway
@@ -303,8 +333,16 @@ def run(domain: str, p: Profile, home: Path, seed: int, policy: str = "tiny") ->
         "by_stage": report.by_stage,
         "agreement": report.agreement,
     }
+    samples, envs, screened = decontaminate(samples, envs, domain)
+    if screened["sft_dropped"] or screened["environments_dropped"]:
+        log(f"decontamination against the test split left out {len(screened['near_duplicates'])} sample(s)")
     if not samples or not envs:
-        raise SystemExit(f"no verified dialogue on {domain}: {report.by_stage} (nothing to train on)")
+        raise SystemExit(
+            f"nothing to train on in {domain}: verified {report.by_stage}; decontamination against the "
+            f"test split left out {screened['sft_dropped']} SFT sample(s) and "
+            f"{screened['environments_dropped']} environment(s) as near-duplicates of test tasks "
+            f"({screened['near_duplicates']})"
+        )
     texts = [render_text(s.messages, s.tools, s.role_target) for s in samples]
     texts += [render_text(e.prompt, e.tools) for e in envs]
     base = base_model(home, policy, texts, seed)
@@ -330,6 +368,7 @@ def run(domain: str, p: Profile, home: Path, seed: int, policy: str = "tiny") ->
         "policy": policy,
         "profile": p.__dict__,
         "synthesis": synthesis,
+        "decontam": screened,
         "sft": {"steps": len(sft_losses), "loss_first": sft_losses[0], "loss_last": sft_losses[-1]},
         "grpo": grpo_rows,
         "eval": {

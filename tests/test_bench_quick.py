@@ -225,6 +225,10 @@ def _check_tau2_loop(r: dict[str, Any]) -> None:
         assert "install_tau2" in r["skipped"], r["skipped"]
         return
     assert r["synthesis"]["environments"] > 0 and r["synthesis"]["sft_samples"] > 0
+    screened = r["decontam"]  # the test split's scenarios, screened as the trainer screens
+    assert screened["test_items"] > 0 and len(screened["near_duplicates"]) == (
+        screened["sft_dropped"] + screened["environments_dropped"]
+    )
     assert r["sft"]["steps"] > 0 and r["grpo"] and r["grpo"][0]["groups"] > 0
     assert r["eval"]["split"] == "test"
     k = r["eval"]["k"]
@@ -317,7 +321,7 @@ BENCHES = [
     Bench(("bench/real_model.py",), _keys("bench"), 900, check=_check_real_model),
     Bench(
         ("bench/tau2_loop.py",),
-        _keys("synthesis", "scores", "above_floor"),
+        _keys("synthesis", "decontam", "scores", "above_floor"),
         600,
         root=True,
         check=_check_tau2_loop,
