@@ -195,7 +195,12 @@ def test_a_memo_reads_only_the_ranges_that_moved(
     _txn(txn_producer, topic, 3)
     reads: list[str] = []
     real = lag.counting_consumer
-    monkeypatch.setattr(lag, "counting_consumer", lambda *a: reads.append("read") or real(*a))
+
+    def counted_consumer(bootstrap: str, client_id: str) -> KafkaConsumer:
+        reads.append(client_id)
+        return real(bootstrap, client_id)
+
+    monkeypatch.setattr(lag, "counting_consumer", counted_consumer)
     memo: CountMemo = {}
     first = _row(compute_lag(broker, [], topics_by_group={group: [topic]}, memo=memo), group, topic)
     again = _row(compute_lag(broker, [], topics_by_group={group: [topic]}, memo=memo), group, topic)
