@@ -300,12 +300,10 @@ def stop_stages_then_sinks(
         sink_groups = {worker(n).group: groups[worker(n).group] for n in sinks if worker(n).group in groups}
         deadline = time.monotonic() + SINK_SETTLE_S
         counted: CountMemo = {}
-
-        def sinks_behind() -> bool:
-            rows = compute_lag(bootstrap, list(sink_groups), topics_by_group=sink_groups, memo=counted)
-            return not drained(bootstrap, sink_groups, rows=rows)
-
-        while settle and (unsettled(bootstrap, outputs) or (sink_groups and sinks_behind())):
+        while settle and (
+            unsettled(bootstrap, outputs)
+            or (sink_groups and not drained(bootstrap, sink_groups, memo=counted))
+        ):
             if time.monotonic() > deadline:
                 console.print(
                     f"[yellow]the stages' outputs or {', '.join(sorted(sinks)) or 'the sinks'} had not "

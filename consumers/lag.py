@@ -215,11 +215,12 @@ def _count_pending(
     a stage group and the lake sink on one topic) run in successive rounds
     over one reused consumer. Ranges in ``memo`` are not read again; exact counts are added to it.
     """
-    for stale in memo.keys() - set(probes):  # ranges that moved on are not asked for again
+    wanted = set(probes)
+    for stale in memo.keys() - wanted:  # ranges that moved on are not asked for again
         del memo[stale]
     results: dict[tuple[TopicPartition, int], tuple[int, bool]] = {}
     rounds: list[dict[TopicPartition, tuple[int, int]]] = []
-    for tp, start, end in sorted(set(probes), key=lambda p: (p[0].topic, p[0].partition, p[1])):
+    for tp, start, end in sorted(wanted, key=lambda p: (p[0].topic, p[0].partition, p[1])):
         if (tp, start, end) in memo:
             count = memo[(tp, start, end)]
             results[(tp, start)] = (min(count, cap), count >= cap)
@@ -362,6 +363,7 @@ def drained(
     topics_by_group: Mapping[str, Iterable[str]],
     *,
     rows: list[LagRow] | None = None,
+    memo: CountMemo | None = None,
 ) -> bool:
     """True when every listed group has nothing left to read on its listed topics.
 
@@ -369,11 +371,13 @@ def drained(
     on those topics (read_uncommitted end == read_committed end), so nothing
     is on its way either. A group that never ran counts too: its records wait
     for it. ``offset_lag`` may still be > 0 because of commit markers.
-    Pass ``rows`` from :func:`compute_lag` to avoid asking twice.
+    Pass ``rows`` from :func:`compute_lag` to avoid asking twice, or a poller's ``memo`` (``CountMemo``).
     """
     wanted = {g: set(ts) for g, ts in topics_by_group.items()}
     if rows is None:
-        rows = compute_lag(bootstrap, list(wanted), topics_by_group={g: list(t) for g, t in wanted.items()})
+        rows = compute_lag(
+            bootstrap, list(wanted), topics_by_group={g: list(t) for g, t in wanted.items()}, memo=memo
+        )
     for row in rows:
         if row.topic not in wanted.get(row.group, ()):
             continue
