@@ -40,13 +40,13 @@ def _check(source: str, domain: str) -> None:
 
 
 async def _with_pool(cfg: ArenaSettings, domain: str, out: Path | None, sessions: int) -> Tau2Import:
+    from environments.tau2_env import tau2_pool
     from environments.tau2_import import build_import, load_import
     from lake.store import open_store
     from producers.tau2_import import write_pack
-    from sandbox import SandboxPool
 
     store = open_store(cfg)
-    async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
+    async with tau2_pool(cfg.sandbox, domain, evaluator=False, pool_size=sessions) as pool:
         imported = (load_import(store, domain) if out is None else None) or await build_import(
             store, pool, domain
         )
@@ -111,13 +111,13 @@ def domain_replay(
     cfg = settings()
 
     async def go() -> ReplayReport:
+        from environments.tau2_env import tau2_pool
         from environments.tau2_import import build_import, load_import
         from lake.store import open_store
         from producers.tau2_import import replay_domain
-        from sandbox import SandboxPool
 
         store = open_store(cfg)
-        async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
+        async with tau2_pool(cfg.sandbox, domain, evaluator=not no_tau2, pool_size=sessions) as pool:
             imported = load_import(store, domain) or await build_import(store, pool, domain)
             return await replay_domain(
                 store, pool, imported, limit=limit, every=every, with_tau2=not no_tau2, sessions=sessions
@@ -178,12 +178,12 @@ def domain_synth(
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from arena.llm.roles.user_sim import user_behaviour
+        from environments.tau2_env import tau2_pool
         from environments.tau2_import import build_import, load_import
         from lake.catalog import open_gateway
         from lake.store import open_store
         from producers.publish import publish
         from producers.tau2_synthesis import synthesise_domain
-        from sandbox import SandboxPool
         from streams.runtime import Emit
 
         store = open_store(cfg)
@@ -195,7 +195,7 @@ def domain_synth(
         done = bar.add_task("dialogues", total=None)
         try:
             with bar:
-                async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": sessions})) as pool:
+                async with tau2_pool(cfg.sandbox, domain, pool_size=sessions) as pool:
                     imported = load_import(store, domain) or await build_import(store, pool, domain)
                     report, samples, envs = await synthesise_domain(
                         store,

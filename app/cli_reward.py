@@ -154,17 +154,17 @@ def tau2(
     cfg = settings()
 
     async def go() -> list[dict[str, Any]]:
-        from environments.tau2_env import Tau2Session
+        from environments.tau2_env import Tau2Session, tau2_pool
         from environments.tau2_environment import load_spec_databases, rescore
         from lake.store import open_store
-        from sandbox import SandboxPool
 
         store = open_store(cfg)
         out: list[dict[str, Any]] = []
         by_db: dict[tuple[str, str], list[tuple[int, Any, float]]] = {}
         for item in rollouts:
             by_db.setdefault((item[1].domain, item[1].db.sha256), []).append(item)
-        async with SandboxPool(cfg.sandbox.model_copy(update={"pool_size": 1})) as pool:
+        domains = sorted({domain for domain, _ in by_db})
+        async with tau2_pool(cfg.sandbox, *domains, pool_size=1) as pool:
             for items in by_db.values():
                 try:
                     databases = load_spec_databases(store, items[0][1])

@@ -182,17 +182,17 @@ def decontaminate(
 
 
 async def synthesise(settings: Any, domain: str, p: Profile) -> tuple[list[Any], list[Any], Any]:
+    from environments.tau2_env import tau2_pool
     from environments.tau2_import import build_import, load_import
     from lake.catalog import open_gateway
     from lake.store import open_store
     from producers.tau2_synthesis import synthesise_domain
-    from sandbox import SandboxPool
     from synthesis.eigen.tau2_instances import INSTANCE_DOMAINS
 
     store = open_store(settings)
     gateway = open_gateway(settings)
     try:
-        async with SandboxPool(settings.sandbox) as pool:
+        async with tau2_pool(settings.sandbox, domain) as pool:
             imported = load_import(store, domain) or await build_import(store, pool, domain)
             report, sft, envs = await synthesise_domain(
                 store,

@@ -24,8 +24,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from arena.config import SandboxSettings
 from sandbox.env_runtime import Runner
-from sandbox.pool import SandboxResult
+from sandbox.pool import Preload, SandboxPool, SandboxResult
 
 REPO = Path(__file__).resolve().parent.parent
 TAU2_VENV = REPO / ".venv-tau2"
@@ -203,6 +204,30 @@ def tau2_site_dirs(venv: Path = TAU2_VENV) -> list[str]:
     return found
 
 
+def tau2_preload(*domains: str, evaluator: bool = True) -> Preload:
+    """What a pool dedicated to tau2 sessions imports once for all of them: the domains' code and,
+    where its sessions score with it, tau2's evaluator (litellm: ~6 CPU-s an import)."""
+    return Preload(
+        paths=tuple(tau2_site_dirs()),
+        modules=(
+            "loguru",
+            *(f"tau2.domains.{domain}.environment" for domain in domains),
+            "tau2.data_model.tasks",
+            *(("tau2.data_model.simulation", "tau2.evaluator.evaluator") if evaluator else ()),
+        ),
+        # As the session runtime sets them: no cost-map download, no BLAS thread pool (sessions fork).
+        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+    )
+
+
+def tau2_pool(
+    settings: SandboxSettings, *domains: str, evaluator: bool = True, pool_size: int | None = None
+) -> SandboxPool:
+    """A sandbox pool for tau2 sessions of ``domains`` only, their imports done once (``tau2_preload``)."""
+    update = {} if pool_size is None else {"pool_size": pool_size}
+    return SandboxPool(settings.model_copy(update=update), tau2_preload(*domains, evaluator=evaluator))
+
+
 def tau2_data_dir(venv: Path = TAU2_VENV) -> Path:
     """tau2's shipped data folder ``tau2/data/tau2/domains``."""
     return Path(tau2_site_dirs(venv)[0]) / "tau2" / "data" / "tau2" / "domains"
@@ -307,4 +332,12 @@ def db_json_text(data: bytes, filename: str) -> str:
     return data.decode()
 
 
-__all__ = ["Tau2Session", "Tau2Unavailable", "db_json_text", "tau2_data_dir", "tau2_site_dirs"]
+__all__ = [
+    "Tau2Session",
+    "Tau2Unavailable",
+    "db_json_text",
+    "tau2_data_dir",
+    "tau2_pool",
+    "tau2_preload",
+    "tau2_site_dirs",
+]

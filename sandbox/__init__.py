@@ -6,6 +6,6 @@ limits: ``open_session`` gives an environment instance one process for its whole
 (``Session.run`` / ``call`` / ``read``), ``run`` one program; ``run_once`` is the CLI's one-off form.
 """
 
-from sandbox.pool import SandboxPool, SandboxResult, SandboxUnavailable, Session, run_once
+from sandbox.pool import Preload, SandboxPool, SandboxResult, SandboxUnavailable, Session, run_once
 
-__all__ = ["SandboxPool", "SandboxResult", "SandboxUnavailable", "Session", "run_once"]
+__all__ = ["Preload", "SandboxPool", "SandboxResult", "SandboxUnavailable", "Session", "run_once"]

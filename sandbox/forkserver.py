@@ -1,12 +1,15 @@
 """The sandbox's fork server: started once per pool by ``sandbox.pool`` as root; every session is
 a fork of a process that has already imported the runtime, so nothing pays for an interpreter start.
 
-Standalone script (stdlib only, run as ``python -I -S forkserver.py CTL_FD [SITE_DIR...]``) so
-nothing of the parent process (settings, secrets, open files) leaks into it. Processes:
+Standalone script (stdlib only, run as ``python -I -S forkserver.py CTL_FD PRELOAD_JSON
+[SITE_DIR...]``) so nothing of the parent process (settings, secrets, open files) leaks into it.
+``PRELOAD_JSON`` (``{"paths", "modules", "env"}``, see ``sandbox.pool.Preload``) names what a
+pool's every session would otherwise import itself (tau2's domains: seconds each). Processes:
 
 ``outer``   (root, host namespaces) imports the runtime, unshares net/mount/pid/ipc/uts
             namespaces, makes every mount read-only with private tmpfs over /tmp, /var/tmp and
-            /dev/shm, forks ``server`` and exits when it does.
+            /dev/shm, imports the preload (inside them: no network, nothing writable), forks
+            ``server`` and exits when it does.
 ``server``  (root, pid 1 of the sandbox's pid namespace) takes requests on CTL_FD (a
             SOCK_SEQPACKET socket): ``slot`` (with the slot's two pipes as SCM_RIGHTS) makes a
             slot for a uid; ``open`` and ``kill`` go to the slot of the session; each slot's
@@ -913,9 +916,24 @@ def _from_pool(
             os.close(fd)
 
 
+def preload(spec: dict[str, Any]) -> None:
+    """Import a pool's preload once, here, so every session forks with it already imported."""
+    os.environ.update(spec.get("env", {}))
+    for name in spec.get("modules", []):
+        try:
+            import_module(name)
+        except BaseException as exc:
+            raise SetupError(f"preloading {name}: {_one_line(exc)}") from exc
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # a fork keeps only the calling thread: a thread pool's locks would be left held
+        raise SetupError(f"preloading {spec.get('modules')} started {threads - 1} thread(s); sessions fork")
+
+
 def main() -> None:
     ctl_fd = int(sys.argv[1])
-    sys.path.extend(sys.argv[2:])  # site-packages, without running site's .pth hooks (-S)
+    spec = json.loads(sys.argv[2])
+    sys.path[:0] = spec.get("paths", [])  # ahead of ours, as the sessions that import them would put them
+    sys.path.extend(sys.argv[3:])  # site-packages, without running site's .pth hooks (-S)
     ctl = socket.socket(fileno=ctl_fd)
     try:
         if os.geteuid() != 0:
@@ -924,6 +942,7 @@ def main() -> None:
             import_module(name)
         program = build_filter()
         build_namespaces()
+        preload(spec)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         child = os.fork()
     except (SetupError, OSError) as exc:

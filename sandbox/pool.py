@@ -61,6 +61,22 @@ ErrorType = Literal[
 ]
 
 
+PRELOAD_TIMEOUT_S = 180.0
+"""Extra time the fork server gets to import a preload (tau2 and litellm: seconds, more on a busy box)."""
+
+
+class Preload(BaseModel, frozen=True):
+    """What every session of a pool would import itself: imported once by the fork server instead,
+    so each session forks with it (a tau2 session saves its domain and evaluator imports, ~7 CPU-s).
+    Only for pools dedicated to that code: its modules count in every session's address space."""
+
+    paths: tuple[str, ...] = Field(default=(), description="Directories put first on sys.path.")
+    modules: tuple[str, ...] = Field(default=(), description="Modules imported, in order.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment set before the imports (e.g. no network lookups)."
+    )
+
+
 class SandboxUnavailable(RuntimeError):
     """The sandbox cannot run here (not root, no namespaces, no free uid), or its pool is closed."""
 
@@ -144,7 +160,7 @@ class _ForkServer:
         asyncio.get_running_loop().add_reader(ctl.fileno(), self._on_message)
 
     @classmethod
-    async def start(cls) -> _ForkServer:
+    async def start(cls, preload: Preload) -> _ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -153,6 +169,7 @@ class _ForkServer:
                 "-S",  # site's import hooks cost more than they give; its plain directories are passed
                 str(FORKSERVER),
                 str(theirs.fileno()),
+                preload.model_dump_json(),
                 *SITE_DIRS,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
@@ -167,7 +184,8 @@ class _ForkServer:
         ours.setblocking(False)
         server = cls(proc, ours)
         try:
-            message = await asyncio.wait_for(asyncio.shield(server.ready), READY_TIMEOUT_S)
+            ready_s = READY_TIMEOUT_S + (PRELOAD_TIMEOUT_S if preload.modules else 0.0)
+            message = await asyncio.wait_for(asyncio.shield(server.ready), ready_s)
         except BaseException:
             await server.close()
             raise
@@ -570,8 +588,9 @@ class _TooBig(Exception):
 class SandboxPool:
     """One fork server and ``pool_size`` uids: sessions and one-off runs, isolated from each other."""
 
-    def __init__(self, settings: SandboxSettings) -> None:
+    def __init__(self, settings: SandboxSettings, preload: Preload | None = None) -> None:
         self.settings = settings
+        self.preload = preload or Preload()
         self._slots: list[_Slot] = []
         self._free: asyncio.Queue[_Slot] = asyncio.Queue()
         self._server: _ForkServer | None = None
@@ -599,7 +618,7 @@ class SandboxPool:
                 )
             self._slots = await asyncio.to_thread(self._claim_uids, self.settings.pool_size)
             try:
-                self._server = await _ForkServer.start()
+                self._server = await _ForkServer.start(self.preload)
                 for slot in self._slots:
                     slot.channel = await self._server.add_slot(slot.uid)
             except BaseException:

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from arena.config import SandboxSettings
-from sandbox import SandboxPool, SandboxResult
+from sandbox import Preload, SandboxPool, SandboxResult, SandboxUnavailable
 from sandbox.cli import app
 from sandbox.pool import _pids_of
 
@@ -533,3 +533,45 @@ def test_a_slot_that_dies_is_made_again() -> None:
             assert (await again.run("2 + 2")).return_value == 4
 
     sandboxed(scenario, SETTINGS.model_copy(update={"pool_size": 1}))
+
+
+# -- preload -----------------------------------------------------------------------------------
+
+PRELOAD_DIR = str(Path(__file__).parent / "fixtures" / "preload")
+
+
+def test_a_preload_is_imported_once_by_the_server_and_every_session_forks_with_it() -> None:
+    preload = Preload(
+        paths=(PRELOAD_DIR,), modules=("fractions", "arena_preload_probe"), env={"ARENA_PRELOAD_PROBE": "on"}
+    )
+    code = (
+        "import os, sys\n"
+        "probe = sys.modules.get('arena_preload_probe')\n"
+        "[probe is not None and probe.IMPORTED_BY != os.getpid(), probe and probe.SETTING, 'fractions' in sys.modules]"
+    )
+
+    async def main() -> list[Any]:
+        async with SandboxPool(SETTINGS, preload) as pool:
+            answers = [await pool.run(code), await pool.run(code)]
+        async with SandboxPool(SETTINGS) as pool:  # without a preload, nothing of it is there
+            answers.append(await pool.run("import sys\n'arena_preload_probe' in sys.modules"))
+        assert all(a.ok for a in answers), answers
+        return [a.return_value for a in answers]
+
+    assert asyncio.run(main()) == [[True, "on", True], [True, "on", True], False]
+
+
+@pytest.mark.parametrize(
+    ("module", "said"),
+    [
+        ("arena_no_such_module", "preloading arena_no_such_module: ModuleNotFoundError"),
+        ("arena_preload_thread", "thread"),
+    ],
+)
+def test_a_preload_that_fails_or_starts_a_thread_is_refused_with_why(module: str, said: str) -> None:
+    async def main() -> None:
+        async with SandboxPool(SETTINGS, Preload(paths=(PRELOAD_DIR,), modules=(module,))):
+            pass
+
+    with pytest.raises(SandboxUnavailable, match=said):
+        asyncio.run(main())

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from arena.config import ArenaSettings
 from arena.llm.core import InvalidOutput
-from environments.tau2_env import Tau2Session, Tau2Unavailable
+from environments.tau2_env import Tau2Session, Tau2Unavailable, tau2_pool
 from environments.tau2_episode import (
     GREETING,
     MAX_AGENT_STEPS,
@@ -148,7 +148,7 @@ async def _evaluate(
     start = time.monotonic()
     store = open_store(settings)
     workers = max(1, concurrency)
-    pool = SandboxPool(settings.sandbox.model_copy(update={"pool_size": workers}))
+    pool = tau2_pool(settings.sandbox, domain, pool_size=workers)
     policy = await open_endpoint_policy(settings, url)  # probed first: a dead URL costs no sandbox
     gateway = None
     try:
@@ -246,7 +246,7 @@ async def _evaluate_local(
     store = open_store(settings)
     backend, tokenizer = load_backend(settings, model_path)
     workers = max(1, concurrency)
-    pool = SandboxPool(settings.sandbox.model_copy(update={"pool_size": workers + 1}))
+    pool = tau2_pool(settings.sandbox, domain, pool_size=workers + 1)
     gateway = open_gateway(settings)
     cfg = settings.train
     try:
