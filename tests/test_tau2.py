@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from arena.config import SandboxSettings
-from environments.tau2_env import TAU2_VENV, Tau2Unavailable, tau2_site_dirs
+from environments.tau2_env import TAU2_VENV, Tau2Unavailable, tau2_pool, tau2_site_dirs
 from lake.store import LocalStore
 
 try:
@@ -51,8 +51,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStore,
     store = LocalStore(tmp_path_factory.mktemp("lake"))
 
     async def go() -> dict[str, Tau2Import]:
-        async with SandboxPool(POOL) as pool:
-            return {d: await build_import(store, pool, d) for d in ("airline", "retail", "telecom")}
+        domains = ("airline", "retail", "telecom")
+        async with tau2_pool(POOL, *domains, evaluator=False) as pool:
+            return {d: await build_import(store, pool, d) for d in domains}
 
     yield store, asyncio.run(go())
 
@@ -274,7 +275,7 @@ def test_eigen_synthesis_verifies_dialogues_from_the_train_split_through_a_serve
         async def go() -> dict[str, tuple[object, list[object], list[object]]]:
             gateway = open_gateway(settings)
             try:
-                async with SandboxPool(POOL) as pool:
+                async with tau2_pool(POOL, *SYNTH_LIMIT) as pool:  # its sessions share the imports
                     return {
                         d: await synthesise_domain(
                             store, pool, gateway, imports[d], limit=n, new=SYNTH_NEW.get(d, 0), sessions=2

@@ -32,7 +32,7 @@ if os.geteuid() != 0:
     pytest.skip("the sandbox needs root (CI runs the tests as root)", allow_module_level=True)
 
 from environments.factory import environment_for
-from environments.tau2_env import Tau2Session
+from environments.tau2_env import Tau2Session, tau2_pool
 from environments.tau2_environment import (
     Tau2Environment,
     Tau2EnvSpec,
@@ -45,7 +45,6 @@ from environments.tau2_import import Tau2Import, build_import, load_tasks, synth
 from environments.tau2_tasks import Tau2Task
 from environments.user_view import GatewayUserSimulator
 from lake.store import ObjectStore, open_store
-from sandbox import SandboxPool
 
 DOMAIN = "retail"
 NOTHING = "24"
@@ -60,7 +59,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ArenaSettin
     )
 
     async def go() -> Tau2Import:
-        async with SandboxPool(settings.sandbox) as pool:
+        async with tau2_pool(settings.sandbox, DOMAIN, evaluator=False) as pool:
             return await build_import(open_store(settings), pool, DOMAIN)
 
     yield settings, asyncio.run(go())
@@ -116,7 +115,7 @@ def test_the_environments_reward_is_tau2s_on_the_same_trajectories(
         gateway = open_gateway(settings)
         out = {}
         try:
-            async with SandboxPool(settings.sandbox) as pool:
+            async with tau2_pool(settings.sandbox, DOMAIN) as pool:  # as `arena eval --bench tau2`'s
                 rollouts = {}
                 for name, (task, calls, stop, _) in cases.items():
                     sample = tau2_sample(imported, task, _opening(task), origin=name)
