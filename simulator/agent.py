@@ -78,8 +78,15 @@ _SIDE_EFFECTS = frozenset(
 def tool_relevance(task: str, specs: dict[str, ToolSpec]) -> dict[str, float]:
     """IDF-weighted overlap of task terms with each tool: name x3, description x1, parameter docs x0.5."""
     task_terms = set(terms(task))
-    docs = {name: spec.all_terms() for name, spec in specs.items()}
+    docs = [spec.all_terms() for spec in specs.values()]
     n = max(len(specs), 1)
+    idf: dict[str, float] = {}  # a term's document frequency is the same for every tool scored
+
+    def weight_of(t: str) -> float:
+        if t not in idf:
+            idf[t] = math.log(1 + n / max(sum(1 for doc in docs if has_term(t, doc)), 1))
+        return idf[t]
+
     scores: dict[str, float] = {}
     for name, spec in specs.items():
         places = ((3.0, spec.name_terms()), (1.0, spec.description_terms()), (0.5, spec.param_terms()))
@@ -87,8 +94,7 @@ def tool_relevance(task: str, specs: dict[str, ToolSpec]) -> dict[str, float]:
         for t in task_terms:
             weight = max((w for w, ts in places if has_term(t, ts)), default=0.0)
             if weight:
-                df = sum(1 for doc in docs.values() if has_term(t, doc))
-                score += weight * math.log(1 + n / max(df, 1))
+                score += weight * weight_of(t)
         scores[name] = score
     return scores
 

@@ -15,6 +15,7 @@ Both sides of the simulator read a conversation the same way through this module
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -137,6 +138,12 @@ def term(word: str) -> str:
 
 def terms(text: str, *, drop_request: bool = False) -> list[str]:
     """Content terms of a text in order (stopwords, one-letter words and, optionally, request verbs out)."""
+    return list(_terms(text, drop_request))
+
+
+@functools.lru_cache(maxsize=65536)
+def _terms(text: str, drop_request: bool) -> tuple[str, ...]:
+    # Memoised: the rules read the same tool descriptions and task clauses on every turn.
     out = []
     for w in words(text):
         if w in STOPWORDS or len(w) < 2 or w.isdigit():
@@ -144,7 +151,7 @@ def terms(text: str, *, drop_request: bool = False) -> list[str]:
         if drop_request and w in REQUEST_WORDS:
             continue
         out.append(term(w))
-    return out
+    return tuple(out)
 
 
 def similar(a: str, b: str) -> bool:
@@ -156,6 +163,8 @@ def similar(a: str, b: str) -> bool:
 
 
 def has_term(needle: str, haystack: Iterable[str]) -> bool:
+    if isinstance(haystack, (set, frozenset)) and needle in haystack:
+        return True  # the common case, without a scan
     return any(similar(needle, t) for t in haystack)
 
 
@@ -360,8 +369,12 @@ class ToolSpec:
     def param_terms(self) -> list[str]:
         return [t for p in self.params for t in terms(f"{p.name} {p.description}")]
 
-    def all_terms(self) -> set[str]:
-        return {*self.name_terms(), *self.description_terms(), *self.param_terms()}
+    def all_terms(self) -> frozenset[str]:
+        return self._all_terms
+
+    @functools.cached_property
+    def _all_terms(self) -> frozenset[str]:  # read for every task term of every turn: built once
+        return frozenset({*self.name_terms(), *self.description_terms(), *self.param_terms()})
 
 
 def read_tools(tools: Sequence[dict[str, Any]]) -> dict[str, ToolSpec]:
