@@ -932,7 +932,6 @@ def preload(spec: dict[str, Any]) -> None:
 def main() -> None:
     ctl_fd = int(sys.argv[1])
     spec = json.loads(sys.argv[2])
-    sys.path[:0] = spec.get("paths", [])  # ahead of ours, as the sessions that import them would put them
     sys.path.extend(sys.argv[3:])  # site-packages, without running site's .pth hooks (-S)
     ctl = socket.socket(fileno=ctl_fd)
     try:
@@ -941,6 +940,9 @@ def main() -> None:
         for name in PRELOAD:
             import_module(name)
         program = build_filter()
+        # The preload's directories go first, as the sessions that import from them put them, but only
+        # after the server's own imports; on sys.path before the namespaces, so they stay visible there.
+        sys.path[:0] = spec.get("paths", [])
         build_namespaces()
         preload(spec)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)

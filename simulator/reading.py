@@ -141,7 +141,7 @@ def terms(text: str, *, drop_request: bool = False) -> list[str]:
     return list(_terms(text, drop_request))
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=8192)
 def _terms(text: str, drop_request: bool) -> tuple[str, ...]:
     # Memoised: the rules read the same tool descriptions and task clauses on every turn.
     out = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -605,3 +606,26 @@ def test_answer_summary_coverage_and_faithfulness() -> None:
     with pytest.raises(Undecidable):
         answer_summary(view(user(), M2, M3))  # ends with a tool result: no answer to judge
     assert SEARCH_RESULT["results"]  # the fixtures stay what the hand computations assume
+
+
+def test_tool_relevance_weighs_where_a_term_matches_by_its_idf() -> None:
+    # Hand-computed: "weather" is in 2 of the 3 tools (idf = ln(1 + 3/2)); get_weather has it in
+    # its name (x3), get_forecast in its description (x1); "paris" is in none; send_email scores 0.
+    from simulator.agent import tool_relevance
+    from simulator.reading import read_tools
+
+    def tool(name: str, description: str, param: str) -> dict[str, object]:
+        schema = {"type": "object", "properties": {param: {"type": "string", "description": "A name"}}}
+        return {"name": name, "description": description, "parameters": schema}
+
+    specs = read_tools(
+        [
+            tool("get_weather", "Current weather for a city", "city"),
+            tool("get_forecast", "Weather forecast for a city", "city"),
+            tool("send_email", "Send an email", "to"),
+        ]
+    )
+    idf = math.log(1 + 3 / 2)
+    scores = tool_relevance("What is the weather in Paris?", specs)
+    assert scores == pytest.approx({"get_weather": 3 * idf, "get_forecast": idf, "send_email": 0.0})
+    assert tool_relevance("What is the weather in Paris?", specs) == scores  # the cached terms change nothing
