@@ -163,6 +163,8 @@ def tau2(
         by_db: dict[tuple[str, str], list[tuple[int, Any, float]]] = {}
         for item in rollouts:
             by_db.setdefault((item[1].domain, item[1].db.sha256), []).append(item)
+        if not by_db:  # no tau2 rollout in the file: nothing to import tau2 for
+            return out
         domains = sorted({domain for domain, _ in by_db})
         async with tau2_pool(cfg.sandbox, *domains, pool_size=1) as pool:
             for items in by_db.values():
