@@ -918,6 +918,8 @@ def _from_pool(
 
 def preload(spec: dict[str, Any]) -> None:
     """Import a pool's preload once, here, so every session forks with it already imported."""
+    if not spec.get("modules"):
+        return  # a pool without one starts as it always did
     os.environ.update(spec.get("env", {}))
     for name in spec.get("modules", []):
         try:

@@ -554,11 +554,15 @@ def test_a_preload_is_imported_once_by_the_server_and_every_session_forks_with_i
         async with SandboxPool(SETTINGS, preload) as pool:
             answers = [await pool.run(code), await pool.run(code)]
         async with SandboxPool(SETTINGS) as pool:  # without a preload, nothing of it is there
-            answers.append(await pool.run("import sys\n'arena_preload_probe' in sys.modules"))
+            answers.append(
+                await pool.run(
+                    "import sys\n['arena_preload_probe' in sys.modules, 'fractions' in sys.modules]"
+                )
+            )
         assert all(a.ok for a in answers), answers
         return [a.return_value for a in answers]
 
-    assert asyncio.run(main()) == [[True, "on", True], [True, "on", True], False]
+    assert asyncio.run(main()) == [[True, "on", True], [True, "on", True], [False, False]]
 
 
 @pytest.mark.parametrize(
