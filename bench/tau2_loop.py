@@ -23,8 +23,9 @@ another):
    per environment in the sandbox with Arena's simulated user, the task's verification as reward;
    ``Learner.grpo_step``), saved. The service's update path, in process (no broker), so the bench
    measures the data and the update, not the streaming.
-5. ``arena eval --bench tau2 --model FOLDER`` (``run_tau2``) of each checkpoint on the first
-   ``eval_limit`` tasks of tau2's test split, ``trials`` trials each: pass^1..k per task (every
+5. ``arena eval --bench tau2 --model FOLDER`` of each checkpoint (``run_tau2_checkpoints``: one
+   sandbox pool and one set of user openings for all three) on the first ``eval_limit`` tasks of
+   tau2's test split, ``trials`` trials each: pass^1..k per task (every
    trial rescored by tau2's evaluator; a disagreement is an error), and the do-nothing agent's
    reward per task. Each figure is the mean over tasks with a 95% percentile bootstrap interval.
 
@@ -96,8 +97,8 @@ FULL = Profile(
 QUICK = Profile(
     synth_limit=1,
     new=0,
-    sft_steps=2,
-    sft_batch=4,
+    sft_steps=1,
+    sft_batch=2,
     sft_lr=5e-3,
     grpo_steps=1,
     grpo_envs=1,
@@ -268,12 +269,14 @@ def save(learner: Any, folder: Path) -> Path:
     return folder
 
 
-def evaluate(settings: Any, folder: Path, domain: str, p: Profile, seed: int) -> dict[str, Any]:
-    from trainer.benchmarks.tau2 import run_tau2
+def evaluate(settings: Any, folders: dict[str, Path], domain: str, p: Profile, seed: int) -> dict[str, Any]:
+    """Each checkpoint on the same test tasks and openings, one sandbox pool for all."""
+    from trainer.benchmarks.tau2 import run_tau2_checkpoints
 
-    report = run_tau2(
+    log(f"eval {', '.join(folders)} on the test split ({p.eval_limit} tasks, {p.trials} trials)")
+    reports = run_tau2_checkpoints(
         settings,
-        str(folder),
+        [str(f) for f in folders.values()],
         domain=domain,
         k=p.k,
         trials=p.trials,
@@ -282,7 +285,7 @@ def evaluate(settings: Any, folder: Path, domain: str, p: Profile, seed: int) ->
         seed=seed,
         split="test",
     )
-    return report.model_dump(mode="json")
+    return {name: r.model_dump(mode="json") for name, r in zip(folders, reports, strict=True)}
 
 
 def base_model(home: Path, policy: str, texts: list[str], seed: int) -> Path:
@@ -353,10 +356,7 @@ def run(domain: str, p: Profile, home: Path, seed: int, policy: str = "tiny") ->
     sft_folder = save(learner, home / "models" / "sft")
     grpo_rows = asyncio.run(grpo(settings, learner, envs, p))
     grpo_folder = save(learner, home / "models" / "sft-grpo")
-    evals: dict[str, Any] = {}
-    for name, folder in (("base", base), ("sft", sft_folder), ("sft_grpo", grpo_folder)):
-        log(f"eval {name} on the test split ({p.eval_limit} tasks, {p.trials} trials)")
-        evals[name] = evaluate(settings, folder, domain, p, seed)
+    evals = evaluate(settings, {"base": base, "sft": sft_folder, "sft_grpo": grpo_folder}, domain, p, seed)
     tasks = {name: found["tasks"] for name, found in evals.items()}
     scores = {name: figures(tasks[name], p.k, seed) for name in tasks}
     scores["do_nothing"] = floor_figures(tasks["base"], p.k, seed)

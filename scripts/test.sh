@@ -40,6 +40,8 @@ export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/mypy
 .venv/bin/python tests/import_rules.py
 for job in "${side[@]}"; do wait "$job"; done
-# Two workers: much of a test is waiting on its servers; tests/conftest.py groups what must share one.
+# Two workers: much of a test is waiting on its servers; tests/conftest.py groups what must share one,
+# and orders the heaviest groups first (--no-loadscope-reorder keeps that order: xdist would otherwise
+# hand out groups by test count, leaving single-test benches of minutes for the end).
 # --durations: the slowest items close the log, where CI shows it.
-exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=30 "$@"
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=30 "$@"

@@ -53,12 +53,53 @@ def xdist_group(item: pytest.Item) -> str:
     return item.path.name
 
 
+HEAVY_FIRST: tuple[str, ...] = (
+    "demo",
+    "test_tau2.py",
+    "test_replay.py",
+    "test_cli.py",
+    "bench/tau2_loop.py",
+    "test_dlq_trace.py",
+    "test_recovery.py",
+    "bench/chaos.py",
+    "bench/replay.py",
+    "test_tau2_rl.py",
+    "bench/learning.py",
+    "bench/llm_concurrency.py",
+    "test_pipeline.py",
+    "test_openai_backend.py",
+    "test_llm_endpoint_faults.py",
+    "test_read_committed.py",
+    "test_ledger.py",
+    "test_bfcl.py",
+    "test_ui_browser.py",
+    "test_verl_parity.py",
+    "test_mcp_servers.py",
+)
+"""Groups that take a minute or more on 2 cores, longest first (a bench by its script): handed out
+before every other group (scripts/test.sh: ``--no-loadscope-reorder`` keeps this order), so the
+run ends on short groups and neither worker idles through another's long tail. Scheduling only:
+a stale entry costs balance, never a result."""
+
+
+def schedule_rank(group: str) -> int:
+    """Where ``group`` goes in the work queue: its place in ``HEAVY_FIRST``, else after all of them."""
+    for rank, name in enumerate(HEAVY_FIRST):
+        if group == name or group.endswith(f"[{name}]"):
+            return rank
+    return len(HEAVY_FIRST)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # tryfirst: xdist's worker hook (registered after this conftest, so called before it) reads the
     # xdist_group marks to suffix node ids; marks added after it are ignored and every worker
     # builds its own demo home.
+    groups: dict[str, str] = {}
     for item in items:
         if "demo_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEMO_TIMEOUT_S))
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+        groups[item.nodeid] = xdist_group(item)
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    # Heavy groups first (a stable sort: a group's tests keep their order, the rest keep theirs).
+    items.sort(key=lambda item: schedule_rank(groups[item.nodeid]))

@@ -57,3 +57,16 @@ def test_codes_are_iso_639_1_and_detection_is_fast() -> None:
     for i in range(500):
         assert len(detect_language(f"Please find hotels in Lisbon for {i} guests.")) == 2
     assert time.perf_counter() - start < 2.0
+
+
+def test_threads_asking_at_once_load_the_model_once() -> None:
+    """A stage's handler threads all detect languages on their first records: one load between them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from synthesis.sft import lang
+
+    lang._load_identifier.cache_clear()
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(lambda _: lang.detect_language("Where is the nearest train station?"), range(8)))
+    assert found == ["en"] * 8
+    assert lang._load_identifier.cache_info().misses == 1

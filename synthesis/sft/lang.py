@@ -44,14 +44,23 @@ _NOISE = re.compile(
 _lock = threading.Lock()
 
 
-@lru_cache(maxsize=1)
 def _identifier() -> Any:
-    """The model, loaded once per process (about a second) and restricted to LANGUAGES."""
+    """The model, loaded once per process and restricted to LANGUAGES.
+
+    The lock is taken before the cache is read: a stage's handler threads all ask for it on their
+    first records, and each one that found the cache empty used to load its own copy (2-3
+    CPU-seconds each, mostly decompressing the model file).
+    """
+    with _lock:
+        return _load_identifier()
+
+
+@lru_cache(maxsize=1)
+def _load_identifier() -> Any:
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
-    with _lock:
-        ident = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-        ident.set_languages([code for code in LANGUAGES if code in set(ident.labels)])
+    ident = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    ident.set_languages([code for code in LANGUAGES if code in set(ident.labels)])
     return ident
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from arena.config import ArenaSettings
@@ -224,9 +226,26 @@ async def opening_of(user: UserSimulator, imported: Tau2Import, task: Tau2Task) 
     return move.message.strip() or (task.requirements[0] if task.requirements else "Hi, I need help.")
 
 
+@dataclass(frozen=True)
+class _LocalEval:
+    """What every checkpoint of one local evaluation shares: the pool, the tasks, their openings
+    (the user's reply to the greeting) and the do-nothing floor, none of which depend on the model."""
+
+    store: ObjectStore
+    pool: SandboxPool
+    imported: Tau2Import
+    databases: Any
+    user: UserSimulator
+    tasks: list[Tau2Task]
+    samples: list[Any]
+    """The tasks as ``tau2`` samples, each opening with its user's first message."""
+    floor: list[float]
+    """The do-nothing agent's reward per task."""
+
+
 async def _evaluate_local(
     settings: ArenaSettings,
-    model_path: str,
+    model_paths: Sequence[str],
     *,
     domain: str,
     k: int,
@@ -235,84 +254,122 @@ async def _evaluate_local(
     concurrency: int,
     seed: int,
     split: EvalSplit,
-) -> BenchReport:
-    """A local checkpoint: token-level trials in ``Tau2Environment`` (as training rolls out), each
-    rescored by tau2's evaluator; a trial where the two disagree is reported as an error."""
-    from environments.tau2_environment import Tau2Environment, rescore, tau2_sample
+) -> list[BenchReport]:
+    """Local checkpoints, one after another on one sandbox pool and one set of openings
+    (``_LocalEval``); a report per checkpoint."""
+    from environments.tau2_environment import tau2_sample
     from lake.catalog import open_gateway
-    from trainer.evaluate import EvalCase, evaluate, load_backend
 
     start = time.monotonic()
     store = open_store(settings)
-    backend, tokenizer = load_backend(settings, model_path)
     workers = max(1, concurrency)
     pool = tau2_pool(settings.sandbox, domain, pool_size=workers + 1)
     gateway = open_gateway(settings)
-    cfg = settings.train
     try:
         await pool.start()
         imported, tasks, left_out = await _tasks(store, pool, domain, split, limit)
-        databases = load_databases(store, imported)
         user = GatewayUserSimulator(gateway)
-        made: dict[str, list[Tau2Environment]] = {}
-
-        def factory(sample: Any) -> Any:
-            def make() -> Tau2Environment:
-                env = Tau2Environment(sample, pool, user, databases)
-                made.setdefault(sample.sample_id, []).append(env)
-                return env
-
-            return make
-
         samples = [
             tau2_sample(
                 imported, t, await opening_of(user, imported, t), origin=f"eval:{t.task_id}", split=split
             )
             for t in tasks
         ]
-        cases = [EvalCase(sample=s, make_env=factory(s)) for s in samples]
-        report = await evaluate(
-            backend,
-            tokenizer,
-            cases,
-            k=k,
-            trials=trials,
-            max_turns=cfg.max_turns,
-            max_seq_len=cfg.max_seq_len,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            seed=seed,
-            concurrency=workers,
-        )
-        results: list[TaskResult] = []
         async with open_session(store, pool, imported) as session:
-            for task, sample, case in zip(tasks, samples, report.cases, strict=True):
-                rewards = case.rewards + [0.0] * len(case.errors)
-                errors = list(case.errors)
-                for env in made.get(sample.sample_id, []):
-                    theirs = await rescore(session, env.rollout())
-                    if theirs != env.last_reward:
-                        errors.append(f"tau2's evaluator gives {theirs}, Arena {env.last_reward}")
-                results.append(
-                    TaskResult(
-                        task_id=task.task_id,
-                        group=domain,
-                        rewards=rewards,
-                        baseline_reward=await do_nothing_reward(session, task),
-                        errors=errors,
-                    )
-                )
-        found = bench_report("tau2", model_path, results, k=k, trials=trials, wall_s=time.monotonic() - start)
-        return found.model_copy(
-            update={
+            floor = [await do_nothing_reward(session, task) for task in tasks]
+        shared = _LocalEval(
+            store, pool, imported, load_databases(store, imported), user, tasks, samples, floor
+        )
+        reports: list[BenchReport] = []
+        for model_path in model_paths:
+            results = await _checkpoint_results(
+                settings, model_path, shared, domain=domain, k=k, trials=trials, workers=workers, seed=seed
+            )
+            found = bench_report(
+                "tau2", model_path, results, k=k, trials=trials, wall_s=time.monotonic() - start
+            )
+            update = {
                 "split": split,
                 "user_simulator": "gateway",
                 "left_out": {k: v for k, v in left_out.items() if v},
             }
-        )
+            reports.append(found.model_copy(update=update))
+            start = time.monotonic()
+        return reports
     finally:
         await gateway.aclose()
         await pool.close()
+
+
+async def _checkpoint_results(
+    settings: ArenaSettings,
+    model_path: str,
+    shared: _LocalEval,
+    *,
+    domain: str,
+    k: int,
+    trials: int,
+    workers: int,
+    seed: int,
+) -> list[TaskResult]:
+    """One checkpoint's token-level trials in ``Tau2Environment`` (as training rolls out), each
+    rescored by tau2's evaluator; a trial where the two disagree is reported as an error."""
+    from environments.tau2_environment import Tau2Environment, rescore
+    from trainer.evaluate import EvalCase, evaluate, load_backend
+
+    backend, tokenizer = load_backend(settings, model_path)
+    made: dict[str, list[Tau2Environment]] = {}
+
+    def factory(sample: Any) -> Any:
+        def make() -> Tau2Environment:
+            env = Tau2Environment(sample, shared.pool, shared.user, shared.databases)
+            made.setdefault(sample.sample_id, []).append(env)
+            return env
+
+        return make
+
+    cfg = settings.train
+    report = await evaluate(
+        backend,
+        tokenizer,
+        [EvalCase(sample=s, make_env=factory(s)) for s in shared.samples],
+        k=k,
+        trials=trials,
+        max_turns=cfg.max_turns,
+        max_seq_len=cfg.max_seq_len,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        seed=seed,
+        concurrency=workers,
+    )
+    results: list[TaskResult] = []
+    async with open_session(shared.store, shared.pool, shared.imported) as session:
+        for task, sample, case, baseline in zip(
+            shared.tasks, shared.samples, report.cases, shared.floor, strict=True
+        ):
+            rewards = case.rewards + [0.0] * len(case.errors)
+            errors = list(case.errors)
+            for env in made.get(sample.sample_id, []):
+                theirs = await rescore(session, env.rollout())
+                if theirs != env.last_reward:
+                    errors.append(f"tau2's evaluator gives {theirs}, Arena {env.last_reward}")
+            results.append(
+                TaskResult(
+                    task_id=task.task_id,
+                    group=domain,
+                    rewards=rewards,
+                    baseline_reward=baseline,
+                    errors=errors,
+                )
+            )
+    return results
+
+
+def _check_args(domain: str, k: int, trials: int) -> None:
+    if domain not in DOMAINS:
+        raise Tau2BenchError(f"--domain {domain!r}: tau2 domains are {', '.join(DOMAINS)}")
+    if trials < k:
+        raise Tau2BenchError(f"trials ({trials}) < k ({k}): pass^k needs at least k trials per task")
 
 
 def run_tau2(
@@ -333,25 +390,21 @@ def run_tau2(
 
     ``split``: tau2's test tasks by default, the ones synthesis never reads (``synthesis_tasks``).
     """
-    if domain not in DOMAINS:
-        raise Tau2BenchError(f"--domain {domain!r}: tau2 domains are {', '.join(DOMAINS)}")
-    if trials < k:
-        raise Tau2BenchError(f"trials ({trials}) < k ({k}): pass^k needs at least k trials per task")
+    if not is_endpoint(url):
+        found = run_tau2_checkpoints(
+            settings,
+            [url],
+            domain=domain,
+            k=k,
+            trials=trials,
+            limit=limit,
+            concurrency=concurrency,
+            seed=seed,
+            split=split,
+        )
+        return found[0]
+    _check_args(domain, k, trials)
     try:
-        if not is_endpoint(url):
-            return asyncio.run(
-                _evaluate_local(
-                    settings,
-                    url,
-                    domain=domain,
-                    k=k,
-                    trials=trials,
-                    limit=limit,
-                    concurrency=concurrency,
-                    seed=seed,
-                    split=split,
-                )
-            )
         return asyncio.run(
             _evaluate(
                 settings,
@@ -363,6 +416,39 @@ def run_tau2(
                 concurrency=concurrency,
                 seed=seed,
                 user=user,
+                split=split,
+            )
+        )
+    except Tau2Unavailable as exc:
+        raise Tau2BenchError(str(exc)) from None
+
+
+def run_tau2_checkpoints(
+    settings: ArenaSettings,
+    model_paths: Sequence[str],
+    *,
+    domain: str,
+    k: int,
+    trials: int,
+    limit: int | None,
+    concurrency: int,
+    seed: int,
+    split: EvalSplit = "test",
+) -> list[BenchReport]:
+    """``run_tau2`` of several local checkpoints (a base and its trained descendants) on the same
+    tasks and openings, one sandbox pool for all: a report per checkpoint, in order."""
+    _check_args(domain, k, trials)
+    try:
+        return asyncio.run(
+            _evaluate_local(
+                settings,
+                model_paths,
+                domain=domain,
+                k=k,
+                trials=trials,
+                limit=limit,
+                concurrency=concurrency,
+                seed=seed,
                 split=split,
             )
         )
