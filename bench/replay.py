@@ -16,7 +16,7 @@ way a user runs it:
    downstream of it re-run over all of STAGE's input in main, into data version ``rN``; the
    setting makes the version differ from main), then ``arena worker --version rN --until-drained``;
 3. ``arena data-versions show rN``, ``arena lake query`` (``llm_usage`` and the output topics, by
-   ``_version``) and ``arena diff main rN --json``; then ``arena down``.
+   ``_version``) and ``arena diff main rN --json``, side by side (they only read); then ``arena down``.
 
 Every lake file of main is hashed before the replay and after the drain.
 
@@ -57,9 +57,9 @@ repetitions; ``runs`` has every repetition's):
     every repetition's demo and version drained and main's lake files are byte for byte what they
     were before the replay.
 
-``--quick`` (CI's smoke run, about 80 s on 2 cores): one repetition of the smallest demo
-(``QUICK_SIZES``: 1 walk, 1 server task, 1 chain synthesis per server, 1 augmentation axis). A full run uses the
-demo's default sizes, twice.
+``--quick`` (CI's smoke run, about 100 s on 2 cores, most of it the demo and the version's drain):
+one repetition of the smallest demo (``QUICK_SIZES``: 1 walk, 1 server task, 1 chain synthesis per
+server, 1 augmentation axis). A full run uses the demo's default sizes, twice.
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,8 @@ STEPS = 5
 TIMEOUT_S = 1800
 
 err = Console(stderr=True)
+LOG_LOCK = threading.Lock()
+"""The read-only commands after a drain run side by side; each appends to the log whole."""
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -150,7 +154,7 @@ def arena(
         raise BenchError(f"`arena {' '.join(args)}` ran past {timeout_s:.0f}s (log {log})") from exc
     wall = time.monotonic() - started
     text = proc.stdout + proc.stderr
-    with log.open("a") as out:
+    with LOG_LOCK, log.open("a") as out:
         out.write(f"$ arena {' '.join(args)}  # exit {proc.returncode}, {wall:.1f}s\n{text}\n")
     if proc.returncode != 0:
         raise BenchError(f"`arena {' '.join(args)}` exited {proc.returncode} (log {log}):\n{text[-2000:]}")
@@ -274,15 +278,19 @@ def run_once(
         after = main_files(home)
         progress.advance(task)
 
-        step("arena data-versions show, arena lake query")
-        spec = json.loads(arena(["data-versions", "show", version], env, log)[0])
-        usage = usage_by_stage(env, log, version)
-        rows = outputs(env, log, version)
-        progress.advance(task)
-
-        step(f"arena diff main {version}")
-        compared = arena(["diff", "main", version, "--json", "--examples", "0"], env, log)[0]
-        progress.advance(task)
+        # four read-only commands, side by side (each is mostly its own start-up)
+        step(f"arena data-versions show, arena lake query, arena diff main {version}")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            shown = pool.submit(arena, ["data-versions", "show", version], env, log)
+            used = pool.submit(usage_by_stage, env, log, version)
+            counted = pool.submit(outputs, env, log, version)
+            diffed = pool.submit(arena, ["diff", "main", version, "--json", "--examples", "0"], env, log)
+            spec = json.loads(shown.result()[0])
+            usage = used.result()
+            rows = counted.result()
+            progress.advance(task)
+            compared = diffed.result()[0]
+            progress.advance(task)
     finally:
         step("arena down")
         try:

@@ -11,6 +11,9 @@ Arrow datasets over the files in place; S3 lakes read the objects through the st
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 import duckdb
 import pyarrow as pa
 
@@ -62,8 +65,9 @@ class LakeQuery:
             parts.append(f"SELECT *, '{version}' AS {VERSION_COLUMN}{alias} FROM {source}")
         con.execute(f"CREATE VIEW {spec.table} AS " + " UNION ALL ".join(parts))
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with one view per registered topic."""
+    def connect(self, topics: Iterable[TopicSpec] | None = None) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB connection with one view per topic of ``topics`` (default: every
+        registered topic)."""
         con = duckdb.connect(
             ":memory:",
             # Never reach for the network: json and parquet are built into the wheel.
@@ -71,13 +75,13 @@ class LakeQuery:
         )
         con.execute("SET TimeZone = 'UTC'")
         files = self._files_by_version()
-        for spec in TOPICS.values():
+        for spec in TOPICS.values() if topics is None else topics:
             self._register(con, spec, files.get(spec.name, {}))
         return con
 
     def query(self, sql: str) -> pa.Table:
         """Run one SQL statement; its result as an Arrow table (empty for statements without one)."""
-        con = self.connect()
+        con = self.connect(named_topics(sql))
         try:
             rel = con.sql(sql)
             return rel.to_arrow_table() if rel is not None else pa.table({})
@@ -89,3 +93,13 @@ class LakeQuery:
     def tables(self) -> list[str]:
         """View names, one per topic."""
         return sorted(spec.table for spec in TOPICS.values())
+
+
+def named_topics(sql: str) -> list[TopicSpec]:
+    """The topics whose views ``sql`` names, or every topic when it names none (``SHOW TABLES``,
+    ``information_schema``). A query registers only these: registering all of them took a few
+    tenths of a second per statement, most of a short query's time. A word that only looks like a
+    view name (a column, a string) registers one view too many, which costs nothing else."""
+    words = {word.lower() for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", sql)}
+    named = [spec for spec in TOPICS.values() if spec.table in words]
+    return named or list(TOPICS.values())

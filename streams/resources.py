@@ -36,6 +36,7 @@ and a freed object's id can be reused by a new one, which would then get a stale
 _gateways: dict[int, Gateway] = {}
 _graphs: dict[int, ChainGraphStore] = {}
 _indexes: dict[int, ToolIndex] = {}
+_index_opens: dict[int, asyncio.Future[ToolIndex]] = {}
 _env_stores: dict[int, EnvPackageStore] = {}
 _eigen_stores: dict[int, EigenCatalog] = {}
 _pools: dict[int, SandboxService] = {}
@@ -65,12 +66,25 @@ def chain_graphs_for(settings: ArenaSettings) -> ChainGraphStore:
     return _graphs[id(settings)]
 
 
-def tool_index_for(settings: ArenaSettings) -> ToolIndex:
+async def tool_index_for(settings: ArenaSettings) -> ToolIndex:
+    """The worker's tool index, opened once, in a thread: importing LanceDB and opening the table
+    take seconds, which on the event loop would stall the worker's heartbeats and commits
+    (concurrent callers share the opening)."""
+    key = _key(settings)
+    if key in _indexes:
+        return _indexes[key]
+    opening = _index_opens.get(key)
+    if opening is None or opening.get_loop() is not asyncio.get_running_loop():
+        opening = _index_opens[key] = asyncio.ensure_future(asyncio.to_thread(_open_tool_index, settings))
+    index = await asyncio.shield(opening)
+    _indexes[key] = index
+    return index
+
+
+def _open_tool_index(settings: ArenaSettings) -> ToolIndex:
     from lake.tool_index import ToolIndex
 
-    if _key(settings) not in _indexes:
-        _indexes[id(settings)] = ToolIndex.from_settings(settings)
-    return _indexes[id(settings)]
+    return ToolIndex.from_settings(settings)
 
 
 def env_store_for(settings: ArenaSettings) -> EnvPackageStore:

@@ -106,3 +106,18 @@ def test_sql_errors_raise_lake_query_error(tmp_path: Path) -> None:
 
 def test_statements_without_results_return_an_empty_table(tmp_path: Path) -> None:
     assert LakeQuery(LocalStore(tmp_path)).query("set threads = 1").num_rows == 0
+
+
+def test_a_query_registers_the_views_it_names_and_all_when_it_names_none(tmp_path: Path) -> None:
+    from lake.query import named_topics
+
+    store = LocalStore(tmp_path / "lake")
+    _fill(store)
+    sql = 'SELECT c.chain_id, r.gate FROM "Chains" c CROSS JOIN tools_raw_rejected r WHERE c._valid'
+    assert [spec.table for spec in named_topics(sql)] == sorted(
+        ["chains", "tools_raw_rejected"], key=[s.table for s in TOPICS.values()].index
+    )
+    query = LakeQuery(store)
+    assert len(query.query(sql)) == 4 * 3
+    shown = {row["name"] for row in query.query("SHOW TABLES").to_pylist()}
+    assert set(query.tables()) <= shown  # it names no view: every view is there

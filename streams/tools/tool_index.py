@@ -18,7 +18,7 @@ from streams.runtime import Context, Emit, StageDef
 
 
 async def handle(record: ToolServer, ctx: Context) -> Sequence[Emit]:
-    index = tool_index_for(ctx.settings)
+    index = await tool_index_for(ctx.settings)
     await asyncio.to_thread(index.upsert, record)
     return []
 
