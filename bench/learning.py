@@ -3,7 +3,7 @@
 Usage::
 
     python bench/learning.py            # about 30 minutes on 2 cores
-    python bench/learning.py --quick    # a smoke run of a few minutes (env track only, tiny budgets)
+    python bench/learning.py --quick    # a smoke run of 1-2 minutes (env track only, tiny budgets)
     python bench/learning.py --home DIR # reuse a finished `arena demo` home (skips the demo)
 
 Prints ONE JSON object on stdout; progress and the trainer's log lines go to stderr. Writes a PNG
@@ -135,12 +135,17 @@ PROFILES = {
         sft_max_steps=6,
         sft_lr=5e-3,
         rl_copies=1,
-        grpo_steps=2,
-        grpo_budget_s=12.0,
+        # The F1 run rolls out every GRPO package once and stops drained (a step needs a group with
+        # reward spread, which the tiny SFT policy seldom has): the budget is only a safety net. A
+        # budget of seconds stopped it while it was still importing torch: no rollout ever ran.
+        grpo_steps=1,
+        grpo_budget_s=240.0,
         group_size=2,  # 4 rollouts a step instead of 16: a step still needs a group with reward spread
         batch_groups=2,
         ablation_steps=1,
-        ablation_budget_s=6.0,
+        # The ablation runs are stopped while loading (the budget-stop path: their weights fall back
+        # to SFT's); the F1 run above already proves the rollouts, each more would cost a torch import.
+        ablation_budget_s=1.0,
         max_turns=3,
         max_new_tokens=32,
         k=1,

@@ -32,7 +32,8 @@ Tracks and inputs (those of ``arena demo``):
     eigen-tasks, eigen-dialogs, eigen-dialogs-validated, eigen-verified. Samples:
     ``samples.verified`` + ``samples.sft``.
 
-The workers talk to a server of their own (fresh, so its ``max_in_flight`` is theirs). Figures
+The workers talk to a server of their own (fresh, so its ``max_in_flight`` is theirs); the SFT
+and environment tracks' publishes call no LLM and get no server (``publish_llm_requests`` 0). Figures
 per track and latency:
 
 ``wall_s``
@@ -69,7 +70,7 @@ counts in flight itself) in front of ``arena llm serve --latency 0``: the accept
 that adds 0.25 s per request in front of arena llm serve". In-flight figures are then the proxy's
 (the server's are reported too, as ``server``).
 
-``--quick`` (CI's smoke mode, about 2-4 minutes on 2 cores): the SFT track only (unless
+``--quick`` (CI's smoke mode, about 1-2 minutes on 2 cores): the SFT track only (unless
 ``--tracks`` says otherwise) on one sample tool doc without the MCP servers, with fewer walks,
 chain syntheses, server tasks and augmentation axes per server (``QUICK_SFT_SIZES``, unless set
 in the environment), latency 0.05 s (unless ``--latency``). It proves the bench works; it is not the measurement.
@@ -92,6 +93,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +142,9 @@ class Track:
     stages: tuple[str, ...]
     samples: tuple[str, ...]
     """Topics whose rows are the track's output samples."""
+    publish_llm: bool = False
+    """Whether publishing the inputs calls the LLM (EigenData's pilot): only then does the publish get
+    a server of its own (an `arena llm serve` started for nothing costs seconds of CPU)."""
 
 
 TRACKS: dict[str, Track] = {
@@ -166,6 +171,7 @@ TRACKS: dict[str, Track] = {
         "eigen",
         ("eigen-intents", "eigen-tasks", "eigen-dialogs", "eigen-dialogs-validated", "eigen-verified"),
         ("samples.verified", "samples.sft"),
+        publish_llm=True,
     ),
 }
 
@@ -295,6 +301,8 @@ class Endpoint:
     procs: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
     server_port: int | None = None
     """With the proxy: the port of the server behind it."""
+    pending: list[str] | None = None
+    """With the proxy: its command, started by ``wait_ready`` once the server answers."""
 
     @property
     def arena_llm(self) -> str:
@@ -307,6 +315,21 @@ class Endpoint:
         if self.server_port is None:
             return None
         return _get_json(f"http://127.0.0.1:{self.server_port}/v1/arena/stats", 10.0)
+
+    def wait_ready(self, env: dict[str, str], logs: Path, name: str) -> None:
+        """Wait until the server answers, then start the proxy in front of it (if any) and wait for it."""
+        try:
+            server, log = self.procs[0]
+            _wait_healthy(self.server_port or self.port, server, log)
+            if self.pending is not None:
+                log = logs / f"latency-proxy-{name}.log"
+                proc = _spawn(self.pending, env, log)
+                self.procs.append((proc, log))
+                self.pending = None
+                _wait_healthy(self.port, proc, log)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         for proc, _log in reversed(self.procs):
@@ -357,7 +380,8 @@ def start_endpoint(
     proxy: bool,
     reply_style: str = "plain",
 ) -> Endpoint:
-    """`arena llm serve` with the latency (or at 0 behind the proxy adding it), healthy."""
+    """`arena llm serve` with the latency (or at 0 behind the proxy adding it), started: its
+    ``wait_ready`` waits until it answers (so several endpoints start side by side)."""
     port = free_port()
     server_latency = 0.0 if proxy else latency_s
     serve = [
@@ -378,32 +402,22 @@ def start_endpoint(
         reply_style,
     ]
     endpoint = Endpoint(port)
-    try:
-        log = logs / f"llm-serve-{name}.log"
-        server = _spawn(serve, env, log)
-        endpoint.procs.append((server, log))
-        _wait_healthy(port, server, log)
-        if proxy:
-            endpoint.server_port, endpoint.port = port, free_port()
-            cmd = [
-                sys.executable,
-                str(PROXY_SCRIPT),
-                "--upstream",
-                f"http://127.0.0.1:{port}",
-                "--port",
-                str(endpoint.port),
-                "--latency",
-                f"{latency_s:g}",
-                "--capacity",
-                str(capacity),
-            ]
-            log = logs / f"latency-proxy-{name}.log"
-            proc = _spawn(cmd, env, log)
-            endpoint.procs.append((proc, log))
-            _wait_healthy(endpoint.port, proc, log)
-    except BaseException:
-        endpoint.stop()
-        raise
+    log = logs / f"llm-serve-{name}.log"
+    endpoint.procs.append((_spawn(serve, env, log), log))
+    if proxy:
+        endpoint.server_port, endpoint.port = port, free_port()
+        endpoint.pending = [
+            sys.executable,
+            str(PROXY_SCRIPT),
+            "--upstream",
+            f"http://127.0.0.1:{port}",
+            "--port",
+            str(endpoint.port),
+            "--latency",
+            f"{latency_s:g}",
+            "--capacity",
+            str(capacity),
+        ]
     return endpoint
 
 
@@ -444,14 +458,14 @@ def publish_inputs(track: Track, env: dict[str, str], logs: Path, quick: bool) -
 
 
 def _publish_sft(env: dict[str, str], logs: Path, quick: bool) -> Inputs:
-    from app.demo import sample_tools_dir, start_demo_mcp
-
-    root = sample_tools_dir()
+    root = Path(str(files("samples") / "tools"))  # app.demo.sample_tools_dir, without importing the demo
     docs = [str(root / p) for p in QUICK_TOOL_DOCS] if quick else [str(root)]
     # exit 1: some files were rejected (the samples include malformed files on purpose)
     arena(["publish", "tools", *docs], env, ok=(0, 1))
     if quick:
         return Inputs(f"tools.raw: {', '.join(QUICK_TOOL_DOCS)} (no MCP servers)")
+    from app.demo import start_demo_mcp
+
     mcp = start_demo_mcp(logs)
     try:
         url = mcp.endpoints["library"].url
@@ -583,15 +597,12 @@ def lake_rows(track: Track, env: dict[str, str]) -> list[dict[str, Any]]:
     for stage in STAGES:
         if stage.name in track.stages:
             wanted.update(stage.may_emit)
-    listing = json.loads(arena(["lake", "ls", "--json"], env))
-    present = {item["topic"] for item in listing if item.get("rows")}
+    # One `arena lake query`: every registered topic is a view, an empty one too (no `arena lake ls`).
     parts = [
         f"select '{name}' as topic, json_extract_string(_headers, '$.\"arena-stage\"') as stage, "
         f"_valid as valid, count(*) as n from {topic(name).table} group by 2, 3"
-        for name in sorted(wanted & present)
+        for name in sorted(wanted)
     ]
-    if not parts:
-        return []
     rows = json.loads(arena(["lake", "query", "--json", " union all ".join(parts)], env))
     assert isinstance(rows, list)
     return rows
@@ -677,7 +688,7 @@ def run_workers(
     try:
         with err.status(f"{label}: starting workers") as status:
             while proc.poll() is None:
-                time.sleep(1.0)
+                time.sleep(0.5)
                 try:
                     s = endpoint.stats(timeout_s=2)
                     figures = (
@@ -724,16 +735,18 @@ def run_once(track: Track, latency_s: float, opts: Options) -> dict[str, Any]:
         with err.status(f"{label}: arena up, arena llm serve ..."):
             arena(["up"], env)
             style = opts.reply_style if latency_s > 0 else "plain"
-            publish_ep = start_endpoint(
-                "publish",
-                env,
-                logs,
-                latency_s=latency_s,
-                capacity=opts.capacity,
-                proxy=False,
-                reply_style=style,
-            )
-            endpoints.append(publish_ep)
+            publish_ep = None
+            if track.publish_llm:
+                publish_ep = start_endpoint(
+                    "publish",
+                    env,
+                    logs,
+                    latency_s=latency_s,
+                    capacity=opts.capacity,
+                    proxy=False,
+                    reply_style=style,
+                )
+                endpoints.append(publish_ep)
             workers_ep = start_endpoint(
                 "workers",
                 env,
@@ -744,12 +757,18 @@ def run_once(track: Track, latency_s: float, opts: Options) -> dict[str, Any]:
                 reply_style=style,
             )
             endpoints.append(workers_ep)
+            if publish_ep is not None:
+                publish_ep.wait_ready(env, logs, "publish")  # both servers start side by side
+            workers_ep.wait_ready(env, logs, "workers")
         started = time.monotonic()
         with err.status(f"{label}: publishing the inputs"):
-            inputs = publish_inputs(track, {**env, "ARENA_LLM": publish_ep.arena_llm}, logs, opts.quick)
+            publish_env = env if publish_ep is None else {**env, "ARENA_LLM": publish_ep.arena_llm}
+            inputs = publish_inputs(track, publish_env, logs, opts.quick)
         publish_s = time.monotonic() - started
-        publish_stats = publish_ep.stats()
-        publish_ep.stop()
+        publish_requests = 0  # a publish that calls no LLM
+        if publish_ep is not None:
+            publish_requests = publish_ep.stats()["requests"]
+            publish_ep.stop()
         watermark = cache_watermark(home)
         before = workers_ep.stats()
         wall_s, process_s = run_workers(
@@ -826,7 +845,7 @@ def run_once(track: Track, latency_s: float, opts: Options) -> dict[str, Any]:
             "per_stage": per_stage(track, rows, calls),
             "unattributed": {k: v for k, v in calls.items() if k not in track.stages},
             "requests_by_role": dict(sorted(by_role.items())),
-            "publish_llm_requests": publish_stats["requests"],
+            "publish_llm_requests": publish_requests,
         }
         result["reported_requests"] = reported_requests if reported else None
         if opts.proxy:

@@ -67,6 +67,8 @@ def test_threads_asking_at_once_load_the_model_once() -> None:
 
     lang._load_identifier.cache_clear()
     with ThreadPoolExecutor(8) as pool:
-        found = list(pool.map(lambda _: lang.detect_language("Where is the nearest train station?"), range(8)))
+        found = list(
+            pool.map(lambda _: lang.detect_language("Where is the nearest train station?"), range(8))
+        )
     assert found == ["en"] * 8
     assert lang._load_identifier.cache_info().misses == 1
