@@ -76,7 +76,12 @@ async def tool_index_for(settings: ArenaSettings) -> ToolIndex:
     opening = _index_opens.get(key)
     if opening is None or opening.get_loop() is not asyncio.get_running_loop():
         opening = _index_opens[key] = asyncio.ensure_future(asyncio.to_thread(_open_tool_index, settings))
-    index = await asyncio.shield(opening)
+    try:
+        index = await asyncio.shield(opening)
+    except Exception:
+        if opening.done() and _index_opens.get(key) is opening:
+            del _index_opens[key]  # the next record tries again: a failed opening is not kept
+        raise
     _indexes[key] = index
     return index
 

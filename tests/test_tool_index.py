@@ -123,3 +123,36 @@ def test_an_open_index_sees_writes_of_another_connection(tmp_path: Path) -> None
     writer.upsert(FINANCE)
     assert reader.count() == 6  # and sees the newer version without reopening
     assert reader.search("stock price", k=1)[0]["server_id"] == "srv-finance"
+
+
+def test_a_worker_opens_its_index_once_off_the_event_loop_and_retries_a_failed_opening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``streams.resources.tool_index_for``: concurrent first records share one opening, made in a
+    thread (the loop keeps running meanwhile); an opening that failed is not kept."""
+    import asyncio
+    import threading
+
+    from streams import resources
+
+    settings = ArenaSettings(home=tmp_path / "home")
+    opened: list[str] = []
+    real = resources._open_tool_index
+
+    def opening(cfg: ArenaSettings) -> ToolIndex:
+        opened.append(threading.current_thread().name)
+        if len(opened) == 1:
+            raise OSError("the lake is not there yet")
+        return real(cfg)
+
+    monkeypatch.setattr(resources, "_open_tool_index", opening)
+
+    async def first_records() -> list[ToolIndex]:
+        with pytest.raises(OSError):
+            await resources.tool_index_for(settings)
+        return list(await asyncio.gather(*(resources.tool_index_for(settings) for _ in range(4))))
+
+    indexes = asyncio.run(first_records())
+    assert len(opened) == 2 and threading.main_thread().name not in opened
+    assert all(index is indexes[0] for index in indexes)
+    assert asyncio.run(resources.tool_index_for(settings)) is indexes[0]  # kept, on a new loop too
