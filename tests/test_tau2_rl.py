@@ -16,6 +16,7 @@ import asyncio
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,3 +253,20 @@ def test_eval_bench_tau2_rolls_a_local_checkpoint_out_on_the_test_split(
         ["eval", "--bench", "tau2", "--domain", DOMAIN, "--model", str(tiny / "nope")], env, check=2
     )
     assert "checkpoint folder" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("domain", "k", "trials", "needle"),
+    [("nope", 1, 1, "tau2 domains are airline"), ("airline", 4, 2, "trials (2) < k (4)")],
+)
+def test_checkpoints_on_a_plan_that_cannot_run_are_refused_before_any_sandbox(
+    tmp_path: Path, domain: str, k: int, trials: int, needle: str
+) -> None:
+    from trainer.benchmarks.tau2 import Tau2BenchError, run_tau2_checkpoints
+
+    settings = ArenaSettings(home=tmp_path / "home")
+    with pytest.raises(Tau2BenchError, match=re.escape(needle)):
+        run_tau2_checkpoints(
+            settings, ["a", "b"], domain=domain, k=k, trials=trials, limit=1, concurrency=1, seed=0
+        )
+    assert not (tmp_path / "home").exists()  # nothing was started or written

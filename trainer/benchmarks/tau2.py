@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from arena.config import ArenaSettings
 from arena.llm.core import InvalidOutput
@@ -59,6 +59,8 @@ from lake.store import ObjectStore, open_store
 from sandbox import SandboxPool
 from trainer.benchmarks.report import BenchReport, TaskResult, bench_report
 from trainer.endpoint_policy import EndpointPolicy, is_endpoint, open_endpoint_policy
+
+T = TypeVar("T")
 
 
 class Tau2BenchError(ValueError):
@@ -134,28 +136,35 @@ async def _tasks(
     return imported, tasks, left_out
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What to evaluate: the domain's split and how (the knobs of ``run_tau2``)."""
+
+    domain: str
+    k: int
+    trials: int
+    limit: int | None
+    concurrency: int
+    seed: int
+    split: EvalSplit
+
+    @property
+    def workers(self) -> int:
+        return max(1, self.concurrency)
+
+
 async def _evaluate(
-    settings: ArenaSettings,
-    url: str,
-    *,
-    domain: str,
-    k: int,
-    trials: int,
-    limit: int | None,
-    concurrency: int,
-    seed: int,
-    user: Literal["gateway", "endpoint"],
-    split: EvalSplit,
+    settings: ArenaSettings, url: str, plan: _Plan, user: Literal["gateway", "endpoint"]
 ) -> BenchReport:
     start = time.monotonic()
     store = open_store(settings)
-    workers = max(1, concurrency)
+    domain, trials, workers = plan.domain, plan.trials, plan.workers
     pool = tau2_pool(settings.sandbox, domain, pool_size=workers)
     policy = await open_endpoint_policy(settings, url)  # probed first: a dead URL costs no sandbox
     gateway = None
     try:
         await pool.start()
-        imported, tasks, left_out = await _tasks(store, pool, domain, split, limit)
+        imported, tasks, left_out = await _tasks(store, pool, domain, plan.split, plan.limit)
         if user == "endpoint":
             simulator: UserSimulator = GatewayUserSimulator(policy.gateway)
         else:
@@ -184,7 +193,7 @@ async def _evaluate(
                         continue
                     try:
                         messages, why = await run_episode(
-                            session, imported, task, policy, simulator, seed + trial
+                            session, imported, task, policy, simulator, plan.seed + trial
                         )
                         reward = await session.tau2_reward(task.raw, messages, why)
                         rewards[(task.task_id, trial)] = float(reward["reward"])
@@ -196,13 +205,13 @@ async def _evaluate(
         for task in tasks:
             results[task.task_id].rewards = [rewards[(task.task_id, i)] for i in range(trials)]
         report = bench_report(
-            "tau2", url, list(results.values()), k=k, trials=trials, wall_s=time.monotonic() - start
+            "tau2", url, list(results.values()), k=plan.k, trials=trials, wall_s=time.monotonic() - start
         )
         return report.model_copy(
             update={
-                "split": split,
+                "split": plan.split,
                 "user_simulator": user,
-                "left_out": {k: v for k, v in left_out.items() if v},
+                "left_out": {why: n for why, n in left_out.items() if n},
             }
         )
     finally:
@@ -244,16 +253,7 @@ class _LocalEval:
 
 
 async def _evaluate_local(
-    settings: ArenaSettings,
-    model_paths: Sequence[str],
-    *,
-    domain: str,
-    k: int,
-    trials: int,
-    limit: int | None,
-    concurrency: int,
-    seed: int,
-    split: EvalSplit,
+    settings: ArenaSettings, model_paths: Sequence[str], plan: _Plan
 ) -> list[BenchReport]:
     """Local checkpoints, one after another on one sandbox pool and one set of openings
     (``_LocalEval``); a report per checkpoint."""
@@ -262,12 +262,12 @@ async def _evaluate_local(
 
     start = time.monotonic()
     store = open_store(settings)
-    workers = max(1, concurrency)
-    pool = tau2_pool(settings.sandbox, domain, pool_size=workers + 1)
+    split = plan.split
+    pool = tau2_pool(settings.sandbox, plan.domain, pool_size=plan.workers + 1)
     gateway = open_gateway(settings)
     try:
         await pool.start()
-        imported, tasks, left_out = await _tasks(store, pool, domain, split, limit)
+        imported, tasks, left_out = await _tasks(store, pool, plan.domain, split, plan.limit)
         user = GatewayUserSimulator(gateway)
         samples = [
             tau2_sample(
@@ -282,16 +282,14 @@ async def _evaluate_local(
         )
         reports: list[BenchReport] = []
         for model_path in model_paths:
-            results = await _checkpoint_results(
-                settings, model_path, shared, domain=domain, k=k, trials=trials, workers=workers, seed=seed
-            )
+            results = await _checkpoint_results(settings, model_path, shared, plan)
             found = bench_report(
-                "tau2", model_path, results, k=k, trials=trials, wall_s=time.monotonic() - start
+                "tau2", model_path, results, k=plan.k, trials=plan.trials, wall_s=time.monotonic() - start
             )
             update = {
                 "split": split,
                 "user_simulator": "gateway",
-                "left_out": {k: v for k, v in left_out.items() if v},
+                "left_out": {why: n for why, n in left_out.items() if n},
             }
             reports.append(found.model_copy(update=update))
             start = time.monotonic()
@@ -302,15 +300,7 @@ async def _evaluate_local(
 
 
 async def _checkpoint_results(
-    settings: ArenaSettings,
-    model_path: str,
-    shared: _LocalEval,
-    *,
-    domain: str,
-    k: int,
-    trials: int,
-    workers: int,
-    seed: int,
+    settings: ArenaSettings, model_path: str, shared: _LocalEval, plan: _Plan
 ) -> list[TaskResult]:
     """One checkpoint's token-level trials in ``Tau2Environment`` (as training rolls out), each
     rescored by tau2's evaluator; a trial where the two disagree is reported as an error."""
@@ -333,14 +323,14 @@ async def _checkpoint_results(
         backend,
         tokenizer,
         [EvalCase(sample=s, make_env=factory(s)) for s in shared.samples],
-        k=k,
-        trials=trials,
+        k=plan.k,
+        trials=plan.trials,
         max_turns=cfg.max_turns,
         max_seq_len=cfg.max_seq_len,
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,
-        seed=seed,
-        concurrency=workers,
+        seed=plan.seed,
+        concurrency=plan.workers,
     )
     results: list[TaskResult] = []
     async with open_session(shared.store, shared.pool, shared.imported) as session:
@@ -356,7 +346,7 @@ async def _checkpoint_results(
             results.append(
                 TaskResult(
                     task_id=task.task_id,
-                    group=domain,
+                    group=plan.domain,
                     rewards=rewards,
                     baseline_reward=baseline,
                     errors=errors,
@@ -365,11 +355,21 @@ async def _checkpoint_results(
     return results
 
 
-def _check_args(domain: str, k: int, trials: int) -> None:
+def _plan(
+    domain: str, k: int, trials: int, limit: int | None, concurrency: int, seed: int, split: EvalSplit
+) -> _Plan:
     if domain not in DOMAINS:
         raise Tau2BenchError(f"--domain {domain!r}: tau2 domains are {', '.join(DOMAINS)}")
     if trials < k:
         raise Tau2BenchError(f"trials ({trials}) < k ({k}): pass^k needs at least k trials per task")
+    return _Plan(domain, k, trials, limit, concurrency, seed, split)
+
+
+def _run(evaluation: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(evaluation)
+    except Tau2Unavailable as exc:
+        raise Tau2BenchError(str(exc)) from None
 
 
 def run_tau2(
@@ -390,37 +390,10 @@ def run_tau2(
 
     ``split``: tau2's test tasks by default, the ones synthesis never reads (``synthesis_tasks``).
     """
+    plan = _plan(domain, k, trials, limit, concurrency, seed, split)
     if not is_endpoint(url):
-        found = run_tau2_checkpoints(
-            settings,
-            [url],
-            domain=domain,
-            k=k,
-            trials=trials,
-            limit=limit,
-            concurrency=concurrency,
-            seed=seed,
-            split=split,
-        )
-        return found[0]
-    _check_args(domain, k, trials)
-    try:
-        return asyncio.run(
-            _evaluate(
-                settings,
-                url,
-                domain=domain,
-                k=k,
-                trials=trials,
-                limit=limit,
-                concurrency=concurrency,
-                seed=seed,
-                user=user,
-                split=split,
-            )
-        )
-    except Tau2Unavailable as exc:
-        raise Tau2BenchError(str(exc)) from None
+        return _run(_evaluate_local(settings, [url], plan))[0]
+    return _run(_evaluate(settings, url, plan, user))
 
 
 def run_tau2_checkpoints(
@@ -437,20 +410,6 @@ def run_tau2_checkpoints(
 ) -> list[BenchReport]:
     """``run_tau2`` of several local checkpoints (a base and its trained descendants) on the same
     tasks and openings, one sandbox pool for all: a report per checkpoint, in order."""
-    _check_args(domain, k, trials)
-    try:
-        return asyncio.run(
-            _evaluate_local(
-                settings,
-                model_paths,
-                domain=domain,
-                k=k,
-                trials=trials,
-                limit=limit,
-                concurrency=concurrency,
-                seed=seed,
-                split=split,
-            )
-        )
-    except Tau2Unavailable as exc:
-        raise Tau2BenchError(str(exc)) from None
+    return _run(
+        _evaluate_local(settings, model_paths, _plan(domain, k, trials, limit, concurrency, seed, split))
+    )
