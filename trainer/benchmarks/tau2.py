@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from arena.config import ArenaSettings
 from arena.llm.core import InvalidOutput
@@ -59,6 +59,9 @@ from lake.store import ObjectStore, open_store
 from sandbox import SandboxPool
 from trainer.benchmarks.report import BenchReport, TaskResult, bench_report
 from trainer.endpoint_policy import EndpointPolicy, is_endpoint, open_endpoint_policy
+
+if TYPE_CHECKING:  # torch: loaded with the first checkpoint, not on import
+    from trainer.policy import RolloutBackend
 
 T = TypeVar("T")
 
@@ -259,9 +262,14 @@ async def _evaluate_local(
     (``_LocalEval``); a report per checkpoint."""
     from environments.tau2_environment import tau2_sample
     from lake.catalog import open_gateway
+    from trainer.evaluate import load_backend
 
+    if not model_paths:
+        return []
     start = time.monotonic()
     store = open_store(settings)
+    # The first checkpoint loads before the pool starts: one that cannot load costs no sandbox.
+    loaded = load_backend(settings, model_paths[0])
     split = plan.split
     pool = tau2_pool(settings.sandbox, plan.domain, pool_size=plan.workers + 1)
     gateway = open_gateway(settings)
@@ -281,8 +289,10 @@ async def _evaluate_local(
             store, pool, imported, load_databases(store, imported), user, tasks, samples, floor
         )
         reports: list[BenchReport] = []
-        for model_path in model_paths:
-            results = await _checkpoint_results(settings, model_path, shared, plan)
+        for index, model_path in enumerate(model_paths):
+            if index:
+                loaded = load_backend(settings, model_path)
+            results = await _checkpoint_results(settings, loaded, shared, plan)
             found = bench_report(
                 "tau2", model_path, results, k=plan.k, trials=plan.trials, wall_s=time.monotonic() - start
             )
@@ -300,14 +310,15 @@ async def _evaluate_local(
 
 
 async def _checkpoint_results(
-    settings: ArenaSettings, model_path: str, shared: _LocalEval, plan: _Plan
+    settings: ArenaSettings, loaded: tuple[RolloutBackend, Any], shared: _LocalEval, plan: _Plan
 ) -> list[TaskResult]:
-    """One checkpoint's token-level trials in ``Tau2Environment`` (as training rolls out), each
-    rescored by tau2's evaluator; a trial where the two disagree is reported as an error."""
+    """One loaded checkpoint's (backend, tokenizer) token-level trials in ``Tau2Environment`` (as
+    training rolls out), each rescored by tau2's evaluator; a trial where the two disagree is
+    reported as an error."""
     from environments.tau2_environment import Tau2Environment, rescore
-    from trainer.evaluate import EvalCase, evaluate, load_backend
+    from trainer.evaluate import EvalCase, evaluate
 
-    backend, tokenizer = load_backend(settings, model_path)
+    backend, tokenizer = loaded
     made: dict[str, list[Tau2Environment]] = {}
 
     def factory(sample: Any) -> Any:
