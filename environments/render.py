@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, Field
 
@@ -45,7 +45,7 @@ TOOLS_TAIL = (
 
 RoleTarget = Literal["agent", "user"]
 if TYPE_CHECKING:
-    Tokenizer = PreTrainedTokenizerBase
+    Tokenizer: TypeAlias = PreTrainedTokenizerBase
 else:
 
     def __getattr__(name: str) -> Any:

