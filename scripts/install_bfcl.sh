@@ -15,9 +15,12 @@ fi
 stamp=$VENV/.arena-bfcl-installed
 if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ scripts/install_bfcl.sh -nt "$stamp" ]; then
   # torch first (sentence-transformers, a bfcl-eval dependency, needs it): the local CPU wheel.
-  venv_install "$VENV" -c constraints.txt "torch==2.13.0"
+  venv_install --no-compile "$VENV" -c constraints.txt "torch==2.13.0"
   # soundfile: bfcl-eval imports it (through qwen-agent) without declaring it.
-  venv_install "$VENV" -c constraints.txt "bfcl-eval==2026.3.23" "soundfile"
-  "$VENV/bin/python" -c "import bfcl_eval.eval_checker.ast_eval.ast_checker, bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
+  venv_install --no-compile "$VENV" -c constraints.txt "bfcl-eval==2026.3.23" "soundfile"
+  # Byte-code for what its checker imports (trainer/benchmarks/bfcl_checker.py).
+  compile_imports "$VENV" bfcl_eval.eval_checker.ast_eval.ast_checker \
+    bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils \
+    bfcl_eval.constants.model_config bfcl_eval.constants.type_mappings bfcl_eval.model_handler.utils bfcl_eval.utils
   touch "$stamp"
 fi

