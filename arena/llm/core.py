@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
@@ -87,8 +88,9 @@ class Role(Generic[In, Out]):
             raise ValueError(f"role {self.name!r}: the input does not validate: {exc.errors()[:3]}") from None
 
     def output_schema(self) -> dict[str, Any]:
-        """JSON Schema of the output, for guided decoding."""
-        return self.output.model_json_schema()
+        """JSON Schema of the output, for guided decoding: a fresh copy (``narrow`` may change it)."""
+        schema: dict[str, Any] = json.loads(_schema_json(self.output))
+        return schema
 
     def schema_for(self, inputs: In) -> dict[str, Any]:
         """The output schema sent with a call on ``inputs``: ``narrow``-ed where the role says how,
@@ -99,6 +101,13 @@ class Role(Generic[In, Out]):
     def tools(self, inputs: In) -> list[dict[str, Any]] | None:
         """OpenAI tools an agent role offers for ``inputs`` (None for other roles)."""
         return None if self.agent is None else self.agent.tools(inputs)
+
+
+@cache
+def _schema_json(model: type[BaseModel]) -> str:
+    """``model``'s JSON Schema, made once per process: pydantic builds it anew on every call, and
+    every LLM call (its cache key, its prompt) asks for it (a few CPU-seconds of a demo run)."""
+    return json.dumps(model.model_json_schema())
 
 
 NUMBER_STEPS = 20
