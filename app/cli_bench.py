@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from app.cli_common import UserError, console, settings
+from app.cli_common import UserError, console, err, settings
 
 if TYPE_CHECKING:
     from arena.config import ArenaSettings
@@ -150,6 +150,12 @@ def decontam_index(
     threshold: Annotated[
         float, typer.Option(min=0.01, max=1.0, help="Shared share of the smaller text's n-grams that flags.")
     ] = 0.5,
+    cosine: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Embedding cosine that flags a paraphrase; 0: n-grams only (no embedding)."
+        ),
+    ] = 0.9,
 ) -> None:
     """Load the benchmarks' test items; from then on `arena train` leaves out their near-duplicates."""
     from trainer.benchmarks.bfcl import BfclError, categories_of
@@ -173,7 +179,9 @@ def decontam_index(
         items += tau2_items(_tau2_data(tau2_data), [d.strip() for d in tau2.split(",") if d.strip()])
     if not items:
         raise UserError("nothing to index (fix: leave --bfcl or --tau2 at their defaults)")
-    index = BenchmarkIndex(ngram=ngram, threshold=threshold, items=items)
+    index = BenchmarkIndex(ngram=ngram, threshold=threshold, cosine=cosine or None, items=items)
+    if cosine:
+        err.print(f"embedding {len(items)} benchmark test items (a paraphrase shares few n-grams)")
     path = save_index(cfg.home, index)
     counts = ", ".join(f"{bench} {n}" for bench, n in bench_counts(index).items())
     console.print(f"indexed {len(items)} benchmark test items ({counts}) in {path}")
@@ -205,27 +213,32 @@ def decontam_report(
 ) -> None:
     """Synthesized tasks in the lake that near-duplicate a benchmark test item (what training leaves out)."""
     from lake.store import open_store
-    from trainer.decontam import SCANNED_TOPICS, NgramIndex, bench_counts, lake_records, load_index, scan
+    from trainer.decontam import SCANNED_TOPICS, bench_counts, lake_records, near_duplicates, scan
 
     cfg = settings()
-    index = load_index(cfg.home)
-    if index is None:
+    tests = near_duplicates(cfg.home)
+    if tests is None:
         raise UserError("no benchmark index yet (fix: `arena decontam index` first)")
+    index = tests.index
     topics = topic or list(SCANNED_TOPICS)
     unknown = [t for t in topics if t not in SCANNED_TOPICS]
     if unknown:
         raise UserError(f"--topic {', '.join(unknown)}: use some of {', '.join(SCANNED_TOPICS)}")
-    report = scan(NgramIndex(index), lake_records(open_store(cfg), topics), bench_counts(index))
+    report = scan(tests, lake_records(open_store(cfg), topics), bench_counts(index))
     if as_json:
         console.print_json(report.model_dump_json())
         return
+    by_cosine = "" if index.cosine is None else f", or embedding cosine >= {index.cosine:.2f}"
     table = Table(
-        title=f"near-duplicates of benchmark test items ({index.ngram}-grams, >= {index.threshold:.0%})"
+        title=f"near-duplicates of benchmark test items ({index.ngram}-grams >= {index.threshold:.0%}{by_cosine})"
     )
-    for column in ("topic", "key", "benchmark item", "overlap", "text"):
+    for column in ("topic", "key", "benchmark item", "by", "overlap", "cosine", "text"):
         table.add_column(column)
     for c in report.flagged:
-        table.add_row(c.topic, c.key[:16], f"{c.bench} {c.item_id}", f"{c.overlap:.0%}", c.text[:80])
+        cos = "" if c.cosine is None else f"{c.cosine:.2f}"
+        table.add_row(
+            c.topic, c.key[:16], f"{c.bench} {c.item_id}", c.by, f"{c.overlap:.0%}", cos, c.text[:80]
+        )
     console.print(table)
     scanned = ", ".join(f"{t} {report.scanned.get(t, 0)}" for t in topics)
     console.print(f"scanned: {scanned}; flagged {len(report.flagged)} (excluded from training)")

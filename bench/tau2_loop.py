@@ -174,7 +174,8 @@ def decontaminate(
                 dropped[record.sample_id] = found["subject"]
     report = {
         "test_items": len(items),
-        "threshold": screen.index.threshold,
+        "threshold": screen.tests.index.threshold,
+        "cosine": screen.tests.index.cosine,
         "sft_dropped": len(samples) - len(kept["samples.sft"]),
         "environments_dropped": len(envs) - len(kept["samples.verified"]),
         "near_duplicates": dropped,

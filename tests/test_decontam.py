@@ -28,6 +28,7 @@ from streams.runtime import Emit, encode
 from tests.cli import arena_env, read_all, run_arena
 from trainer.decontam import (
     BenchmarkIndex,
+    NearDuplicates,
     NgramIndex,
     Screen,
     bench_counts,
@@ -118,7 +119,18 @@ def test_index_holds_bfcl_questions_and_only_tau2_test_scenarios(index: Benchmar
     assert ngrams("One two") == {"one two"} and len(ngrams("a b c d e f")) == 2
 
 
-def test_planted_near_duplicates_are_flagged_and_the_rest_is_not(index: BenchmarkIndex) -> None:
+@pytest.fixture(scope="module")
+def tests_of(index: BenchmarkIndex) -> NearDuplicates:
+    return NearDuplicates(index)  # the items embedded: n-grams, then cosine >= 0.9
+
+
+PARAPHRASE = "Compute the area of a triangle whose base is 10 units and whose height is 5 units."
+"""simple_python_0 reworded: it shares a 5-gram or two, a cosine of about 0.96."""
+
+
+def test_planted_near_duplicates_are_flagged_and_the_rest_is_not(
+    index: BenchmarkIndex, tests_of: NearDuplicates
+) -> None:
     ngram_index = NgramIndex(index)
     for text, item in PLANTED.items():
         found = ngram_index.match(text)
@@ -136,13 +148,32 @@ def test_planted_near_duplicates_are_flagged_and_the_rest_is_not(index: Benchmar
     records.append(("eigen.intents", "e0", {"payload": json.dumps({"intent": intent})}))
     user_side = {"role_target": "user", "messages": [{"role": "system", "content": CLEAN_TASKS[1]}]}
     records.append(("samples.sft", "u0", user_side))
-    report = scan(ngram_index, records, bench_counts(index))
-    assert sorted(c.key for c in report.flagged) == ["e0", "k0", "k1", "k2", "t1"]
-    assert report.scanned == {"samples.verified": 3, "tasks": 2, "eigen.intents": 1, "samples.sft": 1}
+    records.append(("tasks", "p0", {"text": PARAPHRASE}))
+    report = scan(tests_of, records, bench_counts(index))
+    assert sorted(c.key for c in report.flagged) == ["e0", "k0", "k1", "k2", "p0", "t1"]
+    by = {c.key: c for c in report.flagged}
+    assert by["k0"].by == "ngram" and by["k0"].cosine is None
+    assert by["p0"].by == "embedding" and by["p0"].item_id == "simple_python/simple_python_0"
+    assert by["p0"].cosine is not None and by["p0"].cosine >= 0.9 and by["p0"].overlap < index.threshold
+    assert report.scanned == {"samples.verified": 3, "tasks": 3, "eigen.intents": 1, "samples.sft": 1}
     assert record_text("samples.sft", user_side) == CLEAN_TASKS[1]
 
 
-def test_the_trainer_source_leaves_out_near_duplicates(index: BenchmarkIndex, broker: str) -> None:
+def test_a_paraphrase_passes_the_ngrams_and_is_caught_by_its_embedding(
+    index: BenchmarkIndex, tests_of: NearDuplicates
+) -> None:
+    assert NgramIndex(index).match(PARAPHRASE) is None
+    ngrams_only = NearDuplicates(index.model_copy(update={"cosine": None}))
+    assert ngrams_only.vectors is None and ngrams_only.match(PARAPHRASE) is None
+    found = tests_of.match(PARAPHRASE)
+    assert found is not None and found.by == "embedding" and found.item.item_id.endswith("simple_python_0")
+    for text in [*CLEAN_TASKS, TRAIN_SCENARIO["reason_for_call"], ""]:
+        assert tests_of.match(text) is None, text
+    why = Screen(tests_of)("samples.verified", sample(PARAPHRASE))
+    assert why is not None and why["details"]["by"] == "embedding" and "embedding cosine" in why["reason"]
+
+
+def test_the_trainer_source_leaves_out_near_duplicates(tests_of: NearDuplicates, broker: str) -> None:
     spec = topic("samples.verified")
     ensure_topics(broker, [spec, topic(spec.rejected), topic(spec.dlq)])
     planted, clean = sample(list(PLANTED)[1]), sample(CLEAN_TASKS[0])
@@ -157,7 +188,7 @@ def test_the_trainer_source_leaves_out_near_duplicates(index: BenchmarkIndex, br
                 )
                 await producer.send_and_wait(spec.name, value, key=key, headers=headers)
             source: SampleSource[VerifiedSample] = SampleSource(
-                broker, spec.name, group_id="decontam-test", screen=Screen(index)
+                broker, spec.name, group_id="decontam-test", screen=Screen(tests_of)
             )
             await source.start(producer)
             try:
@@ -189,6 +220,7 @@ def test_decontam_cli_indexes_and_reports_the_lake(tmp_path: Path) -> None:
     args = ["decontam", "index", "--bfcl", "simple", "--tau2", "airline", "--tau2-data", str(data)]
     indexed = run_arena(args, env, timeout=240)
     assert "401 benchmark test items" in indexed.stdout and "bfcl 400" in indexed.stdout
+    assert (home / "decontam" / "benchmarks.npy").is_file()  # the items' embeddings, saved once
 
     planted, clean = sample(list(PLANTED)[2]), sample(CLEAN_TASKS[2])
     rows = [

@@ -7,11 +7,14 @@ known and unknown info, instructions) is cut into word n-grams (lower-cased, ``N
 synthesized text near-duplicates it when the n-grams they share cover at least ``threshold`` of
 the smaller of the two (containment: a benchmark question pasted inside a longer task counts, as
 does a task that is a benchmark scenario cut short). Items shorter than ``NGRAM`` words are one
-n-gram of all their words.
+n-gram of all their words. A paraphrase shares few n-grams, so a text that passes them is also
+embedded (``arena.embed``, MiniLM): a cosine of at least ``cosine`` with an item flags it too, the
+same test the tau2 new-instance screen applies (``synthesis.eigen.tau2_instances``).
 
 The benchmark items are loaded from the installed benchmark packages (bfcl-eval's bundled
 questions through ``trainer.benchmarks.bfcl``; tau2's shipped ``tasks.json`` and
-``split_tasks.json``) by ``arena decontam index`` into ``$ARENA_HOME/decontam/benchmarks.json``.
+``split_tasks.json``) by ``arena decontam index`` into ``$ARENA_HOME/decontam/benchmarks.json``, their
+embeddings into ``benchmarks.npy`` beside it.
 Once that file exists the trainer screens every sample it takes (``screen``: ``samples.sft`` and
 ``samples.verified``): a near-duplicate goes to ``<topic>.rejected`` (gate ``decontam``, naming the
 benchmark item and the overlap) instead of into a batch. ``arena decontam report`` scans what the
@@ -21,11 +24,15 @@ lake holds of the synthesis topics (``SCANNED_TOPICS``) and lists what would be 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from arena.overlap import NEAR_DUPLICATE, NGRAM, ngrams
@@ -35,8 +42,12 @@ if TYPE_CHECKING:
 
 THRESHOLD = NEAR_DUPLICATE
 """Share of the smaller text's n-grams the two must have in common to be near-duplicates."""
+COSINE = 0.9
+"""Embedding cosine at or above which a text near-duplicates an item (the tau2 instance screen's)."""
 INDEX_FILE = Path("decontam") / "benchmarks.json"
 """Where ``arena decontam index`` writes the benchmark items, under ``$ARENA_HOME``."""
+VECTORS_FILE = Path("decontam") / "benchmarks.npy"
+"""Their embeddings, one row per item in the index's order."""
 GATE = "decontam"
 SCANNED_TOPICS = ("tasks", "samples.sft", "samples.verified", "eigen.intents", "eigen.tasks")
 """Topics holding synthesized tasks: ASTRA's SFT tasks and samples, its environment samples, EigenData's
@@ -59,6 +70,12 @@ class BenchmarkIndex(BaseModel):
 
     ngram: Annotated[int, Field(ge=1, description="Words per n-gram.")] = NGRAM
     threshold: Annotated[float, Field(gt=0, le=1, description="Containment that flags a pair.")] = THRESHOLD
+    cosine: Annotated[
+        float | None,
+        Field(
+            gt=0, le=1, description="Embedding cosine that flags a pair (a paraphrase); None: n-grams only."
+        ),
+    ] = COSINE
     items: Annotated[list[BenchmarkItem], Field(description="The benchmark test items.")]
 
 
@@ -70,6 +87,13 @@ class Contamination(BaseModel):
     bench: Annotated[str, Field(description="Benchmark of the item it repeats.")]
     item_id: Annotated[str, Field(description="The benchmark item.")]
     overlap: Annotated[float, Field(description="Shared n-grams over the smaller text's n-grams.")]
+    by: Annotated[
+        Literal["ngram", "embedding"],
+        Field(description="The test that flagged it: shared n-grams or cosine."),
+    ] = "ngram"
+    cosine: Annotated[
+        float | None, Field(description="Embedding cosine with the item (when the embedding test ran).")
+    ] = None
     text: Annotated[str, Field(description="The synthesized text (first 300 characters).")]
     benchmark_text: Annotated[str, Field(description="The benchmark item's text (first 300 characters).")]
 
@@ -79,6 +103,7 @@ class DecontamReport(BaseModel):
 
     ngram: Annotated[int, Field(description="Words per n-gram.")]
     threshold: Annotated[float, Field(description="Containment that flags a pair.")]
+    cosine: Annotated[float | None, Field(description="Embedding cosine that flags a pair (None: not used).")]
     benchmarks: Annotated[dict[str, int], Field(description="Benchmark -> items checked against.")]
     scanned: Annotated[dict[str, int], Field(description="Topic -> records scanned.")]
     flagged: Annotated[list[Contamination], Field(description="Near-duplicates found.")]
@@ -114,6 +139,58 @@ class NgramIndex:
         """The benchmark item ``text`` near-duplicates (overlap >= threshold), if any."""
         found = self.best(text)
         return found if found is not None and found[1] >= self.threshold else None
+
+
+def embed_items(items: list[BenchmarkItem]) -> np.ndarray:
+    """The items' embeddings (L2-normalised rows, in order)."""
+    from arena.embed import DIM, embed_texts
+
+    return embed_texts([i.text for i in items]) if items else np.zeros((0, DIM), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Match:
+    """A benchmark item a text near-duplicates, and by which test."""
+
+    item: BenchmarkItem
+    by: Literal["ngram", "embedding"]
+    overlap: float
+    """Shared n-grams over the smaller text's (0 when none are shared)."""
+    cosine: float | None
+    """Embedding cosine with the item, when the embedding test ran."""
+
+
+class NearDuplicates:
+    """Both tests of a text against the benchmark items: shared n-grams, then embedding cosine.
+
+    ``vectors`` are the items' embeddings (``load_vectors``); made here when not given and the
+    index has a ``cosine``."""
+
+    def __init__(self, index: BenchmarkIndex, vectors: np.ndarray | None = None) -> None:
+        self.index = index
+        self.ngrams = NgramIndex(index)
+        self.vectors: np.ndarray | None = None
+        if index.cosine is not None:
+            self.vectors = vectors if vectors is not None else embed_items(index.items)
+
+    def match(self, text: str) -> Match | None:
+        """The item ``text`` near-duplicates, if any: by n-grams first (the cheaper and exact test)."""
+        found = self.ngrams.best(text)
+        overlap = found[1] if found is not None else 0.0
+        if found is not None and overlap >= self.index.threshold:
+            return Match(found[0], "ngram", overlap, None)
+        if self.vectors is None or self.index.cosine is None or not len(self.vectors) or not text.strip():
+            return None
+        from arena.embed import embed_texts
+
+        scores = self.vectors @ embed_texts([text])[0]
+        best = int(np.argmax(scores))
+        cosine = float(scores[best])
+        if cosine < self.index.cosine:
+            return None
+        item = self.index.items[best]
+        shared = overlap if found is not None and found[0] is item else 0.0
+        return Match(item, "embedding", shared, round(cosine, 4))
 
 
 # --------------------------------------------------------------------------- synthesized texts
@@ -163,7 +240,7 @@ def record_text(topic: str, record: dict[str, Any]) -> str:
 
 
 def scan(
-    index: NgramIndex, records: Iterable[tuple[str, str, dict[str, Any]]], benchmarks: dict[str, int]
+    index: NearDuplicates, records: Iterable[tuple[str, str, dict[str, Any]]], benchmarks: dict[str, int]
 ) -> DecontamReport:
     """Flag every (topic, key, record) whose task text near-duplicates a benchmark item."""
     scanned: dict[str, int] = defaultdict(int)
@@ -173,21 +250,23 @@ def scan(
         text = record_text(topic, record)
         found = index.match(text)
         if found is not None:
-            item, overlap = found
             flagged.append(
                 Contamination(
                     topic=topic,
                     key=key,
-                    bench=item.bench,
-                    item_id=item.item_id,
-                    overlap=round(overlap, 4),
+                    bench=found.item.bench,
+                    item_id=found.item.item_id,
+                    overlap=round(found.overlap, 4),
+                    by=found.by,
+                    cosine=found.cosine,
                     text=text[:300],
-                    benchmark_text=item.text[:300],
+                    benchmark_text=found.item.text[:300],
                 )
             )
     return DecontamReport(
-        ngram=index.ngram,
-        threshold=index.threshold,
+        ngram=index.index.ngram,
+        threshold=index.index.threshold,
+        cosine=index.index.cosine,
         benchmarks=benchmarks,
         scanned=dict(scanned),
         flagged=flagged,
@@ -252,16 +331,50 @@ def index_path(home: Path) -> Path:
 
 
 def save_index(home: Path, index: BenchmarkIndex) -> Path:
+    """Write the index and, when it has a ``cosine``, its items' embeddings (each atomically)."""
     path = index_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(index.model_dump_json())
+    vectors = home / VECTORS_FILE
+    if index.cosine is not None:
+        _atomic(vectors, lambda out: np.save(out, embed_items(index.items)))
+    else:
+        vectors.unlink(missing_ok=True)
+    _atomic(path, lambda out: out.write(index.model_dump_json().encode()))
     return path
+
+
+def _atomic(path: Path, write: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_index(home: Path) -> BenchmarkIndex | None:
     """The saved benchmark index, or None when ``arena decontam index`` has not run."""
     path = index_path(home)
     return BenchmarkIndex.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def load_vectors(home: Path, index: BenchmarkIndex) -> np.ndarray | None:
+    """The saved embeddings of ``index``'s items; None when missing or not one row per item."""
+    try:
+        vectors = np.load(home / VECTORS_FILE)
+    except (OSError, ValueError):
+        return None
+    return vectors if vectors.shape[:1] == (len(index.items),) else None
+
+
+def near_duplicates(home: Path) -> NearDuplicates | None:
+    """Both tests against the index saved under ``home`` (None before ``arena decontam index``)."""
+    index = load_index(home)
+    if index is None:
+        return None
+    return NearDuplicates(index, load_vectors(home, index) if index.cosine is not None else None)
 
 
 def bench_counts(index: BenchmarkIndex) -> dict[str, int]:
@@ -277,29 +390,37 @@ def bench_counts(index: BenchmarkIndex) -> dict[str, int]:
 class Screen:
     """What the trainer's sample sources ask of every sample: is it a near-duplicate, and of what."""
 
-    def __init__(self, index: BenchmarkIndex) -> None:
-        self.index = NgramIndex(index)
+    def __init__(self, index: BenchmarkIndex | NearDuplicates) -> None:
+        self.tests = index if isinstance(index, NearDuplicates) else NearDuplicates(index)
 
     def __call__(self, topic: str, record: BaseModel) -> dict[str, Any] | None:
         """None to train on ``record``; else the Rejection fields (gate, subject, reason, details)."""
-        text = record_text(topic, record.model_dump(mode="json"))
-        found = self.index.match(text)
+        found = self.tests.match(record_text(topic, record.model_dump(mode="json")))
         if found is None:
             return None
-        item, overlap = found
+        index, item = self.tests.index, found.item
+        if found.by == "ngram":
+            why = f"{found.overlap:.0%} of {index.ngram}-grams shared, threshold {index.threshold:.0%}"
+        else:
+            why = f"embedding cosine {found.cosine:.2f}, threshold {index.cosine:.2f}"
         return {
             "gate": GATE,
             "subject": item.item_id,
-            "reason": f"near-duplicate of {item.bench} test item {item.item_id} "
-            f"({overlap:.0%} of {self.index.ngram}-grams shared, threshold {self.index.threshold:.0%})",
-            "details": {"bench": item.bench, "item_id": item.item_id, "overlap": round(overlap, 4)},
+            "reason": f"near-duplicate of {item.bench} test item {item.item_id} ({why})",
+            "details": {
+                "bench": item.bench,
+                "item_id": item.item_id,
+                "by": found.by,
+                "overlap": round(found.overlap, 4),
+                "cosine": found.cosine,
+            },
         }
 
 
 def trainer_screen(home: Path) -> Screen | None:
     """The screen for the trainer when ``arena decontam index`` has run under ``home``; else None."""
-    index = load_index(home)
-    return Screen(index) if index is not None else None
+    tests = near_duplicates(home)
+    return Screen(tests) if tests is not None else None
 
 
 def lake_records(store: ObjectStore, topics: Iterable[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:

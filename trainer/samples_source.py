@@ -227,7 +227,13 @@ class SampleSource(Generic[T]):
             self.dead_letters += 1
             return None
         assert decoded.record is not None
-        if self._screen is not None and (why := self._screen(self.spec.name, decoded.record)) is not None:
+        # In a thread: the screen may embed the sample's text (and load the encoder the first time).
+        why = (
+            None
+            if self._screen is None
+            else await asyncio.to_thread(self._screen, self.spec.name, decoded.record)
+        )
+        if why is not None:
             rejection = Rejection(stage=STAGE, topic=self.name, source_key=key, **why)
             rejection_key = content_hash([key, rejection.gate, rejection.subject])
             await self._send(Emit(self.spec.rejected, rejection_key, rejection, (key,)))

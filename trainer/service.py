@@ -272,7 +272,9 @@ class TrainerService:
         self.producer = producer
         group = self.cfg.group_id
         claims = ClaimCheck.from_settings(self.settings)  # large samples travel as claims to the lake
-        screen = trainer_screen(self.settings.home)  # once `arena decontam index` ran: no benchmark twins
+        # Once `arena decontam index` ran: no benchmark twins (in a thread: it reads the saved embeddings,
+        # or embeds the items of an index saved without them).
+        screen = await asyncio.to_thread(trainer_screen, self.settings.home)
         self.sources = {
             name: SampleSource(
                 self.bootstrap,
