@@ -66,6 +66,9 @@ def test_the_saved_label_embeddings_are_the_encoders(tmp_path: Path) -> None:
     other = tmp_path / "labels.npz"
     np.savez(other, key=np.array("another key"), vectors=computed)
     assert saved_labels(other) is None and saved_labels(tmp_path / "missing.npz") is None
+    torn = tmp_path / "torn.npz"
+    torn.write_bytes(LABELS_FILE.read_bytes()[:100])  # a cut-off copy reads as no file
+    assert saved_labels(torn) is None
     assert np.array_equal(saved_labels(write_labels_file(other)), computed)
     assert labels_key() == labels_key() and len(labels_key()) == 32
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
 from functools import lru_cache
 from importlib.metadata import version
 from pathlib import Path
@@ -180,7 +181,7 @@ def saved_labels(path: Path = LABELS_FILE) -> np.ndarray | None:
             if str(saved["key"]) != labels_key():
                 return None
             vectors = np.array(saved["vectors"], dtype=np.float32)
-    except (OSError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         return None
     return vectors if vectors.shape == (len(DOMAINS), DIM) else None
 
