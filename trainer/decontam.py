@@ -24,8 +24,6 @@ lake holds of the synthesis topics (``SCANNED_TOPICS``) and lists what would be 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from arena.files import write_atomic
 from arena.overlap import NEAR_DUPLICATE, NGRAM, ngrams
 
 if TYPE_CHECKING:
@@ -332,26 +331,12 @@ def index_path(home: Path) -> Path:
 
 def save_index(home: Path, index: BenchmarkIndex) -> Path:
     """Write the index and, when it has a ``cosine``, its items' embeddings (each atomically)."""
-    path = index_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
     vectors = home / VECTORS_FILE
     if index.cosine is not None:
-        _atomic(vectors, lambda out: np.save(out, embed_items(index.items)))
+        write_atomic(vectors, lambda out: np.save(out, embed_items(index.items)))
     else:
         vectors.unlink(missing_ok=True)
-    _atomic(path, lambda out: out.write(index.model_dump_json().encode()))
-    return path
-
-
-def _atomic(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return write_atomic(index_path(home), lambda out: out.write(index.model_dump_json().encode()))
 
 
 def load_index(home: Path) -> BenchmarkIndex | None:

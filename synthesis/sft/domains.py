@@ -9,8 +9,6 @@ irrelevant-tool mixing (same-domain tools are excluded, ASTRA eq. 24-28).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from functools import lru_cache
 from importlib.metadata import version
@@ -21,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from arena.embed import DIM, MODEL_NAME, embed_texts
+from arena.files import write_atomic
 from arena.hashing import content_hash
 
 
@@ -187,18 +186,9 @@ def saved_labels(path: Path = LABELS_FILE) -> np.ndarray | None:
 
 
 def write_labels_file(path: Path = LABELS_FILE) -> Path:
-    """Embed the label texts and save them with their key (atomically: a temp file, then a rename)."""
-    vectors = embed_texts([d.text for d in DOMAINS])
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            np.savez(out, key=np.array(labels_key()), vectors=vectors.astype(np.float32))
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep it from other users of the install
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Embed the label texts and save them with their key (atomically)."""
+    vectors = embed_texts([d.text for d in DOMAINS]).astype(np.float32)
+    return write_atomic(path, lambda out: np.savez(out, key=np.array(labels_key()), vectors=vectors))
 
 
 def server_text(texts: list[str]) -> str:
