@@ -13,6 +13,10 @@ NGRAM = 5
 NEAR_DUPLICATE = 0.5
 """Containment at or above which two texts are near-duplicates."""
 
+NEAR_DUPLICATE_COSINE = 0.9
+"""Embedding cosine (``arena.embed``) at or above which two texts are near-duplicates: a paraphrase
+shares few n-grams."""
+
 _WORD = re.compile(r"[a-z0-9]+")
 
 

@@ -34,14 +34,14 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from arena.files import write_atomic
-from arena.overlap import NEAR_DUPLICATE, NGRAM, ngrams
+from arena.overlap import NEAR_DUPLICATE, NEAR_DUPLICATE_COSINE, NGRAM, ngrams
 
 if TYPE_CHECKING:
     from lake.store import ObjectStore
 
 THRESHOLD = NEAR_DUPLICATE
 """Share of the smaller text's n-grams the two must have in common to be near-duplicates."""
-COSINE = 0.9
+COSINE = NEAR_DUPLICATE_COSINE
 """Embedding cosine at or above which a text near-duplicates an item (the tau2 instance screen's)."""
 INDEX_FILE = Path("decontam") / "benchmarks.json"
 """Where ``arena decontam index`` writes the benchmark items, under ``$ARENA_HOME``."""

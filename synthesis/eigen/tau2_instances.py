@@ -31,14 +31,14 @@ from pydantic import BaseModel, Field
 
 from arena.embed import embed_texts
 from arena.hashing import content_hash
-from arena.overlap import NEAR_DUPLICATE, containment, ngrams
+from arena.overlap import NEAR_DUPLICATE, NEAR_DUPLICATE_COSINE, containment, ngrams
 from arena.records.eigen import GoalCall
 from environments.tau2_tasks import Tau2Task, user_instructions
 from synthesis.eigen.roles.tau2_instances import InstanceDraw, InstanceOption, InstanceScenario
 
 INSTANCE_DOMAINS = ("airline", "retail")
 """Domains whose database the random pool can draw requests from."""
-COSINE_THRESHOLD = 0.9
+COSINE_THRESHOLD = NEAR_DUPLICATE_COSINE
 """Embedding cosine at or above which a scenario near-duplicates a task."""
 AIRLINE_NOW = "2024-05-15T15:00:00"
 """tau2 airline's current time (its policy: 'The current time is 2024-05-15 15:00:00 EST')."""
