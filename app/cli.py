@@ -352,9 +352,7 @@ def train_cmd(
             cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"run": checked})})
         except ValidationError:
             raise UserError(f"--run {run!r}: use letters, digits, '_', '.', '-' (at most 64)") from None
-    # Imported once the options are known to be good: the trainer loads torch (seconds).
-    from trainer.policy import BackendUnavailable, check_backend
-    from trainer.service import NoCheckpoint, TrainerService, TrainOptions
+    from trainer.preflight import BackendUnavailable, NoCheckpoint, check_backend, check_start
 
     try:  # before the stack starts: a device or backend this machine lacks is a setting to fix
         check_backend(cfg.train.device, cfg.train.backend)
@@ -368,10 +366,16 @@ def train_cmd(
             f"run {cfg.train.run!r} trains on data version {trained_on!r}, not {version!r}: a run never "
             f"mixes versions (fix: --run NEW_NAME for a run on {version!r})"
         )
+    address = ready_broker(cfg)
+    try:  # what the run's checkpoints and the model setting decide, before torch loads (seconds)
+        check_start(cfg, tiny=tiny, resume=resume)
+    except (NoCheckpoint, FileNotFoundError) as exc:
+        raise UserError(str(exc)) from None
+    from trainer.service import TrainerService, TrainOptions
+
     options = TrainOptions(
         tiny=tiny, steps=steps, until_drained=until_drained, resume=resume, version=version
     )
-    address = ready_broker(cfg)
     if version != "main":
         from app.replay import trainer_topics, versioned_topics
 
@@ -447,7 +451,7 @@ def eval_cmd(
     With --bench, pass^k and pass@k of a served model per BFCL category or tau2 domain, scored by the
     benchmark's own checker, with a do-nothing agent's score beside each.
     """
-    import tempfile
+    from arena.files import scratch_dir
 
     cfg = settings()
     if bench is not None:
@@ -484,13 +488,13 @@ def eval_cmd(
     # Imported once the options are known to be good: the evaluator loads torch (seconds).
     from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
     from trainer.evaluate import report_table, run_eval
-    from trainer.policy import BackendUnavailable
+    from trainer.preflight import BackendUnavailable
 
     trained_on: str | None = None
-    with tempfile.TemporaryDirectory(prefix="arena-eval-") as tmp:
+    with scratch_dir(cfg.home, "eval") as tmp:  # a run's weights are copied here
         if model is None:
             from lake.store import open_store
-            from trainer.checkpoint import Checkpoints  # imports torch: only for a run's weights
+            from trainer.checkpoint import Checkpoints
 
             name = run or cfg.train.run
             checkpoints = Checkpoints(open_store(cfg), cfg.catalog, name)

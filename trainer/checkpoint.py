@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import torch
 from pydantic import BaseModel, Field
 from sqlalchemy import delete
 from sqlalchemy.engine import Engine
@@ -101,8 +100,12 @@ def step_of(path: str) -> int | None:
 class Checkpoints:
     """Writes, lists, loads and prunes one run's checkpoints."""
 
-    def __init__(self, store: ObjectStore, catalog: str | Engine, run: str) -> None:
+    def __init__(
+        self, store: ObjectStore, catalog: str | Engine, run: str, *, scratch: Path | None = None
+    ) -> None:
         self.store = store
+        self.scratch = scratch
+        """Where weights are written before their upload (the system's temp folder if None)."""
         self.run = run
         self.prefix = f"trainer/{run}"
         self.engine = catalog if isinstance(catalog, Engine) else _make_engine(catalog)
@@ -126,7 +129,7 @@ class Checkpoints:
     def save_weights(self, step: int, phase: str, model: Any, tokenizer: Any) -> str:
         """Save a loadable Hugging Face folder for ``step``; returns its lake prefix."""
         prefix = f"{self.prefix}/weights/{step_name(step)}"
-        with tempfile.TemporaryDirectory(prefix="arena-weights-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="arena-weights-", dir=self.scratch) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             nbytes = upload_folder(self.store, Path(tmp), prefix)
@@ -144,6 +147,8 @@ class Checkpoints:
     # --- full state --------------------------------------------------------
     def save_state(self, step: int, phase: str, state: dict[str, Any], keep: int) -> str:
         """Write the full state of ``step`` in one put, then keep only the newest ``keep`` states."""
+        import torch  # here, not at the top: listing a run's checkpoints needs no torch
+
         buf = io.BytesIO()
         torch.save(state, buf)
         path = f"{self.prefix}/state/{step_name(step)}.pt"
@@ -158,6 +163,8 @@ class Checkpoints:
         return sorted({s for p in self.store.list(f"{self.prefix}/state/") if (s := step_of(p))})
 
     def load_state(self, step: int) -> dict[str, Any]:
+        import torch
+
         data = self.store.get(f"{self.prefix}/state/{step_name(step)}.pt")
         # The state holds RNG states and optimizer tensors only (no pickled code objects).
         state: dict[str, Any] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)

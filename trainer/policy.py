@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from environments.render import IM_END, encode_segment
 from trainer.prefix_cache import LayerKV, PrefixCache, batch_of, cacheable, rows_of, supported
+from trainer.preflight import check_device, import_vllm
 
 if TYPE_CHECKING:
     from arena.config import TrainSettings
@@ -101,36 +101,11 @@ def _seeded(seed: int, device: torch.device) -> Iterator[None]:
 Precision = Literal["fp32", "bf16"]
 
 
-class BackendUnavailable(ValueError):
-    """The configured device or rollout backend cannot start on this machine (a setting to fix)."""
-
-
-def import_vllm() -> Any:
-    """The vllm module (the gpu extra), or ``BackendUnavailable`` naming the fix."""
-    try:
-        import vllm
-    except ImportError as exc:
-        raise BackendUnavailable(
-            f"ARENA_TRAIN__BACKEND=vllm but vllm cannot be imported: {exc} (fix: install vllm, the gpu extra, "
-            "on a machine with a GPU, or ARENA_TRAIN__BACKEND=hf)"
-        ) from exc
-    return vllm
-
-
-def check_backend(device: str, backend: str) -> None:
-    """Fail now, before any stack starts or model loads, when the device or the rollout backend
-    cannot run on this machine (``BackendUnavailable``)."""
-    resolve_device(device)
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        import_vllm()
-
-
 def resolve_device(setting: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``."""
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if setting == "cuda" and not torch.cuda.is_available():
-        raise BackendUnavailable("ARENA_TRAIN__DEVICE=cuda but torch sees no GPU (fix: device auto or cpu)")
+    check_device(setting)
     return setting
 
 

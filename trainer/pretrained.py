@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from arena.llm.local_models import BUNDLED, LOCAL_LLM_EXTRA, LocalModelError, resolve
+from arena.llm.local_models import BUNDLED, LOCAL_LLM_EXTRA, LocalModel, LocalModelError, resolve
 
 MODELS_DIR = "models"
 """Converted models' folder under ``$ARENA_HOME``."""
@@ -35,8 +35,25 @@ def is_convertible(spec: str) -> bool:
     return spec in BUNDLED or spec.endswith(".gguf")
 
 
+def check_model(spec: str) -> None:
+    """``PretrainedError`` unless ``spec`` is a usable folder, ``.gguf`` file or bundled model
+    (nothing is loaded or converted: ``arena train`` checks its setting before it imports torch)."""
+    _locate(spec)
+
+
 def hf_folder(spec: str, home: Path) -> Path:
     """The Hugging Face folder of ``spec`` (a folder, a ``.gguf`` file or a bundled name)."""
+    found = _locate(spec)
+    if isinstance(found, Path):
+        return found
+    dest = home / MODELS_DIR / f"{found.name}-{_digest(found.path)[:12]}"
+    if not (dest / "config.json").is_file():
+        _convert(found.path, dest)
+    return dest
+
+
+def _locate(spec: str) -> Path | LocalModel:
+    """A Hugging Face folder as is, or the GGUF file to convert."""
     path = Path(spec)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -56,10 +73,7 @@ def hf_folder(spec: str, home: Path) -> Path:
         raise PretrainedError(str(exc)) from None
     if importlib.util.find_spec("gguf") is None:
         raise PretrainedError(f"loading {model.path.name} needs PyPI gguf (fix: {LOCAL_LLM_EXTRA})")
-    dest = home / MODELS_DIR / f"{model.name}-{_digest(model.path)[:12]}"
-    if not (dest / "config.json").is_file():
-        _convert(model.path, dest)
-    return dest
+    return model
 
 
 def _digest(path: Path) -> str:

@@ -44,7 +44,6 @@ import random
 import shutil
 import signal
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +56,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 
 from arena.config import ArenaSettings
+from arena.files import scratch_dir
 from arena.hashing import content_hash
 from arena.metrics import trainer_step as export_step
 from arena.records.envs import VerifiedSample
@@ -72,6 +72,7 @@ from trainer.decontam import trainer_screen
 from trainer.episodes import Episodes
 from trainer.learner import Learner
 from trainer.policy import HfBackend
+from trainer.preflight import NoCheckpoint, check_model_setting, no_state
 from trainer.rollout_log import save_rollouts
 from trainer.samples_source import STAGE, STAGE_VERSION, SampleSource, Taken
 from trainer.sft import sft_example
@@ -123,10 +124,6 @@ class TrainOptions(BaseModel):
     ] = MAIN
 
 
-class NoCheckpoint(Exception):
-    """``--resume`` was asked for but the run has no full state yet."""
-
-
 @dataclass
 class StepView:
     """What a step's checkpoint and record hold: the sources' offsets, the batch buffer and the RNG
@@ -166,7 +163,12 @@ class TrainerService:
         self.options = options
         self.console = console
         self.store = open_store(settings)
-        self.checkpoints = Checkpoints(self.store, settings.catalog, self.cfg.run)
+        # Model copies go under $ARENA_HOME/tmp: a kill -9 leaves them there, and the next start
+        # removes them (arena.files.scratch_dir), where /tmp would keep a copy per crash.
+        self._tmp = scratch_dir(settings.home, "train")
+        self.checkpoints = Checkpoints(
+            self.store, settings.catalog, self.cfg.run, scratch=Path(self._tmp.name)
+        )
         self.catalog = Catalog(settings.catalog)
         self.stop = asyncio.Event()
         self.step = 0
@@ -175,7 +177,6 @@ class TrainerService:
         self.user_sim: UserSimChoice | None = None
         self.phase: Phase = "sft" if self.cfg.sft_steps > 0 else "grpo"
         self.filler = BatchFiller(self.cfg.batch_groups, self.cfg.delta)
-        self._tmp = tempfile.TemporaryDirectory(prefix="arena-train-")
         self.learner: Learner | None = None
         self.episodes: Episodes | None = None
         self.sources: dict[str, SampleSource[Any]] = {}
@@ -196,10 +197,7 @@ class TrainerService:
         self._quiet_transformers()
         state_step = self.checkpoints.latest_state()
         if self.options.resume and state_step is None:
-            raise NoCheckpoint(
-                f"run {self.cfg.run!r} has no training state to resume from "
-                "(fix: drop --resume to start it, or pick the run with ARENA_TRAIN__RUN)"
-            )
+            raise no_state(self.cfg.run)
         folder = self._base_folder()
         self.learner = Learner.load(folder, self.cfg)
         self.episodes = Episodes(self.settings, self.learner)
@@ -236,19 +234,13 @@ class TrainerService:
         dest = Path(self._tmp.name) / "base"
         if self.checkpoints.has_base():
             return self.checkpoints.base_folder(dest)
+        check_model_setting(self.settings, tiny=self.options.tiny)
         if self.cfg.model:
-            from trainer.pretrained import PretrainedError, hf_folder
+            from trainer.pretrained import hf_folder
 
-            try:  # a Hugging Face folder as is; a GGUF file or a bundled model converted once
-                src = hf_folder(self.cfg.model, self.settings.home)
-            except PretrainedError as exc:
-                raise FileNotFoundError(f"ARENA_TRAIN__MODEL={exc} (or use --tiny)") from None
-            self.checkpoints.save_base(src)
+            # a Hugging Face folder as is; a GGUF file or a bundled model converted once
+            self.checkpoints.save_base(hf_folder(self.cfg.model, self.settings.home))
             return self.checkpoints.base_folder(dest)
-        if not self.options.tiny:
-            raise FileNotFoundError(
-                "no model: set ARENA_TRAIN__MODEL to a local Hugging Face folder, or pass --tiny"
-            )
         from trainer.tiny import build_tiny, lake_texts
 
         build_tiny(dest, lake_texts(self.store), seed=self.settings.seed)
