@@ -41,7 +41,7 @@ SPREAD_FILES = frozenset({"test_bench_quick.py"})
 
 
 def xdist_group(item: pytest.Item) -> str:
-    """Which tests one pytest-xdist worker runs together (scripts/test.sh: ``-n 2 --dist loadgroup``).
+    """Which tests one pytest-xdist worker runs together (scripts/test.sh: ``-n 3 --dist loadgroup``).
 
     Every test of the shared demo home on one worker (the home is built once per worker that
     asks for it); otherwise a file's tests together, so module fixtures start once.
