@@ -401,12 +401,14 @@ def train_cmd(
 def eval_cmd(
     k: Annotated[int, typer.Option(min=1, help="k of pass^k and pass@k.")] = 4,
     trials: Annotated[int | None, typer.Option(min=1, help="Trials per case (n >= k; default k).")] = None,
-    model: Annotated[
-        str | None,
+    models: Annotated[
+        list[str] | None,
         typer.Option(
+            "--model",
             help="Model to evaluate (default: the run's newest weights): a Hugging Face folder, a .gguf "
             "file, a bundled model (smollm2), or an OpenAI-compatible endpoint: "
-            "openai://host:port/v1?model=NAME (openais:// for https; key: ARENA_LLM_API_KEY)."
+            "openai://host:port/v1?model=NAME (openais:// for https; key: ARENA_LLM_API_KEY). "
+            "With --bench tau2, several checkpoint folders (--model A --model B) share the tasks.",
         ),
     ] = None,
     run: Annotated[str | None, typer.Option(help="Run whose newest weights to evaluate.")] = None,
@@ -457,7 +459,7 @@ def eval_cmd(
     if bench is not None:
         from app.cli_bench import check_bench_options, print_bench, run_bench
 
-        url = check_bench_options(bench, model, domain, category)
+        urls = check_bench_options(bench, models or [], domain, category)
         if split is not None and bench != "tau2":
             raise UserError("--split goes with --bench tau2 (fix: drop it)")
         n = trials if trials is not None else k
@@ -466,7 +468,7 @@ def eval_cmd(
         found = run_bench(
             cfg,
             bench,
-            url,
+            urls,
             domain=domain,
             category=category,
             k=k,
@@ -480,6 +482,9 @@ def eval_cmd(
         return
     if domain is not None or category is not None:
         raise UserError("--domain and --category go with --bench (fix: --bench tau2 or --bench bfcl)")
+    if len(models or []) > 1:
+        raise UserError("--model more than once goes with --bench tau2 (fix: one --model per `arena eval`)")
+    model = models[0] if models else None
     if user not in ("gateway", "policy"):
         raise UserError(f"--user {user!r}: use 'gateway' or 'policy'")
     n = trials if trials is not None else k

@@ -3,7 +3,9 @@
 ``arena eval`` without ``--bench`` scores Arena's own held-out packages (``trainer.evaluate``); with
 it, the model at ``--model openai://host:port/v1?model=NAME`` is scored by the benchmark's own
 checker (``trainer.benchmarks.bfcl``, ``trainer.benchmarks.tau2``) and reported with the
-do-nothing floor beside each figure (``trainer.benchmarks.report``).
+do-nothing floor beside each figure (``trainer.benchmarks.report``). For tau2, ``--model`` may
+also be a checkpoint folder, and be given several times: the checkpoints (a base and what was
+trained from it) are scored on the same tasks, user openings and floor, with one sandbox pool.
 
 ``arena decontam index|report``: the benchmarks' test items that synthesized tasks must not repeat
 (``trainer.decontam``), and the near-duplicates in the lake that training leaves out.
@@ -11,8 +13,10 @@ do-nothing floor beside each figure (``trainer.benchmarks.report``).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -26,20 +30,44 @@ if TYPE_CHECKING:
 BENCHES = ("bfcl", "tau2")
 
 
-def check_bench_options(bench: str, model: str | None, domain: str | None, category: str | None) -> str:
-    """The endpoint URL (or, for tau2, the local checkpoint folder) to evaluate; ``UserError`` for
+def check_bench_options(
+    bench: str, models: Sequence[str], domain: str | None, category: str | None
+) -> list[str]:
+    """The endpoint URL (or, for tau2, the local checkpoint folders) to evaluate; ``UserError`` for
     options that do not fit the benchmark."""
-    from trainer.endpoint_policy import EndpointError, check_endpoint_url, is_endpoint
-
     if bench not in BENCHES:
         raise UserError(f"--bench {bench!r}: use one of {', '.join(BENCHES)}")
-    if model is None:
+    if not models:
         local = " or a checkpoint folder" if bench == "tau2" else ""
         raise UserError(
             f"--bench {bench} evaluates a served model{local} (fix: --model openai://host:port/v1?model=NAME, "
             "e.g. `arena llm serve` or vLLM)"
         )
-    if bench == "tau2" and not is_endpoint(model):
+    if len(models) > 1 and not (bench == "tau2" and not any(map(_is_endpoint, models))):
+        raise UserError(
+            f"--model {len(models)} times: several models go with --bench tau2 and local checkpoint "
+            "folders only, evaluated on the same tasks (fix: one --model per run for endpoints and bfcl)"
+        )
+    checked = [_check_bench_model(bench, model) for model in models]
+    if bench == "bfcl" and domain is not None:
+        raise UserError("--domain is for --bench tau2 (fix: --category for bfcl)")
+    if bench == "tau2" and category is not None:
+        raise UserError("--category is for --bench bfcl (fix: --domain for tau2)")
+    if bench == "tau2" and not domain:
+        raise UserError("--bench tau2 needs --domain (fix: --domain airline, retail or telecom)")
+    return checked
+
+
+def _is_endpoint(model: str) -> bool:
+    from trainer.endpoint_policy import is_endpoint
+
+    return is_endpoint(model)
+
+
+def _check_bench_model(bench: str, model: str) -> str:
+    from trainer.endpoint_policy import EndpointError, check_endpoint_url
+
+    if bench == "tau2" and not _is_endpoint(model):
         if not (Path(model) / "config.json").is_file():
             raise UserError(
                 f"--model {model}: not an endpoint URL nor a checkpoint folder with a config.json "
@@ -50,19 +78,13 @@ def check_bench_options(bench: str, model: str | None, domain: str | None, categ
         check_endpoint_url(model)
     except EndpointError as exc:
         raise UserError(str(exc)) from None
-    if bench == "bfcl" and domain is not None:
-        raise UserError("--domain is for --bench tau2 (fix: --category for bfcl)")
-    if bench == "tau2" and category is not None:
-        raise UserError("--category is for --bench bfcl (fix: --domain for tau2)")
-    if bench == "tau2" and not domain:
-        raise UserError("--bench tau2 needs --domain (fix: --domain airline, retail or telecom)")
     return model
 
 
 def run_bench(
     cfg: ArenaSettings,
     bench: str,
-    url: str,
+    models: Sequence[str],
     *,
     domain: str | None,
     category: str | None,
@@ -72,8 +94,10 @@ def run_bench(
     concurrency: int,
     seed: int,
     split: str = "test",
-) -> BenchReport:
-    """Run ``bench`` on the model at ``url``; its errors become ``UserError``s naming the fix."""
+) -> list[BenchReport]:
+    """Run ``bench`` on each model (``check_bench_options``): a report per model, in order. Several
+    tau2 checkpoints share one sandbox pool, the tasks and the user's openings. Errors become
+    ``UserError``s naming the fix."""
     from trainer.endpoint_policy import EndpointError
 
     try:
@@ -81,48 +105,50 @@ def run_bench(
             from trainer.benchmarks.bfcl import DEFAULT_CATEGORIES, BfclError, run_bfcl
 
             try:
-                return run_bfcl(
-                    cfg,
-                    url,
-                    category=category or DEFAULT_CATEGORIES,
-                    k=k,
-                    trials=trials,
-                    limit=limit,
-                    concurrency=concurrency,
-                    seed=seed,
-                )
+                return [
+                    run_bfcl(
+                        cfg,
+                        models[0],
+                        category=category or DEFAULT_CATEGORIES,
+                        k=k,
+                        trials=trials,
+                        limit=limit,
+                        concurrency=concurrency,
+                        seed=seed,
+                    )
+                ]
             except BfclError as exc:
                 raise UserError(str(exc)) from None
         from sandbox.pool import SandboxUnavailable
-        from trainer.benchmarks.tau2 import Tau2BenchError, run_tau2
+        from trainer.benchmarks.tau2 import Tau2BenchError, run_tau2, run_tau2_checkpoints
 
         assert domain is not None  # check_bench_options
+        if split not in ("test", "train", "all"):
+            raise UserError(f"--split {split!r}: use test, train or all")
+        options: dict[str, Any] = dict(
+            domain=domain, k=k, trials=trials, limit=limit, concurrency=concurrency, seed=seed, split=split
+        )
         try:
-            if split not in ("test", "train", "all"):
-                raise UserError(f"--split {split!r}: use test, train or all")
-            return run_tau2(
-                cfg,
-                url,
-                domain=domain,
-                k=k,
-                trials=trials,
-                limit=limit,
-                concurrency=concurrency,
-                seed=seed,
-                split=split,  # type: ignore[arg-type]  # checked above
-            )
+            if len(models) > 1:
+                return run_tau2_checkpoints(cfg, models, **options)
+            return [run_tau2(cfg, models[0], **options)]
         except (Tau2BenchError, SandboxUnavailable) as exc:  # unknown domain, no .venv-tau2, no sandbox
             raise UserError(f"--bench tau2: {exc}") from None
     except EndpointError as exc:  # the endpoint does not serve
         raise UserError(str(exc)) from None
 
 
-def print_bench(report: BenchReport, as_json: bool) -> None:
+def print_bench(reports: Sequence[BenchReport], as_json: bool) -> None:
+    """A table per report; ``--json``: the report, or a list of them when several models ran."""
     from trainer.benchmarks.report import bench_table
 
     if as_json:
-        console.print_json(report.model_dump_json())
-    else:
+        if len(reports) == 1:
+            console.print_json(reports[0].model_dump_json())
+        else:
+            console.print_json(json.dumps([r.model_dump(mode="json") for r in reports]))
+        return
+    for report in reports:
         console.print(bench_table(report))
 
 

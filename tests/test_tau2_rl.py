@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -238,9 +239,18 @@ def test_eval_bench_tau2_rolls_a_local_checkpoint_out_on_the_test_split(
         ARENA_TRAIN__MAX_NEW_TOKENS="12",
         ARENA_TRAIN__MAX_SEQ_LEN="16384",
     )
-    args = ["eval", "--bench", "tau2", "--domain", DOMAIN, "--model", str(tiny), "--limit", "1"]
-    out = run_arena([*args, "--k", "1", "--trials", "2", "--json"], env, timeout=900)
-    report = json.loads(out.stdout)
+    twin = Path(settings.home) / "tiny-twin"  # the same weights in another folder
+    if not twin.exists():
+        shutil.copytree(tiny, twin)
+    args = ["eval", "--bench", "tau2", "--domain", DOMAIN, "--model", str(tiny), "--model", str(twin)]
+    out = run_arena([*args, "--limit", "1", "--k", "1", "--trials", "2", "--json"], env, timeout=900)
+    report, again = json.loads(out.stdout)
+    # Several checkpoints share the tasks, the user's openings and the seeds: the same weights score
+    # the same, trial by trial.
+    assert again["model"] == str(twin)
+    assert [(t["task_id"], t["rewards"]) for t in again["tasks"]] == [
+        (t["task_id"], t["rewards"]) for t in report["tasks"]
+    ]
     assert (
         report["split"] == "test" and report["user_simulator"] == "gateway" and report["model"] == str(tiny)
     )
@@ -253,6 +263,11 @@ def test_eval_bench_tau2_rolls_a_local_checkpoint_out_on_the_test_split(
         ["eval", "--bench", "tau2", "--domain", DOMAIN, "--model", str(tiny / "nope")], env, check=2
     )
     assert "checkpoint folder" in bad.stderr and "Traceback" not in bad.stderr
+    endpoints = ["--model", "openai://127.0.0.1:9/v1?model=a", "--model", "openai://127.0.0.1:9/v1?model=b"]
+    twice = run_arena(["eval", "--bench", "tau2", "--domain", DOMAIN, *endpoints], env, check=2)
+    assert "several models go with --bench tau2 and local checkpoint folders" in twice.stderr
+    plain = run_arena(["eval", "--model", str(tiny), "--model", str(twin)], env, check=2)
+    assert "--model more than once goes with --bench tau2" in plain.stderr
 
 
 @pytest.mark.parametrize(
