@@ -325,7 +325,10 @@ def run(domain: str, p: Profile, home: Path, seed: int, policy: str = "tiny") ->
             },
         }
     )
-    log(f"import and synthesis on {domain} (train tasks {p.synth_limit}, new instances {p.new})")
+    from synthesis.eigen.tau2_instances import INSTANCE_DOMAINS
+
+    new = f"new instances {p.new}" if domain in INSTANCE_DOMAINS else "no new-instance pool for this domain"
+    log(f"import and synthesis on {domain} (train tasks {p.synth_limit}, {new})")
     samples, envs, report = asyncio.run(synthesise(settings, domain, p))
     synthesis = {
         "verified": report.verified,
