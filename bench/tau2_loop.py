@@ -342,7 +342,10 @@ def run(domain: str, p: Profile, home: Path, seed: int, policy: str = "tiny") ->
     }
     samples, envs, screened = decontaminate(samples, envs, domain)
     if screened["sft_dropped"] or screened["environments_dropped"]:
-        log(f"decontamination against the test split left out {len(screened['near_duplicates'])} sample(s)")
+        log(
+            f"decontamination against the test split left out {screened['sft_dropped']} sample(s) and "
+            f"{screened['environments_dropped']} environment(s)"
+        )
     if not samples or not envs:
         raise SystemExit(
             f"nothing to train on in {domain}: verified {report.by_stage}; decontamination against the "
