@@ -174,8 +174,9 @@ def test_a_replay_without_overrides_killed_mid_run_reproduces_main_exactly_once(
 
 
 def test_training_on_a_version_consumes_only_its_samples(home: Home) -> None:
+    small = home.env | {"ARENA_TRAIN__SFT_BATCH": "2"}  # which samples, not how many: 2 CPU-s each
     out = run_arena(
-        ["train", "--version", "v2", "--tiny", "--steps", "3", "--run", "on-v2"], home.env, timeout=900
+        ["train", "--version", "v2", "--tiny", "--steps", "3", "--run", "on-v2"], small, timeout=900
     )
     assert "step" in out.stdout
     with sqlite3.connect(home.path / "catalog.db") as db:
