@@ -48,8 +48,8 @@ step mypy
 for job in "${side[@]}"; do wait "$job"; done
 step "side installs"
 # Three workers on 2 cores: a test waits on its servers and subprocesses part of the time, and with two
-# workers the cores idled 15% of the run; with three they are busy 98% of it (pytest 1,478 s -> 1,204 s
-# on the same commit here). tests/conftest.py groups what must share one, and orders the heaviest
+# workers the cores idled 15% of the run; with three they are busy 96-98% of it (pytest 1,478 s ->
+# 1,204 s here, on code two small test mends apart). tests/conftest.py groups what must share one, and orders the heaviest
 # groups first (--no-loadscope-reorder keeps that order: xdist would otherwise hand out groups by test
 # count, leaving single-test benches of minutes for the end).
 # --durations: the slowest items close the log, where CI shows it.
