@@ -49,8 +49,8 @@ for job in "${side[@]}"; do wait "$job"; done
 step "side installs"
 # Three workers on 2 cores: a test waits on its servers and subprocesses part of the time, and with two
 # workers the cores idled 15% of the run; with three they are busy 96-98% of it (pytest 1,478 s ->
-# 1,204 s here, on code two small test mends apart). tests/conftest.py groups what must share one, and orders the heaviest
-# groups first (--no-loadscope-reorder keeps that order: xdist would otherwise hand out groups by test
-# count, leaving single-test benches of minutes for the end).
+# 1,204 s here, on code two small test mends apart). tests/conftest.py groups what must share one,
+# and orders the heaviest groups first (--no-loadscope-reorder keeps that order: xdist would
+# otherwise hand out groups by test count, leaving single-test benches of minutes for the end).
 # --durations: the slowest items close the log, where CI shows it.
 exec .venv/bin/python -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder --durations=30 "$@"
