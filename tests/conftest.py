@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -14,6 +15,17 @@ read_committed.install()
 
 # Set at import, before any test module imports torch/numpy, so their thread pools see it.
 os.environ["OMP_NUM_THREADS"] = "1"
+
+# No cyclic collection while the test modules import (torch, transformers, lancedb: 25 s of every
+# xdist worker's collection): the collector's passes over that long-lived heap were 30% of it. Once
+# collected, the heap is frozen (never walked by a test's collections) and collection resumes.
+gc.disable()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.freeze()
+    gc.enable()
+
 
 pytest_plugins = [
     "tests.fixtures.broker",

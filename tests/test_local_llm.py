@@ -66,6 +66,12 @@ def test_a_missing_gguf_file_is_a_clear_cli_error(tmp_path: Path) -> None:
     assert "none.gguf" in proc.stderr and "fix:" in proc.stderr
 
 
+def test_the_help_names_the_extra_to_install(tmp_path: Path) -> None:
+    """The help is rich markup, which read "[local-llm]" as a style tag and printed `pip install -e '.'`."""
+    proc = run_arena(["llm", "local", "--help"], arena_env(tmp_path))
+    assert LOCAL_LLM_EXTRA in proc.stdout, proc.stdout
+
+
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`arena llm local` serving the bundled SmolLM2 on a free port; yields its ARENA_LLM value."""

@@ -13,8 +13,14 @@ import json
 from typing import Any
 
 from arena.records.sft import ServerRef
-from arena.records.tools import McpEndpoint
-from synthesis.sft.roles.chains import CHAIN_SYNTHESIS, TASK_FROM_CHAIN, ChainSynthesisInput, ChainTaskInput
+from arena.records.tools import McpEndpoint, NormalizedTool, ToolFunction
+from synthesis.sft.roles.chains import (
+    CHAIN_SYNTHESIS,
+    TASK_FROM_CHAIN,
+    ChainSynthesisInput,
+    ChainTaskInput,
+    TaskDraft,
+)
 from synthesis.sft.roles.tasks import TASK_FROM_SERVER, ServerTaskInput
 from tests.test_tool_index import WEATHER
 
@@ -62,9 +68,6 @@ def test_tool_names_are_an_enum_of_the_servers_tools_for_guided_decoding() -> No
     assert chain["properties"]["chain"]["items"] == {"type": "string", "enum": names}
     assert chain["properties"]["chain"]["maxItems"] == 3
     assert chain["$defs"]["Slot"]["properties"]["tool"]["enum"] == names
-    picked = [names[1], names[0], names[1]]
-    task = TASK_FROM_CHAIN.schema_for(ChainTaskInput(server=server, chain=picked, variant=0))
-    assert task["$defs"]["Slot"]["properties"]["tool"]["enum"] == [names[1], names[0]]
     served = TASK_FROM_SERVER.schema_for(ServerTaskInput(server=server, variant=0))
     assert served["$defs"]["Slot"]["properties"]["tool"]["enum"] == names
     # the role's own schema (the cache key's, the reply's validation) is untouched
@@ -73,6 +76,67 @@ def test_tool_names_are_an_enum_of_the_servers_tools_for_guided_decoding() -> No
         from llama_cpp.llama_grammar import LlamaGrammar
 
         LlamaGrammar.from_json_schema(json.dumps(chain), verbose=False)
+
+
+def _fn(name: str, params: dict[str, Any], required: list[str], response: dict[str, Any]) -> NormalizedTool:
+    schema = {"type": "object", "properties": params, "required": required}
+    return NormalizedTool(
+        function=ToolFunction(name=name, description=name, parameters=schema),
+        response_schema={"type": "object", "properties": response},
+    )
+
+
+GEO = ServerRef(
+    server_id="srv-geo",
+    name="geo",
+    domain="weather",
+    tools=[
+        _fn("geocode_city", {"city": {"type": "string"}}, ["city"], {"latitude": {"type": "number"}}),
+        _fn(
+            "current_weather",
+            {"latitude": {"type": "number"}, "units": {"type": "string", "enum": ["metric", "imperial"]}},
+            ["latitude", "units"],
+            {"summary": {"type": "string"}},
+        ),
+    ],
+)
+
+
+def test_a_chain_tasks_slots_are_the_values_it_must_state_before_its_text() -> None:
+    """SmolLM2-135M's task texts never stated the values its chains needed (every walk rejected at
+    `dependency`). Under guided decoding the task's schema now asks, before the text, for exactly
+    one slot per required argument no earlier output supplies: tool and argument fixed, the value
+    non-empty (one of a string enum's values)."""
+    inputs = ChainTaskInput(server=GEO, chain=["geocode_city", "current_weather", "geocode_city"], variant=0)
+    schema = TASK_FROM_CHAIN.schema_for(inputs)
+    assert list(schema["properties"]) == ["slots", "text"] and schema["required"] == ["slots", "text"]
+    slots = schema["properties"]["slots"]
+    assert slots["minItems"] == slots["maxItems"] == 2  # latitude comes from geocode_city's output
+    fixed = [
+        (s["properties"]["tool"]["const"], s["properties"]["argument"]["const"]) for s in slots["prefixItems"]
+    ]
+    assert fixed == [("geocode_city", "city"), ("current_weather", "units")]
+    assert slots["prefixItems"][0]["properties"]["value"] == {"type": "string", "minLength": 1}
+    assert slots["prefixItems"][1]["properties"]["value"] == {
+        "type": "string",
+        "enum": ["metric", "imperial"],
+    }
+    alone = TASK_FROM_CHAIN.schema_for(ChainTaskInput(server=GEO, chain=["current_weather"], variant=0))
+    assert [s["properties"]["argument"]["const"] for s in alone["properties"]["slots"]["prefixItems"]] == [
+        "latitude",
+        "units",
+    ]
+    # the role's own schema (the reply's validation) is untouched: text first, any slots
+    assert list(TASK_FROM_CHAIN.output_schema()["properties"]) == ["text", "slots"]
+    # a reply that follows the narrowed schema is a valid TaskDraft
+    draft = TaskDraft.model_validate(
+        {"slots": [{"tool": "geocode_city", "argument": "city", "value": "Lyon"}], "text": "Weather in Lyon?"}
+    )
+    assert draft.slots[0].value == "Lyon"
+    if importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp compiles it to a grammar
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
 
 
 def test_a_bounded_score_is_a_few_values_for_guided_decoding() -> None:

@@ -52,7 +52,15 @@ class Home:
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
     path = tmp_path_factory.mktemp("replay") / "home"
-    env = arena_env(path, ARENA_SFT__WALKS="1", ARENA_SFT__SERVER_TASKS="1", ARENA_SFT__CHAIN_SYNTHESES="2")
+    # One augmentation axis of three: every task stage still augments and scores (the replay's
+    # edited augment prompt and stricter gate act on it), at half the tasks, trajectories and scores.
+    env = arena_env(
+        path,
+        ARENA_SFT__WALKS="1",
+        ARENA_SFT__SERVER_TASKS="1",
+        ARENA_SFT__CHAIN_SYNTHESES="2",
+        ARENA_SFT__AUGMENT_AXES='["diversity"]',
+    )
     try:
         run_arena(["demo", "--tracks", "sft", "--timeout", "600"], env, timeout=900)
         yield Home(path, env, broker_of(path))

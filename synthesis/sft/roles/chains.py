@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from arena.llm.core import Role
 from arena.records.sft import PromptServer, ServerRef, Slot
 from arena.records.tools import NormalizedTool
+from synthesis.sft.tool_links import Argument, output_provider, required_arguments
 
 
 class ChainSynthesisInput(BaseModel):
@@ -120,6 +121,61 @@ def tool_names_schema(
     return narrowed
 
 
+def stated_arguments(inputs: ChainTaskInput) -> list[tuple[str, Argument]]:
+    """(tool, argument) of every required argument on the chain that no earlier step's output can
+    supply: the values the task text must state, once each, in chain order."""
+    tools = [t for name in inputs.chain if (t := inputs.server.tool(name)) is not None]
+    seen: set[tuple[str, str]] = set()
+    out: list[tuple[str, Argument]] = []
+    for step, tool in enumerate(tools):
+        for arg in required_arguments(tool):
+            key = (tool.function.name, arg.name)
+            if key not in seen and output_provider(tools, step, arg) is None:
+                seen.add(key)
+                out.append((tool.function.name, arg))
+    return out
+
+
+def _value_schema(arg: Argument) -> dict[str, Any]:
+    """A slot value's schema: a non-empty string, one of the allowed strings for a string enum."""
+    allowed = arg.schema.get("enum")
+    if isinstance(allowed, list) and allowed and all(isinstance(v, str) and v for v in allowed):
+        return {"type": "string", "enum": list(allowed)}
+    return {"type": "string", "minLength": 1}
+
+
+def task_draft_schema(inputs: ChainTaskInput, schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` for a task on ``inputs.chain``: ``slots`` first, exactly one for each argument the
+    task must state (``stated_arguments``: tool and argument fixed), then ``text``.
+
+    Under guided decoding a weak model then cannot leave a needed value out or name an argument
+    the chain lacks, and it writes the values before the text that has to state them (a grammar
+    follows the schema's property order). Dependency verification still checks the text."""
+    narrowed = copy.deepcopy(schema)
+    items = [
+        {
+            "type": "object",
+            "properties": {
+                "tool": {"type": "string", "const": tool},
+                "argument": {"type": "string", "const": arg.name},
+                "value": _value_schema(arg),
+            },
+            "required": ["tool", "argument", "value"],
+            "additionalProperties": False,
+        }
+        for tool, arg in stated_arguments(inputs)
+    ]
+    slots: dict[str, Any] = {"type": "array", "minItems": len(items), "maxItems": len(items)}
+    if items:
+        slots["prefixItems"] = items
+    narrowed["properties"] = {"slots": slots, "text": narrowed["properties"]["text"]}
+    narrowed["required"] = ["slots", "text"]
+    narrowed.get("$defs", {}).pop("Slot", None)
+    if not narrowed.get("$defs"):
+        narrowed.pop("$defs", None)
+    return narrowed
+
+
 def _server_tools(server: ServerRef) -> list[str]:
     return [tool.function.name for tool in server.tools]
 
@@ -184,7 +240,7 @@ TASK_FROM_CHAIN: Role[ChainTaskInput, TaskDraft] = Role(
         'string, "value": string}, ...]} and nothing else.'
     ),
     template="Server and chain:\n{input}\n\nReturn the JSON object with text and slots.",
-    narrow=lambda inputs, schema: tool_names_schema(schema, list(dict.fromkeys(inputs.chain))),
+    narrow=task_draft_schema,
 )
 
 CHAIN_COHERENCE: Role[CoherenceInput, CoherenceVerdict] = Role(
