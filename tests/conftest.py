@@ -22,7 +22,9 @@ os.environ["OMP_NUM_THREADS"] = "1"
 gc.disable()
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """After collection, before the first test (and in xdist's controller, which collects nothing)."""
     gc.freeze()
     gc.enable()
 
