@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from arena.records.sft import ServerRef
-from arena.records.tools import McpEndpoint, NormalizedTool, ToolFunction
+from arena.records.tools import McpEndpoint
 from synthesis.sft.roles.chains import (
     CHAIN_SYNTHESIS,
     TASK_FROM_CHAIN,
@@ -22,6 +22,7 @@ from synthesis.sft.roles.chains import (
     TaskDraft,
 )
 from synthesis.sft.roles.tasks import TASK_FROM_SERVER, ServerTaskInput
+from tests.test_dependencies import tool
 from tests.test_tool_index import WEATHER
 
 
@@ -78,25 +79,22 @@ def test_tool_names_are_an_enum_of_the_servers_tools_for_guided_decoding() -> No
         LlamaGrammar.from_json_schema(json.dumps(chain), verbose=False)
 
 
-def _fn(name: str, params: dict[str, Any], required: list[str], response: dict[str, Any]) -> NormalizedTool:
-    schema = {"type": "object", "properties": params, "required": required}
-    return NormalizedTool(
-        function=ToolFunction(name=name, description=name, parameters=schema),
-        response_schema={"type": "object", "properties": response},
-    )
-
-
 GEO = ServerRef(
     server_id="srv-geo",
     name="geo",
     domain="weather",
     tools=[
-        _fn("geocode_city", {"city": {"type": "string"}}, ["city"], {"latitude": {"type": "number"}}),
-        _fn(
+        tool(
+            "geocode_city",
+            {"city": {"type": "string"}},
+            ["city"],
+            {"type": "object", "properties": {"latitude": {"type": "number"}}},
+        ),
+        tool(
             "current_weather",
             {"latitude": {"type": "number"}, "units": {"type": "string", "enum": ["metric", "imperial"]}},
             ["latitude", "units"],
-            {"summary": {"type": "string"}},
+            {"type": "object", "properties": {"summary": {"type": "string"}}},
         ),
     ],
 )

@@ -243,6 +243,20 @@ def _stated(slots: Sequence[Slot], tool: str, argument: str, text_folded: str) -
     return None
 
 
+def arguments_to_state(chain: Sequence[NormalizedTool]) -> list[tuple[str, Argument]]:
+    """(tool name, argument) of every required argument on ``chain`` that no earlier step's output
+    can supply: what a task for the chain must state, once per (tool, argument), in chain order."""
+    seen: set[tuple[str, str]] = set()
+    out: list[tuple[str, Argument]] = []
+    for step, tool in enumerate(chain):
+        for arg in required_arguments(tool):
+            key = (tool.function.name, arg.name)
+            if key not in seen and output_provider(chain, step, arg) is None:
+                seen.add(key)
+                out.append((tool.function.name, arg))
+    return out
+
+
 def verify_dependencies(chain: list[NormalizedTool], task_text: str, slots: list[Slot]) -> list[Dependency]:
     """How each required argument of each step is supported, in chain order.
 

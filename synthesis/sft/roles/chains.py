@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from arena.llm.core import Role
 from arena.records.sft import PromptServer, ServerRef, Slot
 from arena.records.tools import NormalizedTool
-from synthesis.sft.tool_links import Argument, output_provider, required_arguments
+from synthesis.sft.tool_links import Argument, arguments_to_state
 
 
 class ChainSynthesisInput(BaseModel):
@@ -121,21 +121,6 @@ def tool_names_schema(
     return narrowed
 
 
-def stated_arguments(inputs: ChainTaskInput) -> list[tuple[str, Argument]]:
-    """(tool, argument) of every required argument on the chain that no earlier step's output can
-    supply: the values the task text must state, once each, in chain order."""
-    tools = [t for name in inputs.chain if (t := inputs.server.tool(name)) is not None]
-    seen: set[tuple[str, str]] = set()
-    out: list[tuple[str, Argument]] = []
-    for step, tool in enumerate(tools):
-        for arg in required_arguments(tool):
-            key = (tool.function.name, arg.name)
-            if key not in seen and output_provider(tools, step, arg) is None:
-                seen.add(key)
-                out.append((tool.function.name, arg))
-    return out
-
-
 def _value_schema(arg: Argument) -> dict[str, Any]:
     """A slot value's schema: a non-empty string, one of the allowed strings for a string enum."""
     allowed = arg.schema.get("enum")
@@ -146,12 +131,13 @@ def _value_schema(arg: Argument) -> dict[str, Any]:
 
 def task_draft_schema(inputs: ChainTaskInput, schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` for a task on ``inputs.chain``: ``slots`` first, exactly one for each argument the
-    task must state (``stated_arguments``: tool and argument fixed), then ``text``.
+    task must state (``arguments_to_state``: tool and argument fixed), then ``text``.
 
     Under guided decoding a weak model then cannot leave a needed value out or name an argument
     the chain lacks, and it writes the values before the text that has to state them (a grammar
     follows the schema's property order). Dependency verification still checks the text."""
     narrowed = copy.deepcopy(schema)
+    chain = [t for name in inputs.chain if (t := inputs.server.tool(name)) is not None]
     items = [
         {
             "type": "object",
@@ -163,7 +149,7 @@ def task_draft_schema(inputs: ChainTaskInput, schema: dict[str, Any]) -> dict[st
             "required": ["tool", "argument", "value"],
             "additionalProperties": False,
         }
-        for tool, arg in stated_arguments(inputs)
+        for tool, arg in arguments_to_state(chain)
     ]
     slots: dict[str, Any] = {"type": "array", "minItems": len(items), "maxItems": len(items)}
     if items:
