@@ -11,13 +11,21 @@ fi
 stamp=.venv/.arena-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   # torch first: its CPU wheel is local; the constraint keeps every later resolve on it.
-  venv_install .venv -c constraints.txt "torch==2.13.0"
+  # --no-compile: byte-code for all 20,000 files was 100 of the install's 110 CPU-seconds, and
+  # Arena's processes import a quarter of them; those are compiled below.
+  venv_install --no-compile .venv -c constraints.txt "torch==2.13.0"
   # bench: TRL, for bench/trainer.py's baseline (CI runs every bench's --quick: tests/test_bench_quick.py)
-  venv_install .venv -c constraints.txt -e ".[dev,bench]"
+  venv_install --no-compile .venv -c constraints.txt -e ".[dev,bench]"
+  rm -f .venv/.arena-compiled
   touch "$stamp"
 fi
-# Arena's own modules compiled once (an editable install leaves them as source): with
-# PYTHONDONTWRITEBYTECODE set, every process (a test run starts hundreds) compiles them again
-# otherwise, about a CPU-second each. Up-to-date files are skipped.
+# Byte-code for every module Arena imports (scripts/compile_imports.py), once per install, and for
+# Arena's own modules (an editable install leaves them as source; up-to-date files are skipped):
+# with PYTHONDONTWRITEBYTECODE set, every process (a test run starts hundreds) would compile them
+# again, about a CPU-second each.
+if [ ! -f .venv/.arena-compiled ]; then
+  PYTHONDONTWRITEBYTECODE= .venv/bin/python scripts/compile_imports.py
+  touch .venv/.arena-compiled
+fi
 .venv/bin/python -m compileall -q -j 0 app arena bench consumers environments lake producers \
   sandbox simulator streams synthesis trainer >/dev/null

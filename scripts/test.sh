@@ -7,11 +7,12 @@ cd "$(dirname "$0")/.."
 # Each step's end, in seconds since the start, goes to the log: where CI's minutes go.
 SECONDS=0
 step() { echo "[test.sh] $1: done at ${SECONDS}s" >&2; }
-bash scripts/install.sh
-step install
-# The side virtualenvs and the Debian packages install in the background while lint and types run
-# (CI's clean machine: minutes each, mostly waiting on downloads and disk); every job is waited for
-# before pytest, and a failed one fails the run (set -e on `wait`).
+# The side virtualenvs and the Debian packages install in the background while Arena's own install,
+# lint and types run (CI's clean machine: minutes each, mostly waiting on downloads and disk); every
+# job is waited for before pytest, and a failed one fails the run (set -e on `wait`). Each side
+# virtualenv is made from the system's Python: .venv may not exist yet.
+PYTHON=$(command -v python3.11 || command -v python3)
+export PYTHON
 # verl in a second virtualenv: tests/test_verl_parity.py compares the GRPO math with verl's core_algos.
 # bfcl-eval in a third: `arena eval --bench bfcl` runs its checkers there (tests/test_bfcl.py).
 # tau2-bench in a fourth: tests/test_tau2.py imports its domains, gold replay vs tau2's own evaluator.
@@ -37,7 +38,12 @@ debian_packages() {
   if [ ${#wanted[@]} -gt 0 ]; then apt_install "${wanted[@]}"; fi
 }
 (debian_packages && step "Debian packages") & side+=($!)
+bash scripts/install.sh
+step install
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+# The tests' processes write the byte-code of what they import: scripts/install.sh compiles only
+# what Arena imports, and a module it missed is then compiled once, not by every process.
+export PYTHONDONTWRITEBYTECODE=
 # Style and types first: a lint or type error fails CI before the tests spend their minutes.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
