@@ -12,20 +12,13 @@ stamp=.venv/.arena-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   # torch first: its CPU wheel is local; the constraint keeps every later resolve on it.
   # --no-compile: byte-code for all 20,000 files was 100 of the install's 110 CPU-seconds, and
-  # Arena's processes import a quarter of them; those are compiled below.
+  # Arena's processes import a quarter of them; scripts/compile.sh compiles those.
   venv_install --no-compile .venv -c constraints.txt "torch==2.13.0"
   # bench: TRL, for bench/trainer.py's baseline (CI runs every bench's --quick: tests/test_bench_quick.py)
   venv_install --no-compile .venv -c constraints.txt -e ".[dev,bench]"
-  rm -f .venv/.arena-compiled
   touch "$stamp"
 fi
-# Byte-code for every module Arena imports (scripts/compile_imports.py), once per install, and for
-# Arena's own modules (an editable install leaves them as source; up-to-date files are skipped):
-# with PYTHONDONTWRITEBYTECODE set, every process (a test run starts hundreds) would compile them
-# again, about a CPU-second each.
-if [ ! -f .venv/.arena-compiled ]; then
-  PYTHONDONTWRITEBYTECODE= .venv/bin/python scripts/compile_imports.py
-  touch .venv/.arena-compiled
+# Byte-code (scripts/compile.sh); scripts/test.sh runs it beside lint and types instead.
+if [ "${ARENA_INSTALL_COMPILE:-1}" = 1 ]; then
+  bash scripts/compile.sh
 fi
-.venv/bin/python -m compileall -q -j 0 app arena bench consumers environments lake producers \
-  sandbox simulator streams synthesis trainer >/dev/null
