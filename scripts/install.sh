@@ -18,7 +18,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   venv_install --no-compile .venv -c constraints.txt -e ".[dev,bench]"
   touch "$stamp"
 fi
-# Byte-code (scripts/compile.sh); scripts/test.sh runs it beside lint and types instead.
-if [ "${ARENA_INSTALL_COMPILE:-1}" = 1 ]; then
-  bash scripts/compile.sh
-fi
+bash scripts/compile.sh

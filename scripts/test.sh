@@ -38,10 +38,10 @@ debian_packages() {
   if [ ${#wanted[@]} -gt 0 ]; then apt_install "${wanted[@]}"; fi
 }
 (debian_packages && step "Debian packages") & side+=($!)
-# Arena's install; its byte-code compiles beside lint and types (30 CPU-s on one core).
-ARENA_INSTALL_COMPILE=0 bash scripts/install.sh
+# Arena's install, byte-code included (compiling it beside lint and types instead made neither
+# sooner: this part of the run keeps both cores busy too).
+bash scripts/install.sh
 step install
-(bash scripts/compile.sh && step byte-code) & side+=($!)
 export OMP_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # The tests' processes write the byte-code of what they import: scripts/install.sh compiles only
 # what Arena imports, and a module it missed is then compiled once, not by every process.
