@@ -1,4 +1,4 @@
-"""Byte-code for what Arena's processes import (scripts/install.sh runs it once per install).
+"""Byte-code for what Arena's processes import (scripts/compile.sh runs it once per install).
 
 The install leaves the virtualenv's 20,000 files uncompiled (compiling them all was most of the
 install's CPU); with PYTHONDONTWRITEBYTECODE set, every process would then compile whatever it
@@ -79,7 +79,7 @@ def main() -> int:
     for module, name in sorted(wanted):
         try:
             load(module, name)
-        except BaseException:  # an optional extra, a GPU-only package, a module that exits
+        except (Exception, SystemExit):  # an optional extra, a GPU-only package, a module that exits
             continue
     print(f"byte-code for {len(sys.modules)} modules", file=sys.stderr)
     return 0

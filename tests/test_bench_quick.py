@@ -2,10 +2,10 @@
 
 Each bench script runs once as a subprocess exactly as documented -- ``.venv/bin/python
 bench/X.py --quick`` from the repository root; ``python -m bench.env_track --help`` checks the
-other documented way to run one (the same code, found as a package module). A run must exit 0 and print its JSON object (the last one
-on stdout) with the keys a full run prints and ``"quick": true``; per bench a few checks that the
-figures hang together. How fast anything is, is the benches' business on a quiet machine, not
-this test's: quick figures are not measurements.
+other documented way to run one (the same code, found as a package module). A run must exit 0
+and print its JSON object (the last one on stdout) with the keys a full run prints and
+``"quick": true``; per bench a few checks that the figures hang together. How fast anything is,
+is the benches' business on a quiet machine, not this test's: quick figures are not measurements.
 
 The benches that drive the sandbox need root (CI runs as root); ``bench/trainer.py`` compares with
 TRL when the optional ``bench`` extra is installed and otherwise times Arena's side only and says
@@ -45,7 +45,7 @@ class Bench:
 
     @property
     def name(self) -> str:
-        return self.argv[-1].removesuffix(".py").split("/")[-1].split(".")[-1]
+        return Path(self.argv[-1]).stem
 
 
 def _check_backbone(r: dict[str, Any]) -> None:
@@ -398,7 +398,7 @@ def test_a_script_run_by_path_does_not_shadow_packages(tmp_path: Path) -> None:
     assert result["path"][0] == str(ROOT) and str(ROOT / "bench") not in result["path"]
 
 
-def test_a_bench_runs_as_a_module(tmp_path: Path) -> None:
+def test_a_bench_runs_as_a_module() -> None:
     """``python -m bench.X`` from the repository root, the other documented way to run a bench."""
     proc = subprocess.run(
         [sys.executable, "-m", "bench.env_track", "--help"],
