@@ -747,9 +747,10 @@ class TrainingFeed:
 
     def _read_to_end(self, consumer: Any) -> None:
         from arena.records.trainer import TrainerMetrics
+        from consumers.lag import consumer_offsets
 
         tps = list(consumer.assignment())
-        ends = consumer.end_offsets(tps)
+        ends = consumer_offsets(consumer.end_offsets, tps)
         deadline = time.monotonic() + self.read_s
         while any(consumer.position(tp) < ends[tp] for tp in tps) and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=100).values():

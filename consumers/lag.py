@@ -200,6 +200,22 @@ def counting_consumer(bootstrap: str, client_id: str) -> KafkaConsumer:
     )
 
 
+OFFSET_ATTEMPTS = 3
+"""kafka-python's offset lookups raise ``KeyError`` for a partition the broker's answer left out
+(seen once under a loaded CI run, on ``tools.raw``); asked again they answer."""
+
+
+def consumer_offsets(lookup: Any, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """``lookup(tps)`` (a kafka-python consumer's ``beginning_offsets`` or ``end_offsets``), asked
+    again when it drops a partition from the broker's answer (see ``OFFSET_ATTEMPTS``)."""
+    for attempt in range(1, OFFSET_ATTEMPTS):
+        try:
+            return dict(lookup(tps))
+        except KeyError:
+            time.sleep(0.2 * attempt)
+    return dict(lookup(tps))  # the last attempt's error propagates
+
+
 def _count_pending(
     bootstrap: str,
     probes: list[Probe],

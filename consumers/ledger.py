@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from arena.hashing import content_hash
 from arena.topics import topic as topic_spec
 from arena.versions import split_worker, wire, worker_name
-from consumers.lag import _committed_offsets
+from consumers.lag import _committed_offsets, consumer_offsets
 from streams import read_committed
 from streams.admin import admin_client, partition_counts
 from streams.runtime import LEDGER_TOPIC, NO_OUTPUT_GATE
@@ -112,7 +112,7 @@ def read_to_end(
         return {}
     probe = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
     try:
-        ends = probe.end_offsets(tps)
+        ends = consumer_offsets(probe.end_offsets, tps)
     finally:
         probe.close()
     return read_below(bootstrap, ends, timeout_s)

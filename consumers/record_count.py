@@ -20,12 +20,9 @@ from typing import Any
 from kafka import TopicPartition
 from pydantic import BaseModel, Field
 
-from consumers.lag import counting_consumer
+from consumers.lag import consumer_offsets, counting_consumer
 
 BUDGET_S = 1.5
-OFFSET_ATTEMPTS = 3
-"""kafka-python's offset lookups raise ``KeyError`` for a partition the broker's answer left out
-(seen once under a loaded CI run, on ``tools.raw``); asked again they answer."""
 
 
 class TopicRecords(BaseModel):
@@ -83,7 +80,7 @@ class RecordCounter:
             missing = [tp for tp in tps if tp not in targets]
             if missing:
                 # read_committed: last stable offsets
-                targets.update(_offsets(consumer.end_offsets, missing))
+                targets.update(consumer_offsets(consumer.end_offsets, missing))
             self._restart_trimmed(consumer, tps, targets)
             self._read(consumer, {tp: targets[tp] for tp in tps if self._state[tp].position < targets[tp]})
             out: dict[str, TopicRecords] = {}
@@ -103,7 +100,7 @@ class RecordCounter:
         self, consumer: Any, tps: list[TopicPartition], targets: Mapping[TopicPartition, int]
     ) -> None:
         """Count a partition from scratch when it is new, retention removed its head, or it was recreated."""
-        earliest = _offsets(consumer.beginning_offsets, tps)
+        earliest = consumer_offsets(consumer.beginning_offsets, tps)
         for tp in tps:
             state = self._state.get(tp)
             if state is None or earliest[tp] > state.start or targets[tp] < state.position:
@@ -138,14 +135,3 @@ class RecordCounter:
             if self._consumer is not None:
                 self._consumer.close(autocommit=False)
                 self._consumer = None
-
-
-def _offsets(lookup: Any, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-    """``lookup(tps)`` (a consumer's ``beginning_offsets`` or ``end_offsets``), asked again when
-    kafka-python drops a partition from the broker's answer (see ``OFFSET_ATTEMPTS``)."""
-    for attempt in range(1, OFFSET_ATTEMPTS):
-        try:
-            return dict(lookup(tps))
-        except KeyError:
-            time.sleep(0.2 * attempt)
-    return dict(lookup(tps))  # the last attempt's error propagates
