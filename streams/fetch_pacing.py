@@ -21,7 +21,18 @@ from aiokafka.consumer import fetcher
 log = logging.getLogger("arena.fetch")
 
 MAX_PAUSE_S = 0.1
+"""The longest pause after an empty fetch: how late a stage may see a record that arrives while it
+idles. A process that may see records later sets its own (``set_max_pause``)."""
 _installed = False
+_max_pause_s = MAX_PAUSE_S
+
+
+def set_max_pause(seconds: float) -> None:
+    """Pause this process's idle fetches for up to ``seconds`` (the lake sink: it holds records for a
+    second before it writes them anyway, and its fetches, over every topic's partitions, cost about
+    three times a stage's)."""
+    global _max_pause_s
+    _max_pause_s = seconds
 
 
 def install() -> None:
@@ -38,7 +49,7 @@ def install() -> None:
         got_records: bool = await original(self, assignment, node_id, request)
         if not got_records:
             held = time.monotonic() - started
-            pause = min(MAX_PAUSE_S, self._fetch_max_wait_ms / 1000 - held)
+            pause = min(_max_pause_s, self._fetch_max_wait_ms / 1000 - held)
             if pause > 0:
                 try:
                     await asyncio.sleep(pause)

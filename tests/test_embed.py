@@ -1,11 +1,30 @@
-"""arena.embed's numpy encoder gives sentence-transformers' all-MiniLM-L6-v2 vectors."""
+"""arena.embed's numpy encoder gives sentence-transformers' all-MiniLM-L6-v2 vectors.
+
+The reference runs in ``.venv-bfcl`` (tests/embed_reference.py; bfcl-eval depends on
+sentence-transformers): the main virtualenv leaves sentence-transformers out, with the scikit-learn it
+brings, which transformers would import in every process that loads a model.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import numpy as np
-import pytest
 
 from arena.embed import DIM, embed_texts
+
+REFERENCE = Path(__file__).with_name("embed_reference.py")
+
+
+def bfcl_python() -> Path:
+    """As trainer.benchmarks.bfcl.bfcl_python (importing that module here would load transformers)."""
+    return Path(
+        os.environ.get("ARENA_BFCL_PYTHON") or REFERENCE.parent.parent / ".venv-bfcl" / "bin" / "python"
+    )
+
 
 TEXTS = [
     "hello world",
@@ -18,12 +37,32 @@ TEXTS = [
 ]
 
 
-def test_vectors_match_sentence_transformers() -> None:
-    sentence_transformers = pytest.importorskip("sentence_transformers")
+def _reference_vectors(tmp_path: Path) -> np.ndarray:
+    """sentence-transformers' own vectors of TEXTS, from the bfcl virtualenv's python (a failure, never
+    a skip, when it is missing)."""
     from arena.embed import _model_dir
 
-    reference = sentence_transformers.SentenceTransformer(str(_model_dir()), device="cpu")
-    expected = reference.encode(TEXTS, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    python = bfcl_python()
+    assert python.exists(), (
+        f"no python at {python} for the sentence-transformers reference "
+        "(fix: run scripts/install_bfcl.sh, or set ARENA_BFCL_PYTHON)"
+    )
+    texts, out = tmp_path / "texts.json", tmp_path / "vectors.npy"
+    texts.write_text(json.dumps(TEXTS), encoding="utf-8")
+    done = subprocess.run(
+        [str(python), "-I", str(REFERENCE), str(_model_dir()), str(texts), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(out)
+
+
+def test_vectors_match_sentence_transformers(tmp_path: Path) -> None:
+    expected = _reference_vectors(tmp_path)
     got = embed_texts(TEXTS)
     assert got.shape == (len(TEXTS), DIM) and got.dtype == np.float32
     np.testing.assert_allclose(got, expected, atol=2e-6)

@@ -41,9 +41,9 @@ async def _fetches_while_idle(source: SampleSource[Any], seconds: float) -> int:
     return count
 
 
-def test_an_idle_trainer_source_fetches_at_the_paced_rate(
-    broker: str, unique_name: Callable[[str], str]
-) -> None:
+def _idle_fetches(broker: str, group: str) -> int:
+    """Fetches an idle trainer source sends in 2 s."""
+
     async def scenario() -> int:
         producer = AIOKafkaProducer(bootstrap_servers=broker)
         await producer.start()
@@ -51,7 +51,7 @@ def test_an_idle_trainer_source_fetches_at_the_paced_rate(
         from streams.admin import ensure_topics
 
         await asyncio.to_thread(ensure_topics, broker)
-        source: SampleSource[Any] = SampleSource(broker, "samples.sft", group_id=unique_name("g"))
+        source: SampleSource[Any] = SampleSource(broker, "samples.sft", group_id=group)
         try:
             await source.start(producer)  # installs the pacing for the whole process
             assert fetch_pacing._installed
@@ -61,6 +61,22 @@ def test_an_idle_trainer_source_fetches_at_the_paced_rate(
             await source.stop()
             await producer.stop()
 
-    fetches = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_an_idle_trainer_source_fetches_at_the_paced_rate(
+    broker: str, unique_name: Callable[[str], str]
+) -> None:
+    fetches = _idle_fetches(broker, unique_name("g"))
     # At most ~1 per 0.1 s per partition leader; unpaced this was in the thousands.
     assert 0 < fetches <= 2.0 / fetch_pacing.MAX_PAUSE_S * 3, fetches
+
+
+def test_a_process_may_pace_its_idle_fetches_slower(broker: str, unique_name: Callable[[str], str]) -> None:
+    """The lake sink's setting (``set_max_pause``): its idle fetches come at most every 0.5 s."""
+    fetch_pacing.set_max_pause(0.5)
+    try:
+        fetches = _idle_fetches(broker, unique_name("g"))
+    finally:
+        fetch_pacing.set_max_pause(fetch_pacing.MAX_PAUSE_S)
+    assert 0 < fetches <= 2.0 / 0.5 * 3, fetches
