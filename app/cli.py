@@ -235,7 +235,7 @@ def worker_cmd(
     from app.metrics_http import with_metrics_port
 
     cfg = with_metrics_port(settings(), metrics_port)
-    # First: the fork server imports the stage code while this process imports the registry.
+    # First, while this process runs one thread: the fork server, forked once the stage code is imported.
     forks = start_fork_server(cfg)
     try:
         code = _run_worker_cmd(cfg, stage, track, version, until_drained, timeout, replicas, forks)

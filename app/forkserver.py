@@ -2,9 +2,11 @@
 
 A stage process spends 2-5 CPU-seconds importing Faust, the gateway, the catalog and every stage
 module before it reads a record; `arena worker` starts one per stage and replica, and again after
-each crash. So the supervisor starts ``python -m app.forkserver`` once: it imports what
-``app.run`` needs while it is still single-threaded and holds no socket, then forks one stage
-process per request. Each child starts its own session (the supervisor signals its process
+each crash. So the supervisor starts one fork server: it imports what ``app.run`` needs while
+it is still single-threaded and holds no socket, then forks one stage process per request.
+`arena worker` forks the server from itself once it did those imports (most of them its own
+anyway); otherwise (``arena demo``'s supervisor, which runs threads by then) it starts
+``python -m app.forkserver``. Each child starts its own session (the supervisor signals its process
 group as before), writes to its own log, takes the environment the supervisor gave it, names
 itself ``python -m app.run NAME`` (what ``ps``, the chaos bench and the tests look for) and runs
 ``app.run.main``.
@@ -31,7 +33,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import setproctitle
 from pydantic import BaseModel, Field
@@ -227,17 +229,116 @@ class ForkedProcess:
         return code
 
 
-class ForkServer:
-    """Starts ``python -m app.forkserver`` with ``env`` and asks it for stage processes."""
+class _ServerProcess(Protocol):
+    """The fork server's process, as the supervisor holds it (``subprocess.Popen`` is one)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "app.forkserver"],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,  # the supervisor's stderr: an import error there is worth seeing
-        )
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class _ForkedServerProcess:
+    """A fork server forked from this process (``_fork_server``): the part of Popen ForkServer uses."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+        self.pid = pid
+        self.stdin: IO[bytes] | None = stdin
+        self.stdout: IO[bytes] | None = stdout
+        self._code: int | None = None
+
+    def poll(self) -> int | None:
+        if self._code is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: gone all the same
+                self._code = 1
+                return self._code
+            if pid:
+                self._code = os.waitstatus_to_exitcode(status)
+        return self._code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("app.forkserver", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+
+def _exec_server(env: dict[str, str]) -> _ServerProcess:
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.forkserver"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=None,  # the supervisor's stderr: an import error there is worth seeing
+    )
+
+
+def _fork_server(env: dict[str, str]) -> _ServerProcess:
+    """The fork server as a fork of this process, after this process did the server's imports.
+
+    `arena worker` imports most of them anyway (the registry); a server of its own imported them all
+    again (about 2 CPU-s per `arena worker`). Only safe while this process runs one thread: the
+    caller checks. The imports run with the server's environment defaults (``supervised_env``:
+    OpenBLAS sizes its thread pool from ``OMP_NUM_THREADS`` when numpy loads).
+    """
+    for key in ("OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM"):
+        if key in env:
+            os.environ.setdefault(key, env[key])
+    gc.disable()  # as in serve(): no collector passes over the imports' long-lived objects
+    try:
+        _preload()
+    finally:
+        gc.enable()
+    requests, requests_in = os.pipe()
+    answers_out, answers = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the server: stdin and stdout are its pipes, as when exec'd
+        code = 0
+        try:
+            os.dup2(requests, 0)
+            os.dup2(answers, 1)
+            for fd in (requests, requests_in, answers_out, answers):
+                os.close(fd)
+            # The title first: setproctitle sets itself up on its first call, from the environment's
+            # memory, and cannot once the environment was replaced.
+            setproctitle.setproctitle(f"{sys.executable} -m app.forkserver")
+            os.environ.clear()
+            os.environ.update(env)
+            serve()
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)  # never this process's exit handlers (the supervisor's)
+    os.close(requests)
+    os.close(answers)
+    return _ForkedServerProcess(pid, os.fdopen(requests_in, "wb"), os.fdopen(answers_out, "rb"))
+
+
+class ForkServer:
+    """Asks a fork server for stage processes: ``python -m app.forkserver`` started with ``env``, or,
+    with ``fork_this_process`` and while this process runs one thread, a fork of this process."""
+
+    def __init__(self, env: dict[str, str], *, fork_this_process: bool = False) -> None:
+        single_threaded = threading.active_count() == 1
+        self._proc = _fork_server(env) if fork_this_process and single_threaded else _exec_server(env)
         self._codes: dict[int, int] = {}
         self._answers: queue.Queue[dict[str, Any]] = queue.Queue()
         self._lock = threading.Lock()
@@ -317,8 +418,8 @@ class ForkServer:
 
 
 def start_fork_server(settings: ArenaSettings) -> ForkServer | None:
-    """A fork server for `arena worker` to start first, so that its imports (seconds) overlap the
-    supervisor's own (the registry) and its broker check.
+    """A fork server for `arena worker` to start first: forked from it, once it imported what the
+    server needs (``_fork_server``), before any thread or connection exists.
 
     None when workers are exec'd (``worker_fork`` false) or /metrics is served: the server must
     import ``prometheus_client`` with the metrics folder in place, and the supervisor makes that
@@ -326,7 +427,7 @@ def start_fork_server(settings: ArenaSettings) -> ForkServer | None:
     """
     if not settings.worker_fork or settings.metrics.port != 0:
         return None
-    return ForkServer(supervised_env(settings.home))
+    return ForkServer(supervised_env(settings.home), fork_this_process=True)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,54 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+_FORKED_SCRIPT = """
+import json, os, signal, sys, threading
+from pathlib import Path
+from app.forkserver import ForkServer
+from app.stack import descendants_of
+
+env, log = json.loads(sys.argv[1]), Path(sys.argv[2])
+assert threading.active_count() == 1
+server = ForkServer(env, fork_this_process=True)
+proc = server.spawn("chains", log, env)
+import time
+deadline = time.monotonic() + 60
+while not (log.exists() and log.stat().st_size > 0) and time.monotonic() < deadline:
+    time.sleep(0.2)
+below = descendants_of(os.getpid())  # the worker has named itself by the time it logs
+os.kill(proc.pid, signal.SIGKILL)
+code = proc.wait(timeout=30)
+server.close()
+print(json.dumps({"below": below, "worker": proc.pid, "code": code, "alive": server.alive(),
+                  "environ_home": os.environ.get("ARENA_HOME")}))
+"""
+
+
+def test_arena_worker_forks_its_server_from_itself_once_single_threaded(tmp_path: Path) -> None:
+    """`arena worker`'s way (``fork_this_process``): the server is a child of the supervisor named
+    ``python -m app.forkserver``, with the environment it was given (not the supervisor's), and its
+    stage processes run and report their exit codes as with an exec'd server."""
+    import json
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    env = _env(home, ARENA_BROKER=f"127.0.0.1:{_closed_port()}", ARENA_SUPERVISED="1")
+    log = tmp_path / "worker-chains.log"
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_SCRIPT, json.dumps(env), str(log)],
+        env={k: v for k, v in env.items() if k != "ARENA_HOME"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    titles = {int(pid): title for pid, title in out["below"].items()}
+    assert "app.run chains" in titles[out["worker"]]
+    assert any("-m app.forkserver" in t for t in titles.values()), titles
+    assert out["code"] == -signal.SIGKILL and out["alive"] is False
+    assert out["environ_home"] is None  # the supervisor's own environment is left as it was
