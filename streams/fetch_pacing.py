@@ -4,9 +4,12 @@ A fetch that finds no new records should be held by the broker for up to
 ``fetch_max_wait_ms``; the embedded broker answers at once, so every idle
 aiokafka consumer re-fetches in a tight loop (measured: one idle consumer
 used 85% of a core, and 14 idle stage workers saturate 2 cores). After an
-empty answer that came back sooner than the wait, this sleeps out the rest,
-at most ``MAX_PAUSE_S`` so new records are still picked up promptly. A real
-broker holds the request itself, so there the pause is zero.
+empty answer that came back sooner than the wait, this sleeps out the rest:
+``FIRST_PAUSE_S`` after the first empty answer, twice as long after each
+further one in a row, at most ``MAX_PAUSE_S``. A stage whose records flow sees
+the next one within 0.1 s; one idle for a second or more looks twice a second
+(measured: 20 idle stage workers used 0.29 of a core at a steady 0.1 s, 0.16 at
+0.5 s). A real broker holds the request itself, so there the pause is zero.
 """
 
 from __future__ import annotations
@@ -14,25 +17,51 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka.consumer import fetcher
 
 log = logging.getLogger("arena.fetch")
 
-MAX_PAUSE_S = 0.1
-"""The longest pause after an empty fetch: how late a stage may see a record that arrives while it
-idles. A process that may see records later sets its own (``set_max_pause``)."""
+FIRST_PAUSE_S = 0.1
+"""The pause after the first empty answer of a streak: how late a stage whose records flow sees the
+next one."""
+MAX_PAUSE_S = 0.5
+"""The longest pause: how late an idle stage sees the record that ends its idleness."""
 _installed = False
-_max_pause_s = MAX_PAUSE_S
 
 
-def set_max_pause(seconds: float) -> None:
-    """Pause this process's idle fetches for up to ``seconds`` (the lake sink: it holds records for a
-    second before it writes them anyway, and its fetches, over every topic's partitions, cost about
-    three times a stage's)."""
-    global _max_pause_s
-    _max_pause_s = seconds
+def idle_pause(streak: int, held_s: float, max_wait_s: float) -> float:
+    """Seconds to pause after the ``streak``-th empty answer in a row (0: the first), which the
+    broker held ``held_s`` of the consumer's ``fetch_max_wait_ms`` (``max_wait_s``)."""
+    return max(0.0, min(FIRST_PAUSE_S * 2 ** min(streak, 16), MAX_PAUSE_S, max_wait_s - held_s))
+
+
+def paced(
+    original: Callable[[Any, Any, int, Any], Awaitable[bool]],
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Callable[[Any, Any, int, Any], Awaitable[bool]]:
+    """aiokafka's per-request fetch handler ``original``, pausing after each empty answer
+    (``idle_pause``); the streak is counted per fetcher and ends with an answer that has records."""
+
+    async def handler(self: Any, assignment: Any, node_id: int, request: Any) -> bool:
+        started = time.monotonic()
+        got_records: bool = await original(self, assignment, node_id, request)
+        if got_records:
+            self._arena_empty_streak = 0
+            return True
+        streak = getattr(self, "_arena_empty_streak", 0)
+        self._arena_empty_streak = streak + 1
+        pause = idle_pause(streak, time.monotonic() - started, self._fetch_max_wait_ms / 1000)
+        if pause > 0:
+            try:
+                await sleep(pause)
+            except asyncio.CancelledError:  # consumer closing or partition revoked
+                return False
+        return False
+
+    return handler
 
 
 def install() -> None:
@@ -43,19 +72,5 @@ def install() -> None:
         if original is None:
             log.warning("aiokafka has no Fetcher._proc_fetch_request; idle fetches are not paced")
         return
-
-    async def paced(self: Any, assignment: Any, node_id: int, request: Any) -> bool:
-        started = time.monotonic()
-        got_records: bool = await original(self, assignment, node_id, request)
-        if not got_records:
-            held = time.monotonic() - started
-            pause = min(_max_pause_s, self._fetch_max_wait_ms / 1000 - held)
-            if pause > 0:
-                try:
-                    await asyncio.sleep(pause)
-                except asyncio.CancelledError:  # consumer closing or partition revoked
-                    return False
-        return got_records
-
-    fetcher.Fetcher._proc_fetch_request = paced
+    fetcher.Fetcher._proc_fetch_request = paced(original)
     _installed = True
