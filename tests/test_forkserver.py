@@ -7,9 +7,12 @@ replicas, drains) is tests/test_recovery.py's.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -94,7 +97,7 @@ def _zombie(pid: int) -> bool:
 
 
 _FORKED_SCRIPT = """
-import json, os, signal, sys, threading
+import json, os, signal, sys, threading, time
 from pathlib import Path
 from app.forkserver import ForkServer
 from app.stack import descendants_of
@@ -103,7 +106,6 @@ env, log = json.loads(sys.argv[1]), Path(sys.argv[2])
 assert threading.active_count() == 1
 server = ForkServer(env, fork_this_process=True)
 proc = server.spawn("chains", log, env)
-import time
 deadline = time.monotonic() + 60
 while not (log.exists() and log.stat().st_size > 0) and time.monotonic() < deadline:
     time.sleep(0.2)
@@ -118,12 +120,8 @@ print(json.dumps({"below": below, "worker": proc.pid, "code": code, "alive": ser
 
 def test_arena_worker_forks_its_server_from_itself_once_single_threaded(tmp_path: Path) -> None:
     """`arena worker`'s way (``fork_this_process``): the server is a child of the supervisor named
-    ``python -m app.forkserver``, with the environment it was given (not the supervisor's), and its
-    stage processes run and report their exit codes as with an exec'd server."""
-    import json
-    import subprocess
-    import sys
-
+    ``python -m app.forkserver``, its stage processes name themselves and report their exit codes
+    as with an exec'd server, and the supervisor's own environment is left as it was."""
     home = tmp_path / "home"
     env = _env(home, ARENA_BROKER=f"127.0.0.1:{_closed_port()}", ARENA_SUPERVISED="1")
     log = tmp_path / "worker-chains.log"
