@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -221,12 +222,18 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.returncode) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"app.run (pid {self.pid})", timeout or 0.0)
-            time.sleep(0.05)
-        return code
+        return _wait_for_exit(self.poll, timeout, f"app.run (pid {self.pid})")
+
+
+def _wait_for_exit(poll: Callable[[], int | None], timeout: float | None, what: str) -> int:
+    """``Popen.wait`` for a process this one cannot wait on through ``subprocess``: ``poll`` until
+    it gives an exit code, ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while (code := poll()) is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(what, timeout or 0.0)
+        time.sleep(0.05)
+    return code
 
 
 class _ServerProcess(Protocol):
@@ -270,12 +277,7 @@ class _ForkedServerProcess:
                 pass
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired("app.forkserver", timeout or 0.0)
-            time.sleep(0.02)
-        return code
+        return _wait_for_exit(self.poll, timeout, f"app.forkserver (pid {self.pid})")
 
 
 def _exec_server(env: dict[str, str]) -> _ServerProcess:
