@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -340,6 +341,53 @@ def test_a_500_naming_the_response_format_is_a_shape_not_an_outage(
     assert formats[1]["schema"] == decodable(ASK.output_schema())  # the schema still constrains decoding
     assert caplog.text.count("refused response_format json_schema") == 1
     assert "HTTP 500" in caplog.text and "'text' or 'json_object'" in caplog.text
+
+
+def test_a_refused_json_schema_envelope_is_learned_once_for_every_role(
+    server: OpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """json_object took the very schema json_schema carried: the server refuses the envelope, not
+    a schema, so a role that never asked before starts at json_object (one 500 per process, not per
+    role)."""
+    server.configure(ServerScript(response_format_types=["text", "json_object"], reject_status=500))
+    again = dataclasses.replace(ASK, name="test_ask_again")
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        await gateway.call(ASK, Question(text="first role"))
+        await gateway.call(again, Question(text="second role"))
+        assert isinstance(gateway.backend, OpenAIBackend)
+        assert gateway.backend.response_format(again.name) == "json_object"
+        await gateway.aclose()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(run())
+    stats = server.stats()
+    assert stats.statuses == [500, 200, 200]
+    assert [b["response_format"]["type"] for b in stats.bodies] == [
+        "json_schema",
+        "json_object",
+        "json_object",
+    ]
+    assert caplog.text.count("refused response_format json_schema") == 1
+    assert "for every role" in caplog.text
+
+
+def test_a_schema_refused_in_both_envelopes_stays_the_roles_own(server: OpenAIServer) -> None:
+    """Refused as json_schema and as json_object, served unguided: that may be the schema's fault,
+    so another role still starts with json_schema."""
+    server.configure(ServerScript(reject_response_format=True))
+    again = dataclasses.replace(ASK, name="test_ask_again")
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        await gateway.call(ASK, Question(text="first role"))
+        await gateway.call(again, Question(text="second role"))
+        await gateway.aclose()
+
+    asyncio.run(run())
+    types = [(b.get("response_format") or {}).get("type") for b in server.stats().bodies]
+    assert types == ["json_schema", "json_object", None, "json_schema", "json_object", None]
 
 
 def test_a_bare_500_is_retried_in_the_same_shape(server: OpenAIServer) -> None:

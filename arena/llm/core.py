@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from arena.hashing import content_hash
 
@@ -149,6 +149,24 @@ def decodable(schema: Any) -> Any:
         }
         out["enum"] = values
     return out
+
+
+JUDGE_REASON_CHARS = 600
+"""Longest reason a judge's reply carries (a prompt asks for one or two sentences)."""
+
+
+def _clip_reason(text: str) -> str:
+    return text[:JUDGE_REASON_CHARS]
+
+
+JudgeReason = Annotated[
+    str,
+    Field(min_length=1, json_schema_extra={"maxLength": JUDGE_REASON_CHARS}),
+    AfterValidator(_clip_reason),
+]
+"""A judge's free-text reason. Guided decoding stops it at ``JUDGE_REASON_CHARS`` (``maxLength``:
+a small model otherwise writes on until ``max_tokens`` and the whole verdict is cut, as
+SmolLM2-135M did on ``score_task``); an unguided reply that runs longer is clipped, not refused."""
 
 
 class PromptError(ValueError):

@@ -15,7 +15,9 @@ an optional part, and is refused with a 400 or a text naming that part, is sent 
 next shape (``RESPONSE_FORMATS``: OpenAI's ``json_schema``, then llama.cpp's ``json_object`` with
 the schema, then none; native ``tools``, then the tools in the prompt the Hermes way). The first
 shape that is served is kept for the role for the rest of the process (logged once, with the
-server's reason). A refusal is therefore one or two extra requests per role, never an outage; a
+server's reason). Where ``json_object`` carried the very schema ``json_schema`` did, the server
+refused the envelope, not the schema: every role starts at ``json_object`` from then on. A refusal
+is therefore one or two extra requests per role at most, never an outage; a
 bare 5xx stays a transient failure (the gateway retries it, then waits for the endpoint). Every role's
 prompt states its JSON contract in words and the gateway validates every answer, so unguided
 output still ends valid or as ``InvalidOutput``. Servers that silently ignore
@@ -253,6 +255,10 @@ class OpenAIBackend:
         )
         self._format: dict[str, int] = {}
         """Per role, the index in ``RESPONSE_FORMATS`` of the shape its schema is sent in (default 0)."""
+        self._first_format = 0
+        """The index in ``RESPONSE_FORMATS`` every role starts at: 1 once the server refused
+        ``json_schema`` and took ``json_object`` with the same schema (the envelope, not a schema,
+        was refused: llama.cpp's server)."""
         self._no_native_tools: set[str] = set()
         """Agent roles whose native ``tools`` this server rejected (tools go in the prompt from then on)."""
         self._refitted: set[str] = set()
@@ -266,7 +272,10 @@ class OpenAIBackend:
 
     def response_format(self, role: str) -> str:
         """How ``role``'s schema is sent to this server now (one of ``RESPONSE_FORMATS``)."""
-        return RESPONSE_FORMATS[self._format.get(role, 0)]
+        return RESPONSE_FORMATS[self._format_level(role)]
+
+    def _format_level(self, role: str) -> int:
+        return max(self._format.get(role, 0), self._first_format)
 
     def body(
         self,
@@ -347,7 +356,7 @@ class OpenAIBackend:
             return False
         if request.tools is not None:
             return role not in self._no_native_tools
-        return self._format.get(role, 0) + 1 < len(RESPONSE_FORMATS)
+        return self._format_level(role) + 1 < len(RESPONSE_FORMATS)
 
     async def _simpler_shapes(self, request: CompletionRequest, rejected: httpx.Response) -> httpx.Response:
         """Send ``request`` in each simpler shape until one is served, and keep that shape for the
@@ -368,7 +377,7 @@ class OpenAIBackend:
                 reason,
             )
             return retry
-        refused = self._format.get(role, 0)
+        refused = self._format_level(role)
         for level in range(refused + 1, len(RESPONSE_FORMATS)):
             shape = RESPONSE_FORMATS[level]
             retry = await self._post(self.body(request, response_format=shape), request)
@@ -377,13 +386,17 @@ class OpenAIBackend:
             # Served, or refused only as too long (the server took the shape): the shape is kept.
             self._format[role] = level
             self._served.add(role)
+            envelope = RESPONSE_FORMATS[refused] == "json_schema" and shape == "json_object"
+            if envelope:  # the same schema was taken in the other envelope: no role sends json_schema
+                self._first_format = max(self._first_format, level)
             log.warning(
-                "LLM server %s refused response_format %s for role %s (%s); sending %s from now on",
+                "LLM server %s refused response_format %s for role %s (%s); sending %s from now on%s",
                 redact_url(self.base_url),
                 RESPONSE_FORMATS[refused],
                 role,
                 reason,
                 "no response_format (unguided)" if shape == "none" else f"response_format {shape}",
+                ", for every role (the same schema was taken as json_object)" if envelope else "",
             )
             return retry
         return rejected

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from arena import pyast
-from arena.llm.core import Role
+from arena.llm.core import JudgeReason, Role
 from arena.records.envs import Cell, Grounding
 
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
@@ -245,7 +245,7 @@ class HomogeneousGroups(BaseModel):
         list[list[int]],
         Field(description="Each group: two or more sub-question indices; an index in at most one group."),
     ]
-    reason: Annotated[str, Field(min_length=1, description="One sentence on what each group shares.")]
+    reason: Annotated[JudgeReason, Field(description="One sentence on what each group shares.")]
 
     @model_validator(mode="after")
     def _disjoint(self) -> HomogeneousGroups:

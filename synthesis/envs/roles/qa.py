@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from arena.llm.core import Role
+from arena.llm.core import JudgeReason, Role
 from arena.records.envs import KnowledgeBase, Structure, SubQA
 from synthesis.sft.roles.judges import BINARY, BinaryJudgement
 
@@ -117,7 +117,7 @@ class ToolNeed(BaseModel):
         str | None,
         Field(description="For a no-tool step: the linguistic operation (compare, sum, count, format, ...)."),
     ] = None
-    reason: Annotated[str, Field(min_length=1, description="One sentence: why.")]
+    reason: Annotated[JudgeReason, Field(description="One sentence: why.")]
 
     @model_validator(mode="after")
     def _operation_named(self) -> ToolNeed:
@@ -155,7 +155,7 @@ class StepVerdict(BaseModel):
             json_schema_extra={"enum": list(BINARY)},
         ),
     ]
-    reason: Annotated[str, Field(min_length=1, description="One sentence naming the evidence.")]
+    reason: Annotated[JudgeReason, Field(description="One sentence naming the evidence.")]
 
     @field_validator("score")
     @classmethod

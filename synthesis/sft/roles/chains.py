@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from arena.llm.core import Role
+from arena.llm.core import JudgeReason, Role
 from arena.records.sft import PromptServer, ServerRef, Slot
 from arena.records.tools import NormalizedTool
 from synthesis.sft.tool_links import Argument, arguments_to_state
@@ -79,7 +79,7 @@ class CoherenceVerdict(BaseModel):
     """Whether the task is well posed and the chain is a sensible way to solve it."""
 
     coherent: Annotated[bool, Field(description="True when task and chain belong together.")]
-    reason: Annotated[str, Field(min_length=1, description="Why, naming the step or phrase at fault if not.")]
+    reason: Annotated[JudgeReason, Field(description="Why, naming the step or phrase at fault if not.")]
 
 
 _SLOTS_CONTRACT = (

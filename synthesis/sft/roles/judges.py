@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from arena.llm.core import Role
+from arena.llm.core import JudgeReason, Role
 
 GRADED = (0.0, 0.5, 1.0)
 BINARY = (0.0, 1.0)
@@ -89,7 +89,7 @@ class Judgement(BaseModel):
 
     score: Annotated[float, Field(ge=0.0, le=1.0, description="The score; higher is better.")]
     reason: Annotated[
-        str, Field(min_length=1, description="One or two sentences naming the evidence for the score.")
+        JudgeReason, Field(description="One or two sentences naming the evidence for the score.")
     ]
 
 

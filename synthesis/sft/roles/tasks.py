@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from arena.llm.core import Role
+from arena.llm.core import JudgeReason, Role
 from arena.records.sft import AugmentAxis, PromptServer
 from arena.records.tools import NormalizedTool
 from synthesis.sft.roles.chains import TaskDraft, tool_names_schema
@@ -84,7 +84,7 @@ class TaskScores(BaseModel):
         float,
         Field(ge=0, le=1, description="S_tn: tools are needed and fit; not solvable from general knowledge."),
     ]
-    rationale: Annotated[str, Field(min_length=1, description="One or two sentences justifying the scores.")]
+    rationale: Annotated[JudgeReason, Field(description="One or two sentences justifying the scores.")]
 
 
 TASK_FROM_SERVER: Role[ServerTaskInput, TaskDraft] = Role(
