@@ -40,6 +40,9 @@ from environments.tau2_import import (
 from environments.tau2_tasks import GoldAction, Tau2Task, replay, verification_of
 from sandbox import SandboxPool
 
+# Sandbox sessions share 2 cores with the other test workers: several times slower than alone.
+pytestmark = pytest.mark.timeout(900)
+
 POOL = SandboxSettings.model_validate({"pool_size": 2, "timeout_s": 60.0})
 SAMPLE = {"airline": 1, "retail": 1, "telecom": 3}
 """Tasks per domain with a gold write replayed here: tau2's evaluator reloads the domain's database
