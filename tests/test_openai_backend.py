@@ -390,6 +390,27 @@ def test_a_schema_refused_in_both_envelopes_stays_the_roles_own(server: OpenAISe
     assert types == ["json_schema", "json_object", None, "json_schema", "json_object", None]
 
 
+def test_a_json_schema_refusal_after_one_was_served_stays_the_roles_own(server: OpenAIServer) -> None:
+    """The server took one role's json_schema: another role's refused json_schema is that schema's
+    fault, so the first role keeps json_schema."""
+    server.configure(ServerScript())
+    again = dataclasses.replace(ASK, name="test_ask_again")
+
+    async def run() -> None:
+        gateway = _gateway(server)
+        await gateway.call(ASK, Question(text="served as json_schema"))
+        await server.aconfigure(
+            ServerScript(response_format_types=["text", "json_object"], reject_status=500)
+        )
+        await gateway.call(again, Question(text="refused as json_schema"))
+        assert isinstance(gateway.backend, OpenAIBackend)
+        assert gateway.backend.response_format(again.name) == "json_object"
+        assert gateway.backend.response_format(ASK.name) == "json_schema"
+        await gateway.aclose()
+
+    asyncio.run(run())
+
+
 def test_a_bare_500_is_retried_in_the_same_shape(server: OpenAIServer) -> None:
     """A 500 that names nothing of the request is a transient failure: the same request again."""
     server.configure(ServerScript(failures=[FailSpec(status=500)], response_format_types=["json_schema"]))

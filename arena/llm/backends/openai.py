@@ -15,8 +15,9 @@ an optional part, and is refused with a 400 or a text naming that part, is sent 
 next shape (``RESPONSE_FORMATS``: OpenAI's ``json_schema``, then llama.cpp's ``json_object`` with
 the schema, then none; native ``tools``, then the tools in the prompt the Hermes way). The first
 shape that is served is kept for the role for the rest of the process (logged once, with the
-server's reason). Where ``json_object`` carried the very schema ``json_schema`` did, the server
-refused the envelope, not the schema: every role starts at ``json_object`` from then on. A refusal
+server's reason). Where ``json_object`` carried the very schema ``json_schema`` did, and no
+``json_schema`` was ever served, the server refused the envelope, not the schema: every role starts
+at ``json_object`` from then on. A refusal
 is therefore one or two extra requests per role at most, never an outage; a
 bare 5xx stays a transient failure (the gateway retries it, then waits for the endpoint). Every role's
 prompt states its JSON contract in words and the gateway validates every answer, so unguided
@@ -259,6 +260,8 @@ class OpenAIBackend:
         """The index in ``RESPONSE_FORMATS`` every role starts at: 1 once the server refused
         ``json_schema`` and took ``json_object`` with the same schema (the envelope, not a schema,
         was refused: llama.cpp's server)."""
+        self._json_schema_served = False
+        """Some role's ``json_schema`` was served: a later refusal of it is then that schema's."""
         self._no_native_tools: set[str] = set()
         """Agent roles whose native ``tools`` this server rejected (tools go in the prompt from then on)."""
         self._refitted: set[str] = set()
@@ -335,6 +338,8 @@ class OpenAIBackend:
                 response = await self._simpler_shapes(request, response)
             elif response.is_success:
                 self._served.add(role)
+                if request.tools is None and self.response_format(role) == "json_schema":
+                    self._json_schema_served = True
             completion = self._completion(response)
             outcome.served(completion.usage.prompt_tokens, completion.usage.completion_tokens)
         return completion
@@ -386,7 +391,11 @@ class OpenAIBackend:
             # Served, or refused only as too long (the server took the shape): the shape is kept.
             self._format[role] = level
             self._served.add(role)
-            envelope = RESPONSE_FORMATS[refused] == "json_schema" and shape == "json_object"
+            envelope = (
+                RESPONSE_FORMATS[refused] == "json_schema"
+                and shape == "json_object"
+                and not self._json_schema_served
+            )
             if envelope:  # the same schema was taken in the other envelope: no role sends json_schema
                 self._first_format = max(self._first_format, level)
             log.warning(
