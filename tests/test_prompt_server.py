@@ -12,6 +12,8 @@ import importlib.util
 import json
 from typing import Any
 
+import pytest
+
 from arena.records.sft import ServerRef
 from arena.records.tools import McpEndpoint
 from synthesis.sft.roles.chains import (
@@ -161,6 +163,43 @@ def test_a_bounded_score_is_a_few_values_for_guided_decoding() -> None:
         "maximum": 5,
     }
     if importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp compiles it to a grammar
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+
+
+def test_a_judges_reason_is_bounded_for_guided_decoding() -> None:
+    """Under guided decoding SmolLM2-135M wrote `score_task`'s rationale on until max_tokens (512,
+    then 976), so the verdict was cut: every judge's reason carries a maxLength into the grammar,
+    and an unguided reply that runs longer is clipped, not refused."""
+    from pydantic import BaseModel, ValidationError
+
+    from arena.llm.core import JUDGE_REASON_CHARS
+    from synthesis.envs.roles.envs import HomogeneousGroups
+    from synthesis.envs.roles.qa import StepVerdict, ToolNeed
+    from synthesis.sft.roles.chains import CoherenceVerdict
+    from synthesis.sft.roles.judges import Judgement
+    from synthesis.sft.roles.tasks import SCORE_TASK, TaskScoreInput, TaskScores
+
+    judged: list[tuple[type[BaseModel], str]] = [
+        (TaskScores, "rationale"),
+        (CoherenceVerdict, "reason"),
+        (Judgement, "reason"),
+        (ToolNeed, "reason"),
+        (StepVerdict, "reason"),
+        (HomogeneousGroups, "reason"),
+    ]
+    for model, name in judged:
+        field = model.model_json_schema()["properties"][name]
+        assert (field["maxLength"], field["minLength"]) == (JUDGE_REASON_CHARS, 1), model
+        assert field["description"], model  # the field's own description survives
+    schema = SCORE_TASK.schema_for(TaskScoreInput(task="Weather in Oslo?", tools=_server(None).tools))
+    assert schema["properties"]["rationale"]["maxLength"] == 600
+    scores = {"question_quality": 1.0, "scenario_realism": 1.0, "tool_necessity": 1.0}
+    assert TaskScores(**scores, rationale="x" * 2000).rationale == "x" * 600
+    with pytest.raises(ValidationError):
+        TaskScores(**scores, rationale="")
+    if importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp compiles the bound to a grammar
         from llama_cpp.llama_grammar import LlamaGrammar
 
         LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
