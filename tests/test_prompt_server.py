@@ -194,9 +194,9 @@ def test_a_judges_reason_is_bounded_for_guided_decoding() -> None:
         assert (field["maxLength"], field["minLength"]) == (JUDGE_REASON_CHARS, 1), model
         assert field["description"], model  # the field's own description survives
     schema = SCORE_TASK.schema_for(TaskScoreInput(task="Weather in Oslo?", tools=_server(None).tools))
-    assert schema["properties"]["rationale"]["maxLength"] == 600
+    assert schema["properties"]["rationale"]["maxLength"] == JUDGE_REASON_CHARS
     scores = {"question_quality": 1.0, "scenario_realism": 1.0, "tool_necessity": 1.0}
-    assert TaskScores(**scores, rationale="x" * 2000).rationale == "x" * 600
+    assert TaskScores(**scores, rationale="x" * 2000).rationale == "x" * JUDGE_REASON_CHARS
     with pytest.raises(ValidationError):
         TaskScores(**scores, rationale="")
     if importlib.util.find_spec("llama_cpp") is not None:  # llama.cpp compiles the bound to a grammar

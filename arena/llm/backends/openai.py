@@ -329,8 +329,9 @@ class OpenAIBackend:
     async def complete(self, request: CompletionRequest) -> Completion:
         role = request.role.name
         async with self.admission.slot(self.admission_key) as outcome:
+            body = self.body(request)
             try:
-                response = await self._post(self.body(request), request)
+                response = await self._post(body, request)
             except _TimedOut:
                 outcome.timed_out = True  # the admission learns the server queues too much
                 raise
@@ -338,8 +339,8 @@ class OpenAIBackend:
                 response = await self._simpler_shapes(request, response)
             elif response.is_success:
                 self._served.add(role)
-                if request.tools is None and self.response_format(role) == "json_schema":
-                    self._json_schema_served = True
+                if (body.get("response_format") or {}).get("type") == "json_schema":
+                    self._json_schema_served = True  # what was sent: another role may have moved on
             completion = self._completion(response)
             outcome.served(completion.usage.prompt_tokens, completion.usage.completion_tokens)
         return completion
